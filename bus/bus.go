@@ -1,0 +1,503 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+const (
+	stateNew = iota
+	stateRunning
+	stateStopping
+	stateClosed
+)
+
+// Bus sends, publishes and receives messages through one transport, running
+// every message through its middleware pipeline. Build it with [New]; it
+// is safe for concurrent use.
+type Bus struct {
+	name, endpoint string
+	t              Transport
+	hv             HeaderValidator
+	logger         *slog.Logger
+	ser            Serializer
+	contentType    string
+	maxAttempts    int
+	concurrency    int
+	handlers       map[string][]*handler
+	handles        []string
+	routes         map[string]string
+	mws            []Middleware
+
+	in  *pipe[Incoming]
+	hd  *pipe[Handling]
+	out *pipe[Outgoing]
+
+	inPool, hdPool, outPool sync.Pool
+
+	mu       sync.Mutex
+	state    int
+	started  int // middleware whose Start ran
+	rcancel  context.CancelFunc
+	pcancel  context.CancelFunc
+	workers  sync.WaitGroup
+	inflight sync.WaitGroup // pushed deliveries
+}
+
+// New builds a bus from options, applied once: nothing can be registered on
+// a bus afterwards. Each plugin is instantiated here, in order.
+func New(opts ...Option) (*Bus, error) {
+	c := config{concurrency: 8, maxAttempts: 5, serializer: JSON{}}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	if c.name == "" {
+		c.name = c.endpoint
+	}
+	if len(c.handlers) > 0 && c.endpoint == "" {
+		return nil, errors.New("bus: a bus with handlers needs an endpoint: add bus.WithEndpoint(name)")
+	}
+	if c.transport == nil {
+		c.transport = NewMemoryTransport(NewMemoryBroker())
+	}
+	b := &Bus{
+		name: c.name, endpoint: c.endpoint, t: c.transport,
+		logger:      c.logger.With(slog.String("bus", c.name)),
+		ser:         c.serializer,
+		contentType: c.serializer.ContentType(),
+		maxAttempts: c.maxAttempts, concurrency: c.concurrency,
+		handlers: make(map[string][]*handler),
+		routes:   c.routes,
+	}
+	b.hv, _ = c.transport.(HeaderValidator)
+	for _, h := range c.handlers {
+		b.handlers[h.msgName] = append(b.handlers[h.msgName], h)
+	}
+	b.handles = slices.Sorted(maps.Keys(b.handlers))
+
+	b.in = &pipe[Incoming]{stage: StageIncoming}
+	b.hd = &pipe[Handling]{stage: StageHandler}
+	b.out = &pipe[Outgoing]{stage: StageOutgoing}
+	info := PluginInfo{Bus: b, Name: b.name, Endpoint: b.endpoint, Logger: b.logger, Transport: b.t, Handles: slices.Clone(b.handles)}
+	for i, p := range c.plugins {
+		m, err := p.Instantiate(info)
+		if err != nil {
+			return nil, fmt.Errorf("bus: plugin %d (%T): %w", i, p, err)
+		}
+		if m.Name == "" {
+			return nil, fmt.Errorf("bus: plugin %d (%T) returned a middleware without a name", i, p)
+		}
+		b.mws = append(b.mws, m)
+		if m.Incoming != nil {
+			b.in.add(m.Name, m.Incoming, b.logger)
+		}
+		if m.Handling != nil {
+			b.hd.add(m.Name, m.Handling, b.logger)
+		}
+		if m.Outgoing != nil {
+			b.out.add(m.Name, m.Outgoing, b.logger)
+		}
+	}
+	b.inPool.New = func() any { return newIncomingRun(b, b.in, b.endpoint) }
+	b.hdPool.New = func() any { return newHandlingRun(b, b.hd) }
+	b.outPool.New = func() any { return newOutgoingRun(b, b.out) }
+	return b, nil
+}
+
+// Name returns the bus's name.
+func (b *Bus) Name() string { return b.name }
+
+// Endpoint returns the bus's endpoint, empty for a send-only bus.
+func (b *Bus) Endpoint() string { return b.endpoint }
+
+// Transport returns the bus's transport.
+func (b *Bus) Transport() Transport { return b.t }
+
+// Start declares the endpoint's topology, runs the middleware Start hooks
+// in registration order and starts receiving. A bus without an endpoint
+// only runs the hooks. Send and Publish do not need Start.
+func (b *Bus) Start(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case stateRunning:
+		return ErrAlreadyStarted
+	case stateStopping, stateClosed:
+		return ErrClosed
+	}
+	if b.endpoint != "" {
+		topo := Topology{Endpoint: b.endpoint, Handles: slices.Clone(b.handles), MaxAttempts: b.maxAttempts, Concurrency: b.concurrency}
+		if err := b.t.Setup(ctx, topo); err != nil {
+			return fmt.Errorf("bus: setting up endpoint %q: %w", b.endpoint, err)
+		}
+	}
+	for i, m := range b.mws {
+		if m.Start == nil {
+			continue
+		}
+		if err := m.Start(ctx); err != nil {
+			b.stopMiddleware(ctx, i)
+			return fmt.Errorf("bus: starting middleware %q: %w", m.Name, err)
+		}
+	}
+	b.started = len(b.mws)
+	rctx, rcancel := context.WithCancel(context.WithoutCancel(ctx))
+	pctx, pcancel := context.WithCancel(context.WithoutCancel(ctx))
+	b.rcancel, b.pcancel = rcancel, pcancel
+	b.state = stateRunning
+	if b.endpoint != "" {
+		for range b.concurrency {
+			b.workers.Go(func() { b.receiveLoop(rctx, pctx) })
+		}
+	}
+	b.logger.InfoContext(ctx, "bus started", slog.String("endpoint", b.endpoint), slog.Int("concurrency", b.concurrency))
+	return nil
+}
+
+// stopMiddleware runs the Stop hooks of the first n middleware in reverse.
+func (b *Bus) stopMiddleware(ctx context.Context, n int) error {
+	var errs []error
+	for i := n - 1; i >= 0; i-- {
+		m := b.mws[i]
+		if m.Stop == nil {
+			continue
+		}
+		if err := m.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("bus: stopping middleware %q: %w", m.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stop stops receiving, waits for in-flight messages to finish (bounded by
+// ctx: when ctx ends first, their contexts are cancelled and Stop returns
+// ctx's error), runs the middleware Stop hooks in reverse order and closes
+// the transport. Stop on a stopped bus returns nil.
+func (b *Bus) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	state := b.state
+	if state == stateStopping || state == stateClosed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.state = stateStopping
+	b.mu.Unlock()
+
+	var errs []error
+	if state == stateRunning {
+		b.rcancel()
+		drained := make(chan struct{})
+		go func() {
+			b.workers.Wait()
+			b.inflight.Wait()
+			close(drained)
+		}()
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			b.pcancel()
+			errs = append(errs, fmt.Errorf("bus: stop: in-flight messages not drained: %w", ctx.Err()))
+		}
+		errs = append(errs, b.stopMiddleware(ctx, b.started))
+		b.pcancel()
+	} else {
+		b.inflight.Wait()
+	}
+	if err := b.t.Close(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("bus: closing transport: %w", err))
+	}
+	b.mu.Lock()
+	b.state = stateClosed
+	b.mu.Unlock()
+	b.logger.InfoContext(ctx, "bus stopped")
+	return errors.Join(errs...)
+}
+
+func (b *Bus) receiveLoop(rctx, pctx context.Context) {
+	backoff := time.Duration(0)
+	for {
+		d, err := b.t.Receive(rctx)
+		if err != nil {
+			if rctx.Err() != nil || errors.Is(err, ErrClosed) {
+				return
+			}
+			backoff = min(max(2*backoff, 10*time.Millisecond), 2*time.Second)
+			b.logger.WarnContext(rctx, "receive failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+			t := time.NewTimer(backoff)
+			select {
+			case <-rctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		backoff = 0
+		b.process(pctx, d)
+	}
+}
+
+// process runs one polled delivery and settles it with the transport.
+func (b *Bus) process(ctx context.Context, d *Delivery) {
+	err := b.handle(ctx, d)
+	sctx := context.WithoutCancel(ctx)
+	var serr error
+	switch {
+	case err == nil:
+		serr = b.t.Delete(sctx, d)
+	case errors.Is(err, ErrDecode) || d.Attempt >= b.maxAttempts:
+		serr = b.t.Fail(sctx, d, Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
+		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
+	default:
+		serr = b.t.Return(sctx, d, err)
+		b.logger.WarnContext(ctx, "message returned for retry", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
+	}
+	if serr != nil {
+		b.logger.ErrorContext(ctx, "settling message with the transport failed", append(describeEnvelope(&d.Envelope), slog.Any("error", serr))...)
+	}
+}
+
+// Deliver runs one message delivered from outside (pushed, for example by
+// an AWS Lambda SQS event) through the incoming pipeline and its handlers.
+// It returns nil when the message is handled and may be deleted, and an
+// error when it must be retried; errors.Is(err, ErrDecode) tells a message
+// that will never succeed. Deliver does not call the transport to settle
+// the message: the caller does. It works on a bus that was not started.
+func (b *Bus) Deliver(ctx context.Context, d *Delivery) error {
+	b.mu.Lock()
+	if b.state >= stateStopping {
+		b.mu.Unlock()
+		return ErrClosed
+	}
+	b.inflight.Add(1)
+	b.mu.Unlock()
+	defer b.inflight.Done()
+	if d.Attempt < 1 {
+		d.Attempt = 1
+	}
+	return b.handle(ctx, d)
+}
+
+// handle runs the incoming pipeline for d.
+func (b *Bus) handle(ctx context.Context, d *Delivery) (err error) {
+	if d.Err != nil {
+		return &DecodeError{Message: d.Name, Type: "envelope", Err: d.Err}
+	}
+	if d.Name == "" {
+		return &DecodeError{Message: "(unnamed)", Type: "envelope", Err: errors.New("message has no name")}
+	}
+	r := b.inPool.Get().(*incomingRun)
+	r.d = d
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{Value: p, Stack: debug.Stack()}
+		}
+		r.d = nil
+		b.inPool.Put(r)
+	}()
+	return r.start(ctx)
+}
+
+// dispatch is the incoming stage's terminal step: decode, then run every
+// handler of the message in its own scope.
+func (b *Bus) dispatch(ctx context.Context, d *Delivery) error {
+	hs := b.handlers[d.Name]
+	if len(hs) == 0 {
+		if b.logger.Enabled(ctx, slog.LevelDebug) {
+			b.logger.DebugContext(ctx, "no handler for message; deleting it", describeEnvelope(&d.Envelope)...)
+		}
+		return nil
+	}
+	if d.ContentType != "" && d.ContentType != b.contentType {
+		return &DecodeError{Message: d.Name, Type: hs[0].typ, Err: fmt.Errorf("content type %q, the bus's serializer reads %q", d.ContentType, b.contentType)}
+	}
+	var small [4]Message
+	msgs := small[:0]
+	for _, h := range hs {
+		m, err := h.decode(b.ser, d.Body)
+		if err != nil {
+			return &DecodeError{Message: d.Name, Type: h.typ, Err: err}
+		}
+		msgs = append(msgs, m)
+	}
+	var failures []HandlerFailure
+	for i, h := range hs {
+		if err := b.runHandler(ctx, h, msgs[i], d); err != nil {
+			failures = append(failures, HandlerFailure{Handler: h.name, Err: err})
+		}
+	}
+	if failures != nil {
+		return &HandlerDispatchRejectedError{Message: d.Name, Failures: failures}
+	}
+	return nil
+}
+
+// runHandler runs one handler inside its handler chain and scope, then
+// flushes what it sent when it succeeded.
+func (b *Bus) runHandler(ctx context.Context, h *handler, msg Message, d *Delivery) error {
+	scope := &handlerScope{bus: b, attrs: d.Attributes, handler: h.name}
+	hctx := context.WithValue(ctx, scopeKey{}, scope)
+	r := b.hdPool.Get().(*handlingRun)
+	r.h, r.msg, r.d, r.scope = h, msg, d, scope
+	err := func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = &PanicError{Value: p, Stack: debug.Stack()}
+			}
+		}()
+		return r.start(hctx)
+	}()
+	r.h, r.msg, r.d, r.scope = nil, nil, nil, nil
+	b.hdPool.Put(r)
+	buf := scope.close()
+	if err != nil {
+		return err
+	}
+	for i, m := range buf {
+		if err := b.transmit(ctx, m); err != nil {
+			return fmt.Errorf("bus: flushing message %d of %d (%s) from handler %s: %w", i+1, len(buf), m.Envelope.Name, h.name, err)
+		}
+	}
+	return nil
+}
+
+// Send sends msg to one endpoint: the one given with [To], else the route
+// set with [WithRoute], else this bus's own endpoint when it handles msg.
+// Inside a handler the message is buffered and sent when the handler
+// succeeds; elsewhere Send returns once the transport accepted it.
+func (b *Bus) Send(ctx context.Context, msg Message, opts ...SendOption) error {
+	return b.emit(ctx, KindSend, msg, opts)
+}
+
+// Publish delivers msg to every endpoint that handles its name. Inside a
+// handler the message is buffered and published when the handler succeeds.
+func (b *Bus) Publish(ctx context.Context, msg Message, opts ...SendOption) error {
+	return b.emit(ctx, KindPublish, msg, opts)
+}
+
+func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOption) (err error) {
+	b.mu.Lock()
+	closed := b.state == stateClosed
+	b.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	if msg == nil {
+		return fmt.Errorf("bus: %s: nil message", kind)
+	}
+	var o sendConfig
+	for _, opt := range opts {
+		opt(&o)
+	}
+	name := msg.MessageName()
+	scope := scopeFrom(ctx, b)
+	dest := ""
+	if kind == KindSend {
+		dest = o.to
+		if dest == "" {
+			dest = b.routes[name]
+		}
+		if dest == "" && len(b.handlers[name]) > 0 {
+			dest = b.endpoint
+		}
+		if dest == "" {
+			return fmt.Errorf("%w %s: pass bus.To(endpoint) or configure bus.WithRoute", ErrNoRoute, name)
+		}
+	}
+	id := o.messageID
+	if id == "" {
+		id = newID()
+	}
+	r := b.outPool.Get().(*outgoingRun)
+	r.kind, r.msg, r.msgName, r.dest, r.scope = kind, msg, name, dest, scope
+	r.attrs = Attributes{MessageID: id, CorrelationID: o.correlationID, SentAt: time.Now().UTC(), values: o.values, sticky: o.sticky}
+	if o.values != nil {
+		r.owned |= ownValues
+	}
+	if o.sticky != nil {
+		r.owned |= ownSticky
+	}
+	if scope != nil {
+		if r.attrs.CorrelationID == "" {
+			r.attrs.CorrelationID = scope.attrs.CorrelationID
+		}
+		if len(scope.attrs.sticky) > 0 {
+			if r.attrs.sticky == nil {
+				r.attrs.sticky = scope.attrs.sticky // immutable: shared, not owned
+			} else {
+				for k, v := range scope.attrs.sticky {
+					if _, set := r.attrs.sticky[k]; !set {
+						r.attrs.sticky[k] = v
+					}
+				}
+			}
+		}
+	}
+	if r.attrs.CorrelationID == "" {
+		r.attrs.CorrelationID = id
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{Value: p, Stack: debug.Stack()}
+		}
+		r.reset()
+		b.outPool.Put(r)
+	}()
+	return r.start(ctx)
+}
+
+// finishOutgoing is the outgoing stage's terminal step: encode, then buffer
+// in the handler's outbox or hand to the transport.
+func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
+	if b.hv != nil && len(r.headers) > 0 {
+		if err := b.hv.ValidateHeaders(r.headers); err != nil {
+			return err
+		}
+	}
+	body, err := b.ser.Marshal(r.msg)
+	if err != nil {
+		return fmt.Errorf("bus: encoding %s: %w", r.msgName, err)
+	}
+	m := Outbound{
+		Kind:     r.kind,
+		Envelope: &Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers},
+		Options:  SendOptions{Destination: r.dest},
+	}
+	r.owned = 0 // the envelope owns the maps now
+	r.headers = nil
+	if r.scope != nil {
+		return r.scope.add(ctx, m)
+	}
+	return b.transmit(ctx, m)
+}
+
+// transmit hands a finished message to the transport. It never runs middleware.
+func (b *Bus) transmit(ctx context.Context, m Outbound) error {
+	if m.Kind == KindPublish {
+		return b.t.Publish(ctx, m.Envelope, m.Options)
+	}
+	return b.t.Send(ctx, m.Envelope, m.Options)
+}
+
+// Dispatch hands a finished message to the transport without running any
+// middleware. An outbox relay uses it to send what a handler stored.
+func (b *Bus) Dispatch(ctx context.Context, m Outbound) error { return b.transmit(ctx, m) }
+
+func newID() string { return uuid.Must(uuid.NewV7()).String() }

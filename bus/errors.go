@@ -1,0 +1,141 @@
+package bus
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+var (
+	// ErrClosed is returned by a bus or transport that was stopped.
+	ErrClosed = errors.New("bus: closed")
+	// ErrNotStarted is returned when an operation needs a started bus.
+	ErrNotStarted = errors.New("bus: not started")
+	// ErrAlreadyStarted is returned by Start on a bus that is running.
+	ErrAlreadyStarted = errors.New("bus: already started")
+	// ErrNextCalledTwice is matched by [*NextCalledTwiceError].
+	ErrNextCalledTwice = errors.New("bus: next called twice")
+	// ErrHeaderReserved is matched by [*HeaderReservedError].
+	ErrHeaderReserved = errors.New("bus: header name reserved by the transport")
+	// ErrHandlerDispatchRejected is matched by [*HandlerDispatchRejectedError].
+	ErrHandlerDispatchRejected = errors.New("bus: handler dispatch rejected")
+	// ErrDecode is matched by [*DecodeError].
+	ErrDecode = errors.New("bus: message cannot be decoded")
+	// ErrNoRoute is returned by Send for a message with no destination: give
+	// one with [To] or [WithRoute].
+	ErrNoRoute = errors.New("bus: no route for message")
+	// ErrPanic is matched by [*PanicError].
+	ErrPanic = errors.New("bus: panic")
+)
+
+// NextCalledTwiceError is returned by a next function called a second time
+// within one stage invocation, or after its middleware returned.
+type NextCalledTwiceError struct {
+	Stage      Stage
+	Middleware string
+	// AfterReturn is true when next was called after the middleware returned.
+	AfterReturn bool
+}
+
+func (e *NextCalledTwiceError) Error() string {
+	if e.AfterReturn {
+		return fmt.Sprintf("bus: %s middleware %q called next after it returned; next is valid only during the call", e.Stage, e.Middleware)
+	}
+	return fmt.Sprintf("bus: %s middleware %q called next twice; call it at most once", e.Stage, e.Middleware)
+}
+
+// Is reports whether target is ErrNextCalledTwice.
+func (e *NextCalledTwiceError) Is(target error) bool { return target == ErrNextCalledTwice }
+
+// HeaderReservedError is returned by a transport refusing a header whose
+// name it writes itself.
+type HeaderReservedError struct {
+	Transport string
+	Header    string
+}
+
+func (e *HeaderReservedError) Error() string {
+	return fmt.Sprintf("bus: header %q is reserved by the %s transport; choose another name", e.Header, e.Transport)
+}
+
+// Is reports whether target is ErrHeaderReserved.
+func (e *HeaderReservedError) Is(target error) bool { return target == ErrHeaderReserved }
+
+// HandlerFailure is one handler's failure within a dispatch.
+type HandlerFailure struct {
+	Handler string
+	Err     error
+}
+
+// HandlerDispatchRejectedError reports the handlers that failed for one
+// message. The message is returned for retry; the handlers that succeeded
+// already flushed their sends.
+type HandlerDispatchRejectedError struct {
+	Message  string // message name
+	Failures []HandlerFailure
+}
+
+func (e *HandlerDispatchRejectedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "bus: %d handler(s) of %s failed:", len(e.Failures), e.Message)
+	for i, f := range e.Failures {
+		if i > 0 {
+			b.WriteString(";")
+		}
+		fmt.Fprintf(&b, " %s: %v", f.Handler, f.Err)
+	}
+	return b.String()
+}
+
+// Is reports whether target is ErrHandlerDispatchRejected.
+func (e *HandlerDispatchRejectedError) Is(target error) bool {
+	return target == ErrHandlerDispatchRejected
+}
+
+// Unwrap returns the handlers' errors.
+func (e *HandlerDispatchRejectedError) Unwrap() []error {
+	errs := make([]error, len(e.Failures))
+	for i, f := range e.Failures {
+		errs[i] = f.Err
+	}
+	return errs
+}
+
+// DecodeError reports a received message whose body the serializer could
+// not decode into a handler's type. Such a message is dead-lettered at once:
+// retrying cannot help.
+type DecodeError struct {
+	Message string // message name
+	Type    string // Go type it was decoded into
+	Err     error
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("bus: message %s cannot be decoded into %s: %v", e.Message, e.Type, e.Err)
+}
+
+// Is reports whether target is ErrDecode.
+func (e *DecodeError) Is(target error) bool { return target == ErrDecode }
+
+// Unwrap returns the serializer's error.
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// PanicError is a recovered panic from a handler or a middleware, treated
+// like a returned error.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("bus: panic: %v", e.Value) }
+
+// Is reports whether target is ErrPanic.
+func (e *PanicError) Is(target error) bool { return target == ErrPanic }
+
+// Unwrap returns the panic value when it is an error.
+func (e *PanicError) Unwrap() error {
+	if err, ok := e.Value.(error); ok {
+		return err
+	}
+	return nil
+}

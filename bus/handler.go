@@ -1,0 +1,169 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"runtime"
+	"strings"
+	"sync"
+)
+
+// handler is a typed handler adapted onto one untyped shape.
+type handler struct {
+	name    string
+	msgName string
+	typ     string
+	decode  func(s Serializer, body []byte) (Message, error)
+	invoke  func(ctx context.Context, msg any, attrs Attributes) error
+}
+
+// HandlerOption configures one handler.
+type HandlerOption func(*handler)
+
+// HandlerName names the handler in logs, errors and traces. The default is
+// the handler function's name.
+func HandlerName(name string) HandlerOption {
+	return func(h *handler) { h.name = name }
+}
+
+// WithHandler registers fn as a handler of messages of type T, under the
+// name T's MessageName returns. Several handlers may handle one message
+// name: each runs in its own handler scope, and its sends are flushed only
+// when it succeeds.
+//
+// A handler returning an error fails the message, which is returned for
+// retry and dead-lettered after the maximum attempts. msg is decoded from
+// the body by the bus's serializer; attrs are the message's attributes.
+func WithHandler[T Message](fn func(ctx context.Context, msg T, attrs Attributes) error, opts ...HandlerOption) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return errors.New("bus: WithHandler: nil handler function")
+		}
+		rt := reflect.TypeFor[T]()
+		h := &handler{typ: rt.String(), name: funcName(fn)}
+		if rt.Kind() == reflect.Pointer {
+			elem := rt.Elem()
+			h.msgName = reflect.New(elem).Interface().(T).MessageName()
+			h.decode = func(s Serializer, body []byte) (Message, error) {
+				v := reflect.New(elem).Interface().(T)
+				return v, s.Unmarshal(body, v)
+			}
+		} else {
+			var zero T
+			h.msgName = zero.MessageName()
+			h.decode = func(s Serializer, body []byte) (Message, error) {
+				var v T
+				err := s.Unmarshal(body, &v)
+				return v, err
+			}
+		}
+		h.invoke = func(ctx context.Context, msg any, attrs Attributes) error {
+			return fn(ctx, msg.(T), attrs)
+		}
+		for _, o := range opts {
+			o(h)
+		}
+		if h.msgName == "" {
+			return errors.New("bus: WithHandler: " + h.typ + ".MessageName() returned an empty name")
+		}
+		c.handlers = append(c.handlers, h)
+		return nil
+	}
+}
+
+func funcName(fn any) string {
+	f := runtime.FuncForPC(reflect.ValueOf(fn).Pointer())
+	if f == nil {
+		return "handler"
+	}
+	name := f.Name()
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		name = name[i+1:]
+	}
+	return name
+}
+
+// Outbound is a finished message waiting to be handed to the transport.
+type Outbound struct {
+	Kind     Kind
+	Envelope *Envelope
+	Options  SendOptions
+}
+
+// Outbox receives the messages a handler sends. The default outbox buffers
+// them in memory and hands them to the transport when the handler
+// succeeds; a durable outbox plugin stores them in the handler's
+// transaction instead (see [Handling.UseOutbox]).
+type Outbox interface {
+	Add(ctx context.Context, m Outbound) error
+}
+
+// handlerScope is the outbox and identity of one handler invocation,
+// carried in ctx.
+type handlerScope struct {
+	bus     *Bus
+	attrs   Attributes
+	handler string
+
+	mu     sync.Mutex
+	buf    []Outbound
+	outbox Outbox
+	done   bool
+}
+
+type scopeKey struct{}
+
+// scopeFrom returns the handler scope in ctx when it belongs to b.
+func scopeFrom(ctx context.Context, b *Bus) *handlerScope {
+	s, _ := ctx.Value(scopeKey{}).(*handlerScope)
+	if s == nil || s.bus != b {
+		return nil
+	}
+	return s
+}
+
+// errSendAfterHandler is returned by a send from a goroutine that outlived its handler.
+var errSendAfterHandler = errors.New("bus: send from a handler that already returned; send before returning or use a context that is not the handler's")
+
+func (s *handlerScope) add(ctx context.Context, m Outbound) error {
+	s.mu.Lock()
+	if s.done {
+		s.mu.Unlock()
+		return errSendAfterHandler
+	}
+	if o := s.outbox; o != nil {
+		s.mu.Unlock()
+		return o.Add(ctx, m)
+	}
+	s.buf = append(s.buf, m)
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *handlerScope) setOutbox(o Outbox) {
+	s.mu.Lock()
+	s.outbox = o
+	s.mu.Unlock()
+}
+
+// close ends the scope and returns what was buffered.
+func (s *handlerScope) close() []Outbound {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done = true
+	buf := s.buf
+	s.buf = nil
+	return buf
+}
+
+// MessageContext returns the bus and the attributes of the message being
+// handled when ctx is (or derives from) a handler's context. Plugins use it
+// to act on the message in hand, for example to reply to it.
+func MessageContext(ctx context.Context) (b *Bus, attrs Attributes, ok bool) {
+	s, _ := ctx.Value(scopeKey{}).(*handlerScope)
+	if s == nil {
+		return nil, Attributes{}, false
+	}
+	return s.bus, s.attrs, true
+}

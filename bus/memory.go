@@ -1,0 +1,310 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// MemoryBroker is an in-process broker: endpoint queues, subscriptions of
+// endpoints to message names, and dead-letter queues. Transports made from
+// one broker talk to each other, so two buses in one process can exchange
+// messages through it. Nothing survives the process.
+//
+// Most code uses it through package transports/memory; it lives here so
+// that it can be the default transport of [New].
+type MemoryBroker struct {
+	mu     sync.Mutex
+	queues map[string]*memQueue
+	subs   map[string]map[string]struct{} // message name → endpoints
+	dead   map[string][]DeadLetter
+}
+
+// DeadLetter is a message in a memory dead-letter queue.
+type DeadLetter struct {
+	Envelope Envelope
+	Failure  Failure
+}
+
+// NewMemoryBroker returns an empty broker.
+func NewMemoryBroker() *MemoryBroker {
+	return &MemoryBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]DeadLetter{}}
+}
+
+func (br *MemoryBroker) queue(endpoint string) *memQueue {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	q := br.queues[endpoint]
+	if q == nil {
+		q = &memQueue{signal: make(chan struct{}, 1)}
+		br.queues[endpoint] = q
+	}
+	return q
+}
+
+// DeadLetters returns the messages dead-lettered by endpoint, oldest first.
+func (br *MemoryBroker) DeadLetters(endpoint string) []DeadLetter {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	return slices.Clone(br.dead[endpoint])
+}
+
+// Depth returns how many messages wait in endpoint's queue, not counting
+// those in flight.
+func (br *MemoryBroker) Depth(endpoint string) int {
+	q := br.queue(endpoint)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items) - q.head
+}
+
+type memItem struct {
+	env     Envelope
+	attempt int
+}
+
+// memQueue is an unbounded FIFO with a one-token wake-up signal passed on
+// from receiver to receiver while items remain.
+type memQueue struct {
+	mu     sync.Mutex
+	items  []*memItem
+	head   int
+	signal chan struct{}
+}
+
+func (q *memQueue) push(it *memItem, front bool) {
+	q.mu.Lock()
+	if front && q.head > 0 {
+		q.head--
+		q.items[q.head] = it
+	} else if front {
+		q.items = slices.Insert(q.items, 0, it)
+	} else {
+		q.items = append(q.items, it)
+	}
+	q.mu.Unlock()
+	q.wake()
+}
+
+func (q *memQueue) pop() *memItem {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.head == len(q.items) {
+		return nil
+	}
+	it := q.items[q.head]
+	q.items[q.head] = nil
+	q.head++
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	} else {
+		q.wake()
+	}
+	return it
+}
+
+func (q *memQueue) wake() {
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+// MemoryTransport is a [Transport] over a [MemoryBroker]. It is
+// at-least-once: a delivery stays in flight until it is deleted, returned
+// (redelivered with its attempt count raised) or failed (dead-lettered with
+// its failure); closing the transport puts what is in flight back at the
+// head of the queue. One receiver sees its queue in order.
+type MemoryTransport struct {
+	broker *MemoryBroker
+
+	mu       sync.Mutex
+	endpoint string
+	q        *memQueue
+	inflight map[*memItem]struct{}
+	closed   chan struct{}
+	isClosed bool
+}
+
+// NewMemoryTransport returns a transport on broker.
+func NewMemoryTransport(broker *MemoryBroker) *MemoryTransport {
+	return &MemoryTransport{broker: broker, inflight: map[*memItem]struct{}{}, closed: make(chan struct{})}
+}
+
+// Broker returns the transport's broker.
+func (t *MemoryTransport) Broker() *MemoryBroker { return t.broker }
+
+// Setup binds the transport to the endpoint's queue and subscribes it to
+// the published messages it handles.
+func (t *MemoryTransport) Setup(_ context.Context, topo Topology) error {
+	if topo.Endpoint == "" {
+		return errors.New("memory: Setup: empty endpoint")
+	}
+	q := t.broker.queue(topo.Endpoint)
+	t.broker.mu.Lock()
+	for _, name := range topo.Handles {
+		s := t.broker.subs[name]
+		if s == nil {
+			s = map[string]struct{}{}
+			t.broker.subs[name] = s
+		}
+		s[topo.Endpoint] = struct{}{}
+	}
+	t.broker.mu.Unlock()
+	t.mu.Lock()
+	t.endpoint, t.q = topo.Endpoint, q
+	t.mu.Unlock()
+	return nil
+}
+
+func (t *MemoryTransport) check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.isClosed {
+		return ErrClosed
+	}
+	return nil
+}
+
+func copyEnvelope(env *Envelope) Envelope {
+	c := *env
+	if len(env.Headers) > 0 {
+		c.Headers = maps.Clone(env.Headers)
+	}
+	return c
+}
+
+// Send puts env on the queue of opts.Destination.
+func (t *MemoryTransport) Send(ctx context.Context, env *Envelope, opts SendOptions) error {
+	if err := t.check(ctx); err != nil {
+		return err
+	}
+	if opts.Destination == "" {
+		return fmt.Errorf("memory: send %s: %w: no destination", env.Name, ErrNoRoute)
+	}
+	t.broker.queue(opts.Destination).push(&memItem{env: copyEnvelope(env), attempt: 1}, false)
+	return nil
+}
+
+// Publish puts env on the queue of every endpoint subscribed to env.Name.
+func (t *MemoryTransport) Publish(ctx context.Context, env *Envelope, _ SendOptions) error {
+	if err := t.check(ctx); err != nil {
+		return err
+	}
+	t.broker.mu.Lock()
+	var endpoints [8]string
+	dests := endpoints[:0]
+	for e := range t.broker.subs[env.Name] {
+		dests = append(dests, e)
+	}
+	t.broker.mu.Unlock()
+	for _, e := range dests {
+		t.broker.queue(e).push(&memItem{env: copyEnvelope(env), attempt: 1}, false)
+	}
+	return nil
+}
+
+// Receive takes the next message of the endpoint's queue.
+func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
+	t.mu.Lock()
+	q := t.q
+	t.mu.Unlock()
+	if q == nil {
+		return nil, errors.New("memory: Receive before Setup")
+	}
+	for {
+		if err := t.check(ctx); err != nil {
+			return nil, err
+		}
+		if it := q.pop(); it != nil {
+			t.mu.Lock()
+			if t.isClosed {
+				t.mu.Unlock()
+				q.push(it, true)
+				return nil, ErrClosed
+			}
+			t.inflight[it] = struct{}{}
+			t.mu.Unlock()
+			return &Delivery{Envelope: it.env, Attempt: it.attempt, Raw: it, Token: it}, nil
+		}
+		select {
+		case <-q.signal:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.closed:
+			return nil, ErrClosed
+		}
+	}
+}
+
+// settle removes d from the in-flight set.
+func (t *MemoryTransport) settle(d *Delivery) (*memItem, error) {
+	it, _ := d.Token.(*memItem)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.inflight[it]; !ok || it == nil {
+		return nil, fmt.Errorf("memory: delivery of %s (id %s) is not in flight on this transport", d.Name, d.Attributes.MessageID)
+	}
+	delete(t.inflight, it)
+	return it, nil
+}
+
+// Delete acknowledges d.
+func (t *MemoryTransport) Delete(_ context.Context, d *Delivery) error {
+	_, err := t.settle(d)
+	return err
+}
+
+// Return puts d back at the tail of the queue with its attempt raised.
+func (t *MemoryTransport) Return(_ context.Context, d *Delivery, _ error) error {
+	it, err := t.settle(d)
+	if err != nil {
+		return err
+	}
+	t.q.push(&memItem{env: it.env, attempt: it.attempt + 1}, false)
+	return nil
+}
+
+// Fail moves d to the endpoint's dead-letter queue.
+func (t *MemoryTransport) Fail(_ context.Context, d *Delivery, f Failure) error {
+	it, err := t.settle(d)
+	if err != nil {
+		return err
+	}
+	if f.Time.IsZero() {
+		f.Time = time.Now().UTC()
+	}
+	t.broker.mu.Lock()
+	t.broker.dead[t.endpoint] = append(t.broker.dead[t.endpoint], DeadLetter{Envelope: it.env, Failure: f})
+	t.broker.mu.Unlock()
+	return nil
+}
+
+// Close stops receiving and puts deliveries still in flight back at the
+// head of the queue.
+func (t *MemoryTransport) Close(context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.isClosed {
+		return nil
+	}
+	t.isClosed = true
+	close(t.closed)
+	for it := range t.inflight {
+		t.q.push(it, true)
+	}
+	clear(t.inflight)
+	if t.q != nil {
+		t.q.wake()
+	}
+	return nil
+}
+
+var _ Transport = (*MemoryTransport)(nil)

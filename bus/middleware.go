@@ -1,0 +1,131 @@
+package bus
+
+import (
+	"context"
+	"log/slog"
+)
+
+// Stage names one of the three points where middleware runs.
+type Stage uint8
+
+const (
+	// StageIncoming runs once per received message, before any handler.
+	StageIncoming Stage = iota + 1
+	// StageHandler runs around each handler, inside that handler's outbox.
+	StageHandler
+	// StageOutgoing runs when Send or Publish is called.
+	StageOutgoing
+)
+
+func (s Stage) String() string {
+	switch s {
+	case StageIncoming:
+		return "incoming"
+	case StageHandler:
+		return "handler"
+	case StageOutgoing:
+		return "outgoing"
+	}
+	return "unknown"
+}
+
+// Next continues the chain: it runs the next middleware of the stage, or
+// the stage's terminal step after the last one. Pass a context derived from
+// the one you received to hand values downstream.
+//
+// Next may be called at most once, and only while the middleware that
+// received it is running; otherwise it returns a [*NextCalledTwiceError].
+// It is never nil.
+type Next func(ctx context.Context) error
+
+// IncomingFunc is the incoming stage of a middleware. It runs once per
+// received message, whether or not a handler handles it.
+//
+//   - return next(ctx): pass through;
+//   - return nil without calling next: the message is handled, handlers are
+//     skipped and the message is deleted;
+//   - return an error: the message is returned for retry (or dead-lettered
+//     after the maximum attempts); catching the error of next and returning
+//     nil marks it handled.
+//
+// The message and its attributes are read-only.
+type IncomingFunc func(ctx context.Context, in *Incoming, next Next) error
+
+// HandlingFunc is the handler stage of a middleware. It runs around each
+// handler, inside that handler's outbox.
+//
+//   - return nil without calling next: that handler is skipped and counts
+//     as succeeded;
+//   - return an error: that handler alone fails, its buffered sends are
+//     discarded, its siblings are unaffected and the message is retried.
+type HandlingFunc func(ctx context.Context, h *Handling, next Next) error
+
+// OutgoingFunc is the outgoing stage of a middleware. It runs when Send or
+// Publish is called, after the correlation id and sticky attributes are
+// merged and before the message is buffered or handed to the transport.
+// It may change attributes and native headers.
+//
+//   - return nil without calling next: the message is dropped (a debug log
+//     names the middleware);
+//   - return an error: that Send or Publish returns it and nothing is buffered.
+type OutgoingFunc func(ctx context.Context, out *Outgoing, next Next) error
+
+// Middleware is one bus's instance of a plugin: a name and up to three
+// stages, plus optional hooks run with the bus's lifecycle. A nil stage
+// costs nothing.
+//
+// Within each stage, middleware runs in registration order and the first
+// registered is the outermost layer:
+//
+//	WithMiddleware(a, b)
+//
+//	a.Incoming ─▶ b.Incoming ─▶ handlers ─▶ b returns ─▶ a returns
+//
+// A Middleware value is itself a [Plugin] that returns itself, so a
+// stateless middleware can be passed to [WithMiddleware] directly.
+type Middleware struct {
+	// Name identifies the middleware in logs and errors. Required.
+	Name string
+
+	Incoming IncomingFunc
+	Handling HandlingFunc
+	Outgoing OutgoingFunc
+
+	// Start, when set, runs at bus Start after the transport is set up and
+	// before messages are received, in registration order. An error aborts Start.
+	Start func(ctx context.Context) error
+	// Stop, when set, runs at bus Stop after in-flight messages drained, in
+	// reverse registration order.
+	Stop func(ctx context.Context) error
+}
+
+// Instantiate returns m itself: a Middleware is a stateless plugin.
+func (m Middleware) Instantiate(PluginInfo) (Middleware, error) { return m, nil }
+
+// Plugin makes the middleware of one bus. The bus calls Instantiate once,
+// from [New]; a plugin that keeps state keeps it in what it returns, never
+// at package level, so two buses never share it.
+type Plugin interface {
+	Instantiate(info PluginInfo) (Middleware, error)
+}
+
+// PluginFunc adapts a function to [Plugin].
+type PluginFunc func(info PluginInfo) (Middleware, error)
+
+// Instantiate calls f.
+func (f PluginFunc) Instantiate(info PluginInfo) (Middleware, error) { return f(info) }
+
+// PluginInfo is what a plugin receives from the bus it is instantiated for.
+type PluginInfo struct {
+	// Bus is the bus under construction. It may be stored and used once
+	// the bus is returned by New (for example to send from a Start hook).
+	Bus *Bus
+	// Name is the bus's name; Endpoint its endpoint (empty on a send-only bus).
+	Name, Endpoint string
+	// Logger is the bus's logger.
+	Logger *slog.Logger
+	// Transport is the bus's transport.
+	Transport Transport
+	// Handles lists the message names the bus handles.
+	Handles []string
+}

@@ -1,0 +1,169 @@
+package bus
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+)
+
+// Option configures a bus. Options are applied once, by [New].
+type Option func(*config) error
+
+type config struct {
+	name        string
+	endpoint    string
+	transport   Transport
+	handlers    []*handler
+	plugins     []Plugin
+	concurrency int
+	logger      *slog.Logger
+	serializer  Serializer
+	maxAttempts int
+	routes      map[string]string
+}
+
+// WithTransport sets the transport. The default is an in-memory transport
+// on a broker of its own (see transports/memory to share one).
+func WithTransport(t Transport) Option {
+	return func(c *config) error {
+		if t == nil {
+			return errors.New("bus: WithTransport: nil transport")
+		}
+		c.transport = t
+		return nil
+	}
+}
+
+// WithMiddleware adds plugins, in order: within each stage the first one
+// registered is the outermost layer. Each plugin is instantiated once, by New.
+func WithMiddleware(plugins ...Plugin) Option {
+	return func(c *config) error {
+		for i, p := range plugins {
+			if p == nil {
+				return fmt.Errorf("bus: WithMiddleware: plugin %d is nil", i)
+			}
+		}
+		c.plugins = append(c.plugins, plugins...)
+		return nil
+	}
+}
+
+// WithEndpoint names the endpoint: the queue this bus receives from. A bus
+// with handlers needs one; a bus without an endpoint only sends.
+func WithEndpoint(name string) Option {
+	return func(c *config) error {
+		if name == "" {
+			return errors.New("bus: WithEndpoint: empty name")
+		}
+		c.endpoint = name
+		return nil
+	}
+}
+
+// WithName names the bus in logs and for plugins. The default is the endpoint.
+func WithName(name string) Option {
+	return func(c *config) error { c.name = name; return nil }
+}
+
+// WithConcurrency sets how many messages are processed at once. The default is 8.
+func WithConcurrency(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("bus: WithConcurrency(%d): must be at least 1", n)
+		}
+		c.concurrency = n
+		return nil
+	}
+}
+
+// WithLogger sets the logger. The default is slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("bus: WithLogger: nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithSerializer sets the body serializer. The default is [JSON].
+func WithSerializer(s Serializer) Option {
+	return func(c *config) error {
+		if s == nil {
+			return errors.New("bus: WithSerializer: nil serializer")
+		}
+		c.serializer = s
+		return nil
+	}
+}
+
+// WithMaxAttempts sets how many times a message is delivered before it is
+// dead-lettered. The default is 5.
+func WithMaxAttempts(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("bus: WithMaxAttempts(%d): must be at least 1", n)
+		}
+		c.maxAttempts = n
+		return nil
+	}
+}
+
+// WithRoute sends the given messages to endpoint when Send is called
+// without [To].
+func WithRoute(endpoint string, msgs ...Message) Option {
+	return func(c *config) error {
+		if endpoint == "" {
+			return errors.New("bus: WithRoute: empty endpoint")
+		}
+		if c.routes == nil {
+			c.routes = make(map[string]string)
+		}
+		for _, m := range msgs {
+			c.routes[m.MessageName()] = endpoint
+		}
+		return nil
+	}
+}
+
+// SendOption configures one Send or Publish.
+type SendOption func(*sendConfig)
+
+type sendConfig struct {
+	to, correlationID, messageID string
+	values, sticky               map[string]string
+}
+
+// To sends the message to endpoint, overriding routes.
+func To(endpoint string) SendOption { return func(s *sendConfig) { s.to = endpoint } }
+
+// WithCorrelationID sets the correlation id instead of inheriting or generating one.
+func WithCorrelationID(id string) SendOption {
+	return func(s *sendConfig) { s.correlationID = id }
+}
+
+// WithMessageID sets the message id instead of generating one, for
+// producers that must stay idempotent across their own retries.
+func WithMessageID(id string) SendOption { return func(s *sendConfig) { s.messageID = id } }
+
+// WithAttribute sets a one-hop attribute.
+func WithAttribute(key, value string) SendOption {
+	return func(s *sendConfig) {
+		if s.values == nil {
+			s.values = make(map[string]string, 2)
+		}
+		s.values[key] = value
+	}
+}
+
+// WithStickyAttribute sets a sticky attribute: it is copied onto every
+// message sent while this one is handled, and so on down the conversation.
+func WithStickyAttribute(key, value string) SendOption {
+	return func(s *sendConfig) {
+		if s.sticky == nil {
+			s.sticky = make(map[string]string, 2)
+		}
+		s.sticky[key] = value
+	}
+}

@@ -1,0 +1,257 @@
+package bus
+
+import (
+	"context"
+	"iter"
+	"log/slog"
+	"maps"
+)
+
+// Incoming is the incoming stage's view of one received message. It is
+// read-only. It is valid only while the middleware that received it runs.
+type Incoming struct {
+	r *incomingRun
+	i int
+}
+
+type incomingRun struct {
+	run[Incoming]
+	b        *Bus
+	d        *Delivery
+	endpoint string
+}
+
+func newIncomingRun(b *Bus, p *pipe[Incoming], endpoint string) *incomingRun {
+	r := &incomingRun{b: b, endpoint: endpoint}
+	r.init(p, func(i int) Incoming { return Incoming{r: r, i: i} },
+		func(ctx context.Context) error { return r.b.dispatch(ctx, r.d) },
+		func() []any { return describeEnvelope(&r.d.Envelope) },
+		"message handled by incoming middleware; handlers skipped, message deleted")
+	return r
+}
+
+// Name returns the message's wire name.
+func (in *Incoming) Name() string { return in.r.d.Name }
+
+// Attributes returns the message's attributes.
+func (in *Incoming) Attributes() Attributes { return in.r.d.Attributes }
+
+// Header returns the native header named key, as the transport read it.
+func (in *Incoming) Header(key string) (string, bool) {
+	v, ok := in.r.d.Headers[key]
+	return v, ok
+}
+
+// Headers iterates over the native headers the transport read.
+func (in *Incoming) Headers() iter.Seq2[string, string] { return maps.All(in.r.d.Headers) }
+
+// Body returns the encoded message. It must not be modified.
+func (in *Incoming) Body() []byte { return in.r.d.Body }
+
+// ContentType returns the content type the message was encoded with.
+func (in *Incoming) ContentType() string { return in.r.d.ContentType }
+
+// Raw returns the transport-native message, for example an amqp091.Delivery.
+func (in *Incoming) Raw() any { return in.r.d.Raw }
+
+// Attempt returns the delivery attempt, 1 the first time.
+func (in *Incoming) Attempt() int { return in.r.d.Attempt }
+
+// Endpoint returns the endpoint receiving the message.
+func (in *Incoming) Endpoint() string { return in.r.endpoint }
+
+// Middleware returns the name of the middleware this context was given to.
+func (in *Incoming) Middleware() string { return in.r.mwName(in.i) }
+
+// Logger returns the bus logger scoped with the stage, the middleware and
+// the message (name, id, correlation id).
+func (in *Incoming) Logger() *slog.Logger { return in.r.logger(in.i) }
+
+// Handling is the handler stage's view of one handler about to handle one
+// message. It is valid only while the middleware that received it runs.
+type Handling struct {
+	r *handlingRun
+	i int
+}
+
+type handlingRun struct {
+	run[Handling]
+	b     *Bus
+	h     *handler
+	msg   Message
+	d     *Delivery
+	scope *handlerScope
+}
+
+func newHandlingRun(b *Bus, p *pipe[Handling]) *handlingRun {
+	r := &handlingRun{b: b}
+	r.init(p, func(i int) Handling { return Handling{r: r, i: i} },
+		func(ctx context.Context) error { return r.h.invoke(ctx, r.msg, r.d.Attributes) },
+		func() []any { return append(describeEnvelope(&r.d.Envelope), slog.String("handler", r.h.name)) },
+		"handler skipped by handler middleware")
+	return r
+}
+
+// HandlerName returns the name of the handler.
+func (h *Handling) HandlerName() string { return h.r.h.name }
+
+// MessageName returns the message's wire name.
+func (h *Handling) MessageName() string { return h.r.d.Name }
+
+// Message returns the decoded message the handler will receive. It must not
+// be modified.
+func (h *Handling) Message() Message { return h.r.msg }
+
+// Attributes returns the message's attributes.
+func (h *Handling) Attributes() Attributes { return h.r.d.Attributes }
+
+// Attempt returns the delivery attempt, 1 the first time.
+func (h *Handling) Attempt() int { return h.r.d.Attempt }
+
+// Raw returns the transport-native message.
+func (h *Handling) Raw() any { return h.r.d.Raw }
+
+// Middleware returns the name of the middleware this context was given to.
+func (h *Handling) Middleware() string { return h.r.mwName(h.i) }
+
+// Logger returns the bus logger scoped with the stage, the middleware, the
+// message and the handler.
+func (h *Handling) Logger() *slog.Logger { return h.r.logger(h.i) }
+
+// UseOutbox makes the messages this handler sends go to o instead of the
+// in-memory buffer that is flushed when the handler succeeds. A durable
+// outbox plugin calls it to store them in the handler's transaction.
+func (h *Handling) UseOutbox(o Outbox) {
+	if h.r.scope != nil {
+		h.r.scope.setOutbox(o)
+	}
+}
+
+// Outgoing is the outgoing stage's view of one message being sent or
+// published. Its attributes and headers may be changed. It is valid only
+// while the middleware that received it runs.
+type Outgoing struct {
+	r *outgoingRun
+	i int
+}
+
+type outgoingRun struct {
+	run[Outgoing]
+	b       *Bus
+	kind    Kind
+	msg     Message
+	msgName string
+	dest    string
+	attrs   Attributes
+	owned   uint8 // bit 0: attrs.values owned, bit 1: attrs.sticky owned
+	headers Headers
+	scope   *handlerScope
+}
+
+const (
+	ownValues uint8 = 1 << iota
+	ownSticky
+)
+
+func newOutgoingRun(b *Bus, p *pipe[Outgoing]) *outgoingRun {
+	r := &outgoingRun{b: b}
+	r.init(p, func(i int) Outgoing { return Outgoing{r: r, i: i} },
+		func(ctx context.Context) error { return r.b.finishOutgoing(ctx, r) },
+		func() []any {
+			return []any{slog.String("message_name", r.msgName), slog.String("message_id", r.attrs.MessageID),
+				slog.String("correlation_id", r.attrs.CorrelationID), slog.String("kind", r.kind.String())}
+		},
+		"outgoing message dropped by middleware")
+	return r
+}
+
+func (r *outgoingRun) reset() {
+	r.msg, r.scope, r.headers = nil, nil, nil
+	r.attrs = Attributes{}
+	r.owned = 0
+}
+
+// Message returns the message being sent. It must not be modified.
+func (o *Outgoing) Message() Message { return o.r.msg }
+
+// Name returns the message's wire name.
+func (o *Outgoing) Name() string { return o.r.msgName }
+
+// Kind tells a send from a publish.
+func (o *Outgoing) Kind() Kind { return o.r.kind }
+
+// Destination returns the endpoint a sent message goes to; empty for a publish.
+func (o *Outgoing) Destination() string { return o.r.dest }
+
+// InHandler reports whether the message is sent from inside a handler, in
+// which case it is buffered in that handler's outbox.
+func (o *Outgoing) InHandler() bool { return o.r.scope != nil }
+
+// Attributes returns the message's attributes as they are now.
+func (o *Outgoing) Attributes() Attributes {
+	o.r.owned = 0 // the maps are shared from now on: copy before the next change
+	return o.r.attrs
+}
+
+// SetValue sets the one-hop attribute key.
+func (o *Outgoing) SetValue(key, value string) {
+	r := o.r
+	if r.owned&ownValues == 0 {
+		r.attrs.values = maps.Clone(r.attrs.values)
+		if r.attrs.values == nil {
+			r.attrs.values = make(map[string]string, 2)
+		}
+		r.owned |= ownValues
+	}
+	r.attrs.values[key] = value
+}
+
+// DeleteValue removes the one-hop attribute key.
+func (o *Outgoing) DeleteValue(key string) {
+	r := o.r
+	if _, ok := r.attrs.values[key]; !ok {
+		return
+	}
+	if r.owned&ownValues == 0 {
+		r.attrs.values = maps.Clone(r.attrs.values)
+		r.owned |= ownValues
+	}
+	delete(r.attrs.values, key)
+}
+
+// SetSticky sets the sticky attribute key: it is copied onto every
+// message sent while this one is handled.
+func (o *Outgoing) SetSticky(key, value string) {
+	r := o.r
+	if r.owned&ownSticky == 0 {
+		r.attrs.sticky = maps.Clone(r.attrs.sticky)
+		if r.attrs.sticky == nil {
+			r.attrs.sticky = make(map[string]string, 2)
+		}
+		r.owned |= ownSticky
+	}
+	r.attrs.sticky[key] = value
+}
+
+// SetCorrelationID replaces the correlation id.
+func (o *Outgoing) SetCorrelationID(id string) { o.r.attrs.CorrelationID = id }
+
+// Headers returns the native headers bag of the message, to read or change.
+func (o *Outgoing) Headers() Headers {
+	if o.r.headers == nil {
+		o.r.headers = make(Headers, 2)
+	}
+	return o.r.headers
+}
+
+// Middleware returns the name of the middleware this context was given to.
+func (o *Outgoing) Middleware() string { return o.r.mwName(o.i) }
+
+// Logger returns the bus logger scoped with the stage, the middleware and
+// the message.
+func (o *Outgoing) Logger() *slog.Logger { return o.r.logger(o.i) }
+
+func describeEnvelope(e *Envelope) []any {
+	return []any{slog.String("message_name", e.Name), slog.String("message_id", e.Attributes.MessageID),
+		slog.String("correlation_id", e.Attributes.CorrelationID)}
+}

@@ -1,0 +1,109 @@
+package bus
+
+import (
+	"context"
+	"time"
+)
+
+// Envelope is a finished, encoded message: what the bus hands to a
+// transport and what a transport hands back when it receives one.
+type Envelope struct {
+	// Name is the message's wire name ([Message.MessageName]).
+	Name string
+	// ContentType is the serializer's content type, for example "application/json".
+	ContentType string
+	// Body is the encoded message.
+	Body []byte
+	// Attributes are the bus attributes; transports carry them natively.
+	Attributes Attributes
+	// Headers are the transport-native headers set by outgoing middleware.
+	Headers Headers
+}
+
+// Delivery is one received message, owned by the transport that returned it
+// until it is deleted, returned or failed.
+type Delivery struct {
+	Envelope
+	// Attempt is 1 on the first delivery and grows by one each time the
+	// message is returned for retry.
+	Attempt int
+	// Raw is the transport-native message (amqp091.Delivery, an SQS
+	// types.Message, ...). Incoming middleware may read it.
+	Raw any
+	// Err is set by a transport that received a message it could not read
+	// (missing name, malformed attributes). The bus dead-letters such a
+	// message with Err as the reason, without running any middleware.
+	Err error
+	// Token is for the transport's own bookkeeping.
+	Token any
+}
+
+// SendOptions are the per-message options a transport honours.
+type SendOptions struct {
+	// Destination is the endpoint a sent message goes to. Empty for publish.
+	Destination string
+}
+
+// Topology is what a transport declares when the bus starts.
+type Topology struct {
+	// Endpoint names this service's queue.
+	Endpoint string
+	// Handles lists the message names the endpoint has handlers for, sorted.
+	// A transport subscribes the endpoint to the published messages of these names.
+	Handles []string
+	// MaxAttempts is the number of deliveries before the bus dead-letters a message.
+	MaxAttempts int
+	// Concurrency is the number of messages the bus processes at once; a
+	// transport may size its prefetch from it.
+	Concurrency int
+}
+
+// Failure describes why a message was dead-lettered. Transports store it
+// with the message in the dead-letter queue.
+type Failure struct {
+	// Reason is the error text.
+	Reason string
+	// Attempts is how many times the message was delivered.
+	Attempts int
+	// Endpoint is the endpoint that gave up on the message.
+	Endpoint string
+	// Time is when the message was dead-lettered.
+	Time time.Time
+}
+
+// Transport moves envelopes between endpoints. A transport is used by one
+// bus; several transports may share a broker.
+//
+// The bus calls Setup once at Start, then Receive from as many goroutines
+// as its concurrency, and exactly one of Delete, Return or Fail for each
+// delivery. Send and Publish may be called at any time, concurrently,
+// including on a transport that never had Setup called (a send-only bus).
+type Transport interface {
+	// Setup declares the endpoint's queue, its dead-letter queue and the
+	// subscriptions to the published messages it handles. It is idempotent.
+	Setup(ctx context.Context, topo Topology) error
+	// Send delivers env to the endpoint opts.Destination.
+	Send(ctx context.Context, env *Envelope, opts SendOptions) error
+	// Publish delivers env to every endpoint subscribed to env.Name.
+	Publish(ctx context.Context, env *Envelope, opts SendOptions) error
+	// Receive blocks until a message arrives, ctx is done (ctx.Err()) or
+	// the transport is closed ([ErrClosed]).
+	Receive(ctx context.Context) (*Delivery, error)
+	// Delete acknowledges a delivery: it will not be seen again.
+	Delete(ctx context.Context, d *Delivery) error
+	// Return gives a delivery back for redelivery with Attempt+1. cause is
+	// the error that made it fail.
+	Return(ctx context.Context, d *Delivery, cause error) error
+	// Fail moves a delivery to the endpoint's dead-letter queue with f.
+	Fail(ctx context.Context, d *Delivery, f Failure) error
+	// Close releases the transport. Deliveries not yet deleted are given
+	// back to the broker. Receive returns ErrClosed afterwards.
+	Close(ctx context.Context) error
+}
+
+// HeaderValidator is implemented by transports that restrict header names
+// or values. The bus calls it when a message is sent, before it is buffered
+// in a handler's outbox, so the error reaches the code that sent.
+type HeaderValidator interface {
+	ValidateHeaders(h Headers) error
+}
