@@ -1,0 +1,520 @@
+// Package transporttest is the conformance suite every plugbus transport
+// passes. A transport's own test calls [Run] with a constructor and the
+// features it claims:
+//
+//	func TestConformance(t *testing.T) {
+//		broker := memory.NewBroker()
+//		transporttest.Run(t, func(t testing.TB) bus.Transport { return memory.New(memory.WithBroker(broker)) },
+//			transporttest.Features{Ordered: true, DeadLetters: ...})
+//	}
+//
+// The suite talks to the transport directly, as the bus does: Setup,
+// Send, Publish, Receive, then exactly one of Delete, Return or Fail.
+package transporttest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// Features tells the suite what the transport under test offers.
+type Features struct {
+	// Ordered is true when one receiver sees the messages of one sender in
+	// the order they were sent.
+	Ordered bool
+	// ReservedHeader is a header name the transport reserves; the suite
+	// checks that sending it fails with bus.ErrHeaderReserved. Empty skips.
+	ReservedHeader string
+	// DeadLetters returns the messages endpoint dead-lettered, waiting
+	// until there are at least n or ctx ends. Required.
+	DeadLetters func(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter
+	// Timeout bounds each wait of the suite. The default is 30s.
+	Timeout time.Duration
+	// Quiet is how long the suite waits to conclude that no further message
+	// arrives (a deleted message is not seen again). The default is 300ms.
+	Quiet time.Duration
+	// Messages is the number of messages of the concurrency test. The
+	// default is 5000.
+	Messages int
+}
+
+// New returns a fresh transport. Transports returned by one New share a
+// broker: what one sends another receives.
+type New func(t testing.TB) bus.Transport
+
+// Run runs the conformance suite.
+func Run(t *testing.T, newTransport New, f Features) {
+	if f.DeadLetters == nil {
+		t.Fatal("transporttest: Features.DeadLetters is required")
+	}
+	if f.Timeout == 0 {
+		f.Timeout = 30 * time.Second
+	}
+	if f.Quiet == 0 {
+		f.Quiet = 300 * time.Millisecond
+	}
+	if f.Messages == 0 {
+		f.Messages = 5000
+	}
+	s := &suite{newT: newTransport, f: f}
+	t.Run("SendPreservesEnvelope", s.sendPreservesEnvelope)
+	t.Run("PublishFansOut", s.publishFansOut)
+	t.Run("PublishOnlyToSubscribers", s.publishOnlyToSubscribers)
+	t.Run("ReturnRedelivers", s.returnRedelivers)
+	t.Run("FailDeadLetters", s.failDeadLetters)
+	t.Run("CompetingConsumers", s.competingConsumers)
+	t.Run("Concurrent", s.concurrent)
+	t.Run("CloseWhileReceiving", s.closeWhileReceiving)
+	t.Run("ContextCancellation", s.contextCancellation)
+	t.Run("SetupIdempotent", s.setupIdempotent)
+	if f.ReservedHeader != "" {
+		t.Run("ReservedHeaderRefused", s.reservedHeader)
+	}
+	if f.Ordered {
+		t.Run("Ordered", s.ordered)
+	}
+}
+
+type suite struct {
+	newT New
+	f    Features
+}
+
+// Name is a unique name for an endpoint or message of one test.
+func Name(prefix string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "-" + hex.EncodeToString(b[:])
+}
+
+func (s *suite) ctx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), s.f.Timeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// open returns a transport set up as endpoint handling names, closed at cleanup.
+func (s *suite) open(t *testing.T, endpoint string, names ...string) bus.Transport {
+	t.Helper()
+	tr := s.newT(t)
+	ctx := s.ctx(t)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: endpoint, Handles: names, MaxAttempts: 5, Concurrency: 8}); err != nil {
+		t.Fatalf("Setup(%s): %v", endpoint, err)
+	}
+	t.Cleanup(func() { _ = tr.Close(context.Background()) })
+	return tr
+}
+
+func envelope(name string, body string) *bus.Envelope {
+	id := Name("id")
+	return &bus.Envelope{
+		Name: name, ContentType: "application/json", Body: []byte(body),
+		Attributes: bus.NewAttributes(id, "corr-"+id, time.Now().UTC().Truncate(time.Millisecond), nil, nil),
+	}
+}
+
+func (s *suite) receive(t *testing.T, tr bus.Transport) *bus.Delivery {
+	t.Helper()
+	d, err := tr.Receive(s.ctx(t))
+	if err != nil {
+		t.Fatalf("Receive: %v", err)
+	}
+	return d
+}
+
+// expectNothing asserts that no message arrives within the quiet period.
+func (s *suite) expectNothing(t *testing.T, tr bus.Transport) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), s.f.Quiet)
+	defer cancel()
+	d, err := tr.Receive(ctx)
+	if err == nil {
+		t.Fatalf("unexpected delivery of %s (id %s, attempt %d)", d.Name, d.Attributes.MessageID, d.Attempt)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Receive with an expiring context: %v, want context.DeadlineExceeded", err)
+	}
+}
+
+func (s *suite) sendPreservesEnvelope(t *testing.T) {
+	ep, name := Name("tt-env"), Name("tt.msg")
+	tr := s.open(t, ep, name)
+	ctx := s.ctx(t)
+	sent := time.Now().UTC().Truncate(time.Millisecond)
+	env := &bus.Envelope{
+		Name: name, ContentType: "application/json", Body: []byte(`{"n":1,"s":"é\u0000x"}`),
+		Attributes: bus.NewAttributes("id-1", "corr-1", sent,
+			map[string]string{"one": "1", "empty": ""}, map[string]string{"tenant": "acme"}),
+		Headers: bus.Headers{"x-custom": "v1", "x-other": "with space"},
+	}
+	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	d := s.receive(t, tr)
+	if d.Err != nil {
+		t.Fatalf("delivery error: %v", d.Err)
+	}
+	if d.Name != name || string(d.Body) != string(env.Body) || d.ContentType != "application/json" {
+		t.Errorf("got name %q body %q content type %q", d.Name, d.Body, d.ContentType)
+	}
+	a := d.Attributes
+	if a.MessageID != "id-1" || a.CorrelationID != "corr-1" || !a.SentAt.Equal(sent) {
+		t.Errorf("attributes: id %q corr %q sentAt %v, want id-1 corr-1 %v", a.MessageID, a.CorrelationID, a.SentAt, sent)
+	}
+	if v, _ := a.Value("one"); v != "1" {
+		t.Errorf("one-hop attribute one = %q", v)
+	}
+	if v, ok := a.Value("empty"); !ok || v != "" {
+		t.Errorf("one-hop attribute empty = %q, %v", v, ok)
+	}
+	if v, _ := a.StickyValue("tenant"); v != "acme" {
+		t.Errorf("sticky attribute tenant = %q", v)
+	}
+	for k, want := range env.Headers {
+		if got := d.Headers[k]; got != want {
+			t.Errorf("header %s = %q, want %q", k, got, want)
+		}
+	}
+	if d.Attempt != 1 {
+		t.Errorf("attempt = %d, want 1", d.Attempt)
+	}
+	if err := tr.Delete(ctx, d); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	s.expectNothing(t, tr)
+}
+
+func (s *suite) publishFansOut(t *testing.T) {
+	name := Name("tt.evt")
+	a := s.open(t, Name("tt-fan-a"), name)
+	b := s.open(t, Name("tt-fan-b"), name)
+	ctx := s.ctx(t)
+	env := envelope(name, `{}`)
+	env.Headers = bus.Headers{"x-h": "1"}
+	if err := a.Publish(ctx, env, bus.SendOptions{}); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	for _, tr := range []bus.Transport{a, b} {
+		d := s.receive(t, tr)
+		if d.Attributes.MessageID != env.Attributes.MessageID || d.Headers["x-h"] != "1" {
+			t.Errorf("got id %s headers %v", d.Attributes.MessageID, d.Headers)
+		}
+		if err := tr.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		s.expectNothing(t, tr)
+	}
+}
+
+func (s *suite) publishOnlyToSubscribers(t *testing.T) {
+	wanted, other := Name("tt.wanted"), Name("tt.other")
+	tr := s.open(t, Name("tt-sub"), wanted)
+	_ = s.open(t, Name("tt-sub-other"), other)
+	ctx := s.ctx(t)
+	if err := tr.Publish(ctx, envelope(other, `{}`), bus.SendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	env := envelope(wanted, `{}`)
+	if err := tr.Publish(ctx, env, bus.SendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d := s.receive(t, tr)
+	if d.Name != wanted {
+		t.Fatalf("received %s, subscribed only to %s", d.Name, wanted)
+	}
+	if err := tr.Delete(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	s.expectNothing(t, tr)
+}
+
+func (s *suite) returnRedelivers(t *testing.T) {
+	ep, name := Name("tt-ret"), Name("tt.msg")
+	tr := s.open(t, ep, name)
+	ctx := s.ctx(t)
+	env := envelope(name, `{"retry":true}`)
+	env.Headers = bus.Headers{"x-kept": "yes"}
+	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 1; attempt <= 3; attempt++ {
+		d := s.receive(t, tr)
+		if d.Attempt != attempt {
+			t.Fatalf("attempt = %d, want %d", d.Attempt, attempt)
+		}
+		if d.Attributes.MessageID != env.Attributes.MessageID || string(d.Body) != `{"retry":true}` || d.Headers["x-kept"] != "yes" {
+			t.Fatalf("redelivery %d changed the message: id %s body %s headers %v", attempt, d.Attributes.MessageID, d.Body, d.Headers)
+		}
+		if attempt == 3 {
+			if err := tr.Delete(ctx, d); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if err := tr.Return(ctx, d, errors.New("try again")); err != nil {
+			t.Fatalf("Return: %v", err)
+		}
+	}
+	s.expectNothing(t, tr)
+}
+
+func (s *suite) failDeadLetters(t *testing.T) {
+	ep, name := Name("tt-dlq"), Name("tt.msg")
+	tr := s.open(t, ep, name)
+	ctx := s.ctx(t)
+	env := envelope(name, `{"poison":1}`)
+	env.Headers = bus.Headers{"x-kept": "yes"}
+	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+		t.Fatal(err)
+	}
+	d := s.receive(t, tr)
+	at := time.Now().UTC().Truncate(time.Second)
+	if err := tr.Fail(ctx, d, bus.Failure{Reason: "boom: cannot process", Attempts: 1, Endpoint: ep, Time: at}); err != nil {
+		t.Fatalf("Fail: %v", err)
+	}
+	s.expectNothing(t, tr)
+	dl := s.f.DeadLetters(ctx, t, ep, 1)
+	if len(dl) != 1 {
+		t.Fatalf("dead letters = %d, want 1", len(dl))
+	}
+	got := dl[0]
+	if got.Envelope.Attributes.MessageID != env.Attributes.MessageID || string(got.Envelope.Body) != `{"poison":1}` || got.Envelope.Name != name {
+		t.Errorf("dead letter envelope: %+v", got.Envelope)
+	}
+	if got.Failure.Reason != "boom: cannot process" || got.Failure.Attempts != 1 || got.Failure.Endpoint != ep || !got.Failure.Time.Equal(at) {
+		t.Errorf("dead letter failure: %+v", got.Failure)
+	}
+}
+
+func (s *suite) competingConsumers(t *testing.T) {
+	ep, name := Name("tt-compete"), Name("tt.msg")
+	a := s.open(t, ep, name)
+	b := s.open(t, ep, name)
+	ctx := s.ctx(t)
+	const n = 20
+	for i := range n {
+		if err := a.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := s.drain(t, []bus.Transport{a, b}, n)
+	if len(seen) != n {
+		t.Fatalf("received %d distinct messages, want %d", len(seen), n)
+	}
+}
+
+// drain receives want messages on the transports concurrently, deleting
+// each, and fails on a message seen twice.
+func (s *suite) drain(t *testing.T, trs []bus.Transport, want int) map[string]int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(s.ctx(t))
+	defer cancel()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var dup []string
+	var wg sync.WaitGroup
+	for _, tr := range trs {
+		for range 4 {
+			wg.Go(func() {
+				for {
+					d, err := tr.Receive(ctx)
+					if err != nil {
+						return
+					}
+					id := d.Attributes.MessageID
+					mu.Lock()
+					seen[id]++
+					if seen[id] > 1 {
+						dup = append(dup, id)
+					}
+					done := len(seen) >= want
+					mu.Unlock()
+					if err := tr.Delete(context.Background(), d); err != nil {
+						t.Errorf("Delete: %v", err)
+					}
+					if done {
+						cancel()
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if len(dup) > 0 {
+		t.Fatalf("%d messages delivered twice although deleted, e.g. %s", len(dup), dup[0])
+	}
+	if s.ctx(t).Err() != nil || len(seen) < want {
+		t.Fatalf("received %d of %d messages before the timeout", len(seen), want)
+	}
+	for _, tr := range trs {
+		s.expectNothing(t, tr)
+	}
+	return seen
+}
+
+func (s *suite) concurrent(t *testing.T) {
+	ep, name := Name("tt-conc"), Name("tt.msg")
+	tr := s.open(t, ep, name)
+	sender := s.newT(t)
+	t.Cleanup(func() { _ = sender.Close(context.Background()) })
+	ctx := s.ctx(t)
+	n := s.f.Messages
+	const senders = 8
+	ids := make(chan string, n)
+	var wg sync.WaitGroup
+	for w := range senders {
+		wg.Go(func() {
+			for i := w; i < n; i += senders {
+				env := envelope(name, strconv.Itoa(i))
+				if err := sender.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+					t.Errorf("Send %d: %v", i, err)
+					return
+				}
+				ids <- env.Attributes.MessageID
+			}
+		})
+	}
+	seen := s.drain(t, []bus.Transport{tr}, n)
+	wg.Wait()
+	close(ids)
+	for id := range ids {
+		if seen[id] != 1 {
+			t.Fatalf("message %s received %d times", id, seen[id])
+		}
+	}
+}
+
+func (s *suite) closeWhileReceiving(t *testing.T) {
+	ep, name := Name("tt-close"), Name("tt.msg")
+	tr := s.newT(t)
+	ctx := s.ctx(t)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 2}); err != nil {
+		t.Fatal(err)
+	}
+	env := envelope(name, `{}`)
+	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+		t.Fatal(err)
+	}
+	inflight := s.receive(t, tr) // received, never settled
+	_ = inflight
+	errs := make(chan error, 1)
+	go func() {
+		_, err := tr.Receive(ctx) // blocks: nothing else queued
+		errs <- err
+	}()
+	if err := tr.Close(context.Background()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case err := <-errs:
+		if err == nil {
+			t.Fatal("Receive returned a message after Close")
+		}
+	case <-ctx.Done():
+		t.Fatal("Receive still blocked after Close")
+	}
+	if _, err := tr.Receive(ctx); err == nil {
+		t.Fatal("Receive on a closed transport returned a message")
+	}
+	// The unsettled delivery is not lost: another transport gets it.
+	next := s.open(t, ep, name)
+	d := s.receive(t, next)
+	if d.Attributes.MessageID != env.Attributes.MessageID {
+		t.Fatalf("after close got %s, want the in-flight %s", d.Attributes.MessageID, env.Attributes.MessageID)
+	}
+	if err := next.Delete(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *suite) contextCancellation(t *testing.T) {
+	ep, name := Name("tt-ctx"), Name("tt.msg")
+	tr := s.open(t, ep, name)
+	ctx, cancel := context.WithCancel(t.Context())
+	errs := make(chan error, 1)
+	go func() {
+		_, err := tr.Receive(ctx)
+		errs <- err
+	}()
+	cancel()
+	select {
+	case err := <-errs:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Receive after cancel: %v, want context.Canceled", err)
+		}
+	case <-time.After(s.f.Timeout):
+		t.Fatal("Receive ignored its context")
+	}
+	if err := tr.Send(ctx, envelope(name, `{}`), bus.SendOptions{Destination: ep}); err == nil {
+		t.Fatal("Send with a cancelled context succeeded")
+	}
+	s.expectNothing(t, tr)
+}
+
+func (s *suite) setupIdempotent(t *testing.T) {
+	ep, name := Name("tt-idem"), Name("tt.msg")
+	tr := s.open(t, ep, name)
+	ctx := s.ctx(t)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 8}); err != nil {
+		t.Fatalf("second Setup: %v", err)
+	}
+	if err := tr.Publish(ctx, envelope(name, `{}`), bus.SendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d := s.receive(t, tr)
+	if err := tr.Delete(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	s.expectNothing(t, tr) // subscribed once, not twice
+}
+
+func (s *suite) reservedHeader(t *testing.T) {
+	ep, name := Name("tt-res"), Name("tt.msg")
+	tr := s.open(t, ep, name)
+	ctx := s.ctx(t)
+	env := envelope(name, `{}`)
+	env.Headers = bus.Headers{s.f.ReservedHeader: "x"}
+	err := tr.Send(ctx, env, bus.SendOptions{Destination: ep})
+	var hr *bus.HeaderReservedError
+	if !errors.Is(err, bus.ErrHeaderReserved) || !errors.As(err, &hr) || hr.Header != s.f.ReservedHeader {
+		t.Fatalf("Send with reserved header %q: %v, want a *bus.HeaderReservedError", s.f.ReservedHeader, err)
+	}
+	if hv, ok := tr.(bus.HeaderValidator); ok {
+		if err := hv.ValidateHeaders(env.Headers); !errors.Is(err, bus.ErrHeaderReserved) {
+			t.Fatalf("ValidateHeaders: %v, want bus.ErrHeaderReserved", err)
+		}
+	}
+	s.expectNothing(t, tr)
+}
+
+func (s *suite) ordered(t *testing.T) {
+	ep, name := Name("tt-order"), Name("tt.msg")
+	tr := s.open(t, ep, name)
+	ctx := s.ctx(t)
+	const n = 200
+	for i := range n {
+		if err := tr.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		d := s.receive(t, tr)
+		if string(d.Body) != strconv.Itoa(i) {
+			t.Fatalf("message %d arrived as %s", i, d.Body)
+		}
+		if err := tr.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+
