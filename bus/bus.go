@@ -485,6 +485,9 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 	if r.scope != nil {
 		return r.scope.add(ctx, m)
 	}
+	if o := outboxFrom(ctx, b); o != nil {
+		return o.Add(ctx, m)
+	}
 	return b.transmit(ctx, m)
 }
 

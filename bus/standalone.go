@@ -1,0 +1,104 @@
+package bus
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+)
+
+// StageInfo describes a stage context made outside a bus, by
+// [NewIncoming], [NewHandling] or [NewOutgoing].
+type StageInfo struct {
+	// Middleware is the name the context reports; default "middleware".
+	Middleware string
+	// Endpoint is the receiving endpoint.
+	Endpoint string
+	// Logger is scoped like a bus would scope it; default slog.Default().
+	Logger *slog.Logger
+}
+
+func standalonePipe[C any](stage Stage, info StageInfo) *pipe[C] {
+	if info.Middleware == "" {
+		info.Middleware = "middleware"
+	}
+	if info.Logger == nil {
+		info.Logger = slog.Default()
+	}
+	p := &pipe[C]{stage: stage}
+	p.names = []string{info.Middleware}
+	p.base = []*slog.Logger{info.Logger.With(slog.String("stage", stage.String()), slog.String("middleware", info.Middleware))}
+	return p
+}
+
+func noTerminal(context.Context) error { return nil }
+
+// NewIncoming returns an incoming stage context for d outside any bus, to
+// call an [IncomingFunc] directly: in unit tests (see package bustest) or
+// in a process that serves a plugin.
+func NewIncoming(d *Delivery, info StageInfo) *Incoming {
+	r := &incomingRun{d: d, endpoint: info.Endpoint}
+	r.init(standalonePipe[Incoming](StageIncoming, info), func(i int) Incoming { return Incoming{r: r, i: i} },
+		noTerminal, func() []any { return describeEnvelope(&r.d.Envelope) }, "")
+	return &r.ctxs[0]
+}
+
+// NewHandling returns a handler stage context for the handler handlerName about to handle
+// msg, received as d, outside any bus. UseOutbox on it records nothing.
+func NewHandling(handlerName string, msg Message, d *Delivery, info StageInfo) *Handling {
+	r := &handlingRun{h: &handler{name: handlerName}, msg: msg, d: d}
+	r.init(standalonePipe[Handling](StageHandler, info), func(i int) Handling { return Handling{r: r, i: i} },
+		noTerminal, func() []any { return append(describeEnvelope(&r.d.Envelope), slog.String("handler", handlerName)) }, "")
+	return &r.ctxs[0]
+}
+
+// OutgoingMessage describes a message being sent, for [NewOutgoing].
+type OutgoingMessage struct {
+	Kind        Kind
+	Name        string
+	Message     Message // may be nil where the Go value is unknown
+	Destination string
+	Attributes  Attributes
+	Headers     Headers
+	InHandler   bool
+}
+
+// NewOutgoing returns an outgoing stage context for m outside any bus.
+// Read the result of a middleware with its Attributes and Headers methods.
+func NewOutgoing(m OutgoingMessage, info StageInfo) *Outgoing {
+	r := &outgoingRun{kind: m.Kind, msg: m.Message, msgName: m.Name, dest: m.Destination, attrs: m.Attributes, headers: maps.Clone(m.Headers)}
+	if m.Name == "" && m.Message != nil {
+		r.msgName = m.Message.MessageName()
+	}
+	if m.InHandler {
+		r.scope = &handlerScope{}
+	}
+	r.init(standalonePipe[Outgoing](StageOutgoing, info), func(i int) Outgoing { return Outgoing{r: r, i: i} },
+		noTerminal, func() []any {
+			return []any{slog.String("message_name", r.msgName), slog.String("message_id", r.attrs.MessageID)}
+		}, "")
+	return &r.ctxs[0]
+}
+
+// outboxKey carries an outbox for sends made outside handlers.
+type outboxKey struct{}
+
+type ctxOutbox struct {
+	bus    *Bus
+	outbox Outbox
+}
+
+// ContextWithOutbox returns a context in which messages that b sends or
+// publishes outside any handler go to o, after the outgoing middleware ran,
+// instead of to the transport. A durable outbox uses it to store messages
+// in a transaction the caller opened (an HTTP handler writing an order and
+// publishing OrderPlaced atomically).
+func ContextWithOutbox(ctx context.Context, b *Bus, o Outbox) context.Context {
+	return context.WithValue(ctx, outboxKey{}, &ctxOutbox{bus: b, outbox: o})
+}
+
+func outboxFrom(ctx context.Context, b *Bus) Outbox {
+	if c, _ := ctx.Value(outboxKey{}).(*ctxOutbox); c != nil && c.bus == b {
+		return c.outbox
+	}
+	return nil
+}
