@@ -1,0 +1,64 @@
+// Package bus is the core of plugbus: a message bus whose one extension
+// model is a typed (ctx, next) middleware pipeline with three stages.
+//
+// A bus is built once from options and cannot be changed afterwards:
+//
+//	b, err := bus.New(
+//		bus.WithEndpoint("shipping"),
+//		bus.WithHandler(func(ctx context.Context, m PaymentTaken, a bus.Attributes) error {
+//			return b.Publish(ctx, OrderShipped{OrderID: m.OrderID}) // sent when this handler succeeds
+//		}),
+//		bus.WithMiddleware(otel.New(), logging),
+//	)
+//
+// # Stages
+//
+// A middleware ([Middleware]) has up to three stages. Each is a function
+// (ctx, stage context, next) error; next(ctx) continues the chain with a
+// context the middleware may derive, which is how data flows downstream.
+//
+//	stage     runs                                   may change            not calling next           returning an error
+//	incoming  once per received message, before any  nothing (read-only;   message handled: handlers  message returned for retry;
+//	          handler, also when no handler handles  raw transport         skipped, message deleted   catching next's error and
+//	          it; for polled and pushed messages     message readable)                                returning nil marks it handled
+//	handler   around each handler, inside that       nothing in the        that handler is skipped    that handler fails alone: its
+//	          handler's outbox                       message; ctx          and counts as succeeded    sends are discarded, siblings
+//	                                                                                                  unaffected, message retried
+//	outgoing  at Send/Publish, after correlation id  attributes and        message dropped            Send/Publish returns it;
+//	          and sticky attributes are merged,      native headers        (debug log names the       nothing is buffered
+//	          before any outbox                                            middleware)
+//
+// # Order
+//
+// Within each stage middleware runs in registration order and the first
+// registered is the outermost layer. There are no priorities or named slots.
+//
+//	WithMiddleware(a, b):  a ─▶ b ─▶ terminal ─▶ b returns ─▶ a returns
+//
+// next may be called at most once per invocation, and only while the
+// middleware runs; otherwise it returns a [*NextCalledTwiceError] naming
+// the stage and the middleware. The chains are composed once, in [New], so
+// running a layer allocates nothing.
+//
+// # Outbox
+//
+// A Send or Publish inside a handler is buffered in that handler's outbox
+// (the handler scope travels in ctx) and handed to the transport only when
+// that handler succeeds; flushing never re-runs outgoing middleware. A
+// durable outbox plugin replaces the buffer ([Handling.UseOutbox]).
+//
+// # Failures
+//
+// A message returned for retry comes back with its attempt raised; after
+// [WithMaxAttempts] deliveries it goes to the endpoint's dead-letter queue
+// with its [Failure]. A message that cannot be decoded is dead-lettered at
+// once. Panics in handlers and middleware are recovered as [*PanicError].
+// Nothing is lost silently.
+//
+// # Plugins
+//
+// [WithMiddleware] takes plugins ([Plugin]): factories the bus calls once,
+// in New, with [PluginInfo]. A [Middleware] value is itself a plugin.
+// Nothing is package-level: two buses in one process never see each
+// other's middleware or context.
+package bus
