@@ -1,0 +1,267 @@
+// Package otel traces and measures a bus with OpenTelemetry.
+//
+// Enable it with one middleware:
+//
+//	b, err := bus.New(bus.WithEndpoint("orders"), bus.WithHandler(placeOrder),
+//		bus.WithMiddleware(otel.New()))
+//
+// Every received message gets a consumer span "process <message name>" that
+// continues the trace of the span that sent it, every handler a child span
+// named after the handler, and every Send or Publish a producer span
+// "send <message name>" or "publish <message name>" whose context is written
+// into the message's attributes (traceparent, tracestate, baggage), so it
+// travels on every transport. A message sent from a handler is a child of
+// that handler's span even though the bus hands it to the transport only
+// after the handler succeeded. Spans and metrics follow the OpenTelemetry
+// messaging semantic conventions (semconv v1.43.0); docs/plugins/otel.md
+// lists them.
+//
+// The plugin is instantiated once per bus: two buses in one process with
+// different tracer or meter providers never see each other's telemetry.
+package otel
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	gotel "go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// ScopeName is the instrumentation scope of the tracer and meter the plugin
+// gets from its providers.
+const ScopeName = "github.com/plugbus/plugbus/plugins/otel"
+
+// MiddlewareName is the name of the middleware in the bus's logs and errors.
+const MiddlewareName = "otel"
+
+// DefaultSystem is the messaging.system of a bus whose transport does not
+// implement [SystemTransport].
+const DefaultSystem = "plugbus"
+
+// Attribute keys the plugin sets beside the semantic conventions' own.
+const (
+	// MessageNameKey is the message's wire name, on process and send spans.
+	MessageNameKey = attribute.Key("plugbus.message.name")
+	// HandlerNameKey is the handler's name, on handler spans.
+	HandlerNameKey = attribute.Key("plugbus.handler.name")
+	// AttemptKey is the delivery attempt (1 the first time), on process spans.
+	AttemptKey = attribute.Key("plugbus.delivery.attempt")
+)
+
+// SystemTransport is implemented by a transport that names its messaging
+// system, as the semantic conventions spell it ("rabbitmq", "aws_sqs"). The
+// plugin reports it as messaging.system; for a transport that does not
+// implement it, messaging.system is [DefaultSystem].
+type SystemTransport interface {
+	MessagingSystem() string
+}
+
+// Option configures the plugin. Options are applied once, by [New].
+type Option func(*config)
+
+type config struct {
+	tp           trace.TracerProvider
+	mp           metric.MeterProvider
+	prop         propagation.TextMapPropagator
+	noHandler    bool
+	newTrace     bool
+	system       string
+	systemForced bool
+}
+
+// WithTracerProvider sets the tracer provider. The default (and nil) is the
+// global one, otel.GetTracerProvider.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tp = tp }
+}
+
+// WithMeterProvider sets the meter provider. The default (and nil) is the
+// global one, otel.GetMeterProvider.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.mp = mp }
+}
+
+// WithPropagator sets how the span context and baggage are written to and
+// read from message attributes. The default (and nil) is the global
+// propagator, otel.GetTextMapPropagator, when one was set by the time the bus
+// is built; otherwise W3C trace context and baggage, so that traces connect
+// across services without further setup.
+func WithPropagator(p propagation.TextMapPropagator) Option {
+	return func(c *config) { c.prop = p }
+}
+
+// WithHandlerSpans turns the per-handler spans on (the default) or off.
+// Without them, a handler's sends are children of the process span.
+func WithHandlerSpans(on bool) Option {
+	return func(c *config) { c.noHandler = !on }
+}
+
+// WithNewTrace(true) makes each received message start a new trace whose
+// process span links to the sender's span, instead of continuing the
+// sender's trace as a child (the default). Use it for long-lived flows
+// where one trace per hop reads better than one huge trace. Baggage is
+// propagated either way.
+func WithNewTrace(on bool) Option {
+	return func(c *config) { c.newTrace = on }
+}
+
+// WithSystem sets messaging.system, overriding what the transport reports
+// through [SystemTransport].
+func WithSystem(name string) Option {
+	return func(c *config) { c.system, c.systemForced = name, name != "" }
+}
+
+// Plugin is the OpenTelemetry plugin: pass it to bus.WithMiddleware. It
+// keeps no state of its own; each bus it is instantiated for gets its own
+// tracer, meter and instruments.
+type Plugin struct {
+	opts []Option
+}
+
+// New returns the plugin configured by opts. It has no side effects: the
+// providers are resolved when a bus instantiates it.
+func New(opts ...Option) *Plugin {
+	return &Plugin{opts: opts}
+}
+
+// Instantiate returns the middleware of one bus: incoming, handler (unless
+// turned off with [WithHandlerSpans]) and outgoing stages.
+func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
+	var c config
+	for _, o := range p.opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.tp == nil {
+		c.tp = gotel.GetTracerProvider()
+	}
+	if c.mp == nil {
+		c.mp = gotel.GetMeterProvider()
+	}
+	if c.prop == nil {
+		c.prop = gotel.GetTextMapPropagator()
+		if len(c.prop.Fields()) == 0 { // the global no-op: nothing would travel
+			c.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+		}
+	}
+	if !c.systemForced {
+		c.system = DefaultSystem
+		if s, ok := info.Transport.(SystemTransport); ok && s.MessagingSystem() != "" {
+			c.system = s.MessagingSystem()
+		}
+	}
+	m, err := newMiddleware(c, info)
+	if err != nil {
+		return bus.Middleware{}, fmt.Errorf("otel: bus %q: %w", info.Name, err)
+	}
+	mw := bus.Middleware{Name: MiddlewareName, Incoming: m.incoming, Outgoing: m.outgoing}
+	if !c.noHandler {
+		mw.Handling = m.handling
+	}
+	return mw, nil
+}
+
+// middleware is the plugin's state for one bus.
+type middleware struct {
+	tracer   trace.Tracer
+	prop     propagation.TextMapPropagator
+	newTrace bool
+
+	system      attribute.KeyValue
+	systemAttr  messagingconv.SystemAttr
+	endpoint    string
+	processKVs  [5]attribute.KeyValue // system, operation name and type, destination, group
+	processSet  attribute.Set         // metric attributes of a processed message
+	consumed    messagingconv.ClientConsumedMessages
+	processDur  messagingconv.ProcessDuration
+	sent        messagingconv.ClientSentMessages
+	sentSetsMu  sync.RWMutex
+	sentSets    map[sentKey]attribute.Set
+	processName map[string]string // message name → span name, for the messages the bus handles
+}
+
+type sentKey struct {
+	kind bus.Kind
+	dest string
+}
+
+// processDurationBuckets are the boundaries the semantic conventions
+// recommend for messaging durations, in seconds.
+var processDurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+
+func newMiddleware(c config, info bus.PluginInfo) (*middleware, error) {
+	m := &middleware{
+		tracer:      c.tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)),
+		prop:        c.prop,
+		newTrace:    c.newTrace,
+		system:      semconv.MessagingSystemKey.String(c.system),
+		systemAttr:  messagingconv.SystemAttr(c.system),
+		endpoint:    info.Endpoint,
+		sentSets:    make(map[sentKey]attribute.Set),
+		processName: make(map[string]string, len(info.Handles)),
+	}
+	for _, h := range info.Handles {
+		m.processName[h] = "process " + h
+	}
+	m.processKVs = [...]attribute.KeyValue{
+		m.system,
+		semconv.MessagingOperationName("process"),
+		semconv.MessagingOperationTypeProcess,
+		semconv.MessagingDestinationName(info.Endpoint),
+		semconv.MessagingConsumerGroupName(info.Endpoint),
+	}
+	m.processSet = attribute.NewSet(m.metricProcessKVs()...)
+
+	meter := c.mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
+	var err, errs error
+	m.consumed, err = messagingconv.NewClientConsumedMessages(meter)
+	errs = errors.Join(errs, err)
+	m.processDur, err = messagingconv.NewProcessDuration(meter, metric.WithExplicitBucketBoundaries(processDurationBuckets...))
+	errs = errors.Join(errs, err)
+	m.sent, err = messagingconv.NewClientSentMessages(meter)
+	errs = errors.Join(errs, err)
+	if errs != nil {
+		return nil, fmt.Errorf("creating metric instruments: %w", errs)
+	}
+	return m, nil
+}
+
+// metricProcessKVs are the metric attributes of processing: the span's
+// minus messaging.operation.type, which the metrics do not carry.
+func (m *middleware) metricProcessKVs() []attribute.KeyValue {
+	kv := m.processKVs
+	return []attribute.KeyValue{kv[0], kv[1], kv[3], kv[4]}
+}
+
+// sentSet returns the metric attributes of a successful send.
+func (m *middleware) sentSet(kind bus.Kind, dest string) attribute.Set {
+	k := sentKey{kind, dest}
+	m.sentSetsMu.RLock()
+	s, ok := m.sentSets[k]
+	m.sentSetsMu.RUnlock()
+	if ok {
+		return s
+	}
+	s = attribute.NewSet(m.system, semconv.MessagingOperationName(kind.String()), semconv.MessagingDestinationName(dest))
+	m.sentSetsMu.Lock()
+	if len(m.sentSets) < maxSentSets {
+		m.sentSets[k] = s
+	}
+	m.sentSetsMu.Unlock()
+	return s
+}
+
+// maxSentSets bounds the cache of metric attribute sets by destination.
+const maxSentSets = 1024
+
+var _ bus.Plugin = (*Plugin)(nil)
