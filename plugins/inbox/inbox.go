@@ -1,0 +1,219 @@
+// Package inbox is the idempotent consumer of plugbus: it deduplicates
+// received messages on (endpoint, message id).
+//
+// In the incoming stage, a message whose id the endpoint already processed
+// is not passed on: its handlers are skipped and it is deleted. A message
+// is recorded as processed only when every handler succeeded, never before
+// the handlers run, so a message whose handler failed is processed again
+// when it is redelivered.
+//
+// On a SQL [store.Store] (store/sqlite, store/postgres) each handler also
+// runs in a transaction of the store, in which the inbox records that this
+// handler processed this message. When the outbox plugin uses the same
+// store, that is the transaction the outbox opens (whichever plugin runs
+// first opens it, the other joins), so the handler's data, the messages it
+// sends and the inbox record commit together: the exactly-once processing
+// effect. With several handlers per message, each handler is recorded on
+// its own: when one fails and the message is redelivered, the handlers that
+// already committed are skipped and only the failed one runs again.
+//
+// The memory store ([NewMemoryStore]) is for tests and single-process use:
+// nothing survives the process.
+//
+// See docs/plugins/inbox.md.
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/store"
+)
+
+// Store remembers the messages an endpoint processed. [*store.Store] and
+// [*MemoryStore] implement it.
+type Store interface {
+	// Processed reports whether endpoint recorded messageID as processed.
+	Processed(ctx context.Context, endpoint, messageID string) (bool, error)
+	// MarkProcessed records messageID as processed by endpoint.
+	MarkProcessed(ctx context.Context, endpoint, messageID string) error
+	// PurgeProcessed deletes the records made before before.
+	PurgeProcessed(ctx context.Context, before time.Time) (int64, error)
+}
+
+// Option configures the inbox plugin.
+type Option func(*config)
+
+type config struct {
+	retention time.Duration
+	cleanup   time.Duration
+	noMigrate bool
+}
+
+// WithRetention sets how long a processed message id is remembered
+// (default 7 days). A duplicate that arrives later is processed again:
+// keep it longer than the longest redelivery delay of your transport.
+func WithRetention(d time.Duration) Option { return func(c *config) { c.retention = d } }
+
+// WithCleanupInterval sets how often records older than the retention are
+// deleted (default 1m).
+func WithCleanupInterval(d time.Duration) Option { return func(c *config) { c.cleanup = d } }
+
+// WithoutMigrate does not create the tables at start (SQL stores); run
+// store.Store.Migrate beforehand.
+func WithoutMigrate() Option { return func(c *config) { c.noMigrate = true } }
+
+// Plugin is the inbox plugin: a [bus.Plugin] over one store.
+type Plugin struct {
+	s   Store
+	cfg config
+}
+
+// New returns the inbox plugin on s.
+func New(s Store, opts ...Option) *Plugin {
+	c := config{retention: 7 * 24 * time.Hour, cleanup: time.Minute}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return &Plugin{s: s, cfg: c}
+}
+
+// ErrNoStore is returned when the plugin is given no store.
+var ErrNoStore = errors.New("inbox: nil store: pass inbox.NewMemoryStore() or a *store.Store")
+
+// ErrNoEndpoint is returned for a bus without an endpoint: it receives
+// nothing to deduplicate.
+var ErrNoEndpoint = errors.New("inbox: the bus has no endpoint; add bus.WithEndpoint or remove the inbox plugin")
+
+// Instantiate makes the inbox middleware of one bus.
+func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
+	if p == nil || p.s == nil {
+		return bus.Middleware{}, ErrNoStore
+	}
+	if info.Endpoint == "" {
+		return bus.Middleware{}, ErrNoEndpoint
+	}
+	if p.cfg.retention <= 0 || p.cfg.cleanup <= 0 {
+		return bus.Middleware{}, fmt.Errorf("inbox: retention (%s) and cleanup interval (%s) must be positive", p.cfg.retention, p.cfg.cleanup)
+	}
+	m := &middleware{s: p.s, cfg: p.cfg, endpoint: info.Endpoint, logger: info.Logger.With(slog.String("middleware", "inbox"))}
+	mw := bus.Middleware{Name: "inbox", Incoming: m.incoming, Start: m.start, Stop: m.stop}
+	if sql, ok := p.s.(*store.Store); ok {
+		m.sql = sql
+		mw.Handling = m.handling
+	}
+	return mw, nil
+}
+
+type middleware struct {
+	s        Store
+	sql      *store.Store
+	cfg      config
+	endpoint string
+	logger   *slog.Logger
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	id := in.Attributes().MessageID
+	if id == "" {
+		in.Logger().WarnContext(ctx, "inbox: message without id; it cannot be deduplicated")
+		return next(ctx)
+	}
+	seen, err := m.s.Processed(ctx, m.endpoint, id)
+	if err != nil {
+		return fmt.Errorf("inbox: looking up message %s (it is retried): %w", id, err)
+	}
+	if seen {
+		in.Logger().DebugContext(ctx, "inbox: duplicate message skipped")
+		return nil
+	}
+	if err := next(ctx); err != nil {
+		return err
+	}
+	if err := m.s.MarkProcessed(context.WithoutCancel(ctx), m.endpoint, id); err != nil {
+		// The message was processed: failing it now would process it again.
+		in.Logger().WarnContext(ctx, "inbox: recording the processed message failed; a later duplicate may be processed again", slog.Any("error", err))
+	}
+	return nil
+}
+
+func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
+	id := h.Attributes().MessageID
+	if id == "" {
+		return next(ctx)
+	}
+	return m.sql.InTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		first, err := m.sql.ClaimHandler(ctx, tx, m.endpoint, id, h.HandlerName())
+		if err != nil {
+			return fmt.Errorf("inbox: %w", err)
+		}
+		if !first {
+			h.Logger().DebugContext(ctx, "inbox: handler already processed this message; skipped")
+			return nil
+		}
+		return next(ctx)
+	})
+}
+
+type migrator interface {
+	Migrate(ctx context.Context) error
+}
+
+func (m *middleware) start(ctx context.Context) error {
+	if mg, ok := m.s.(migrator); ok && !m.cfg.noMigrate {
+		if err := mg.Migrate(ctx); err != nil {
+			return fmt.Errorf("inbox: creating tables (or pass inbox.WithoutMigrate and migrate yourself): %w", err)
+		}
+	}
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m.mu.Lock()
+	m.cancel = cancel
+	m.mu.Unlock()
+	m.wg.Go(func() { m.cleanupLoop(cctx) })
+	return nil
+}
+
+func (m *middleware) stop(context.Context) error {
+	m.mu.Lock()
+	cancel := m.cancel
+	m.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	m.wg.Wait()
+	return nil
+}
+
+func (m *middleware) cleanupLoop(ctx context.Context) {
+	t := time.NewTicker(m.cfg.cleanup)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := m.s.PurgeProcessed(ctx, time.Now().Add(-m.cfg.retention))
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			m.logger.WarnContext(ctx, "inbox cleanup failed; retrying at the next interval", slog.Any("error", err))
+		case n > 0:
+			m.logger.DebugContext(ctx, "inbox cleanup", slog.Int64("deleted", n))
+		}
+	}
+}
+
+var _ bus.Plugin = (*Plugin)(nil)

@@ -1,0 +1,286 @@
+// Package outbox is the durable, transactional outbox of plugbus.
+//
+// With the plugin on a bus, every handler runs in a database transaction
+// of a [store.Store]. The handler writes its own data in that transaction
+// (read it with [Tx]) and the messages it sends are stored in the same
+// transaction, as finished messages (outgoing middleware already ran),
+// instead of being buffered in memory. The transaction commits when the
+// handler succeeds and rolls back when it fails, so the data and the
+// messages are kept or lost together.
+//
+// A relay, started and stopped with the bus, hands the committed messages
+// to the bus's transport with [bus.Bus.Dispatch] (same message id, no
+// middleware re-run), marks them dispatched and deletes them after the
+// retention window. It wakes on commit and polls as a fallback.
+//
+//	st, _ := sqlite.Open("orders.db")
+//	b, _ := bus.New(bus.WithEndpoint("orders"),
+//		bus.WithMiddleware(outbox.New(st), inbox.New(st)),
+//		bus.WithHandler(func(ctx context.Context, m PlaceOrder, _ bus.Attributes) error {
+//			if _, err := outbox.Tx(ctx).ExecContext(ctx, "INSERT INTO orders ..."); err != nil {
+//				return err
+//			}
+//			return b.Publish(ctx, OrderPlaced{ID: m.ID}) // stored in the same transaction
+//		}))
+//
+// Outside handlers, [Within] gives the same guarantee to code that is not
+// driven by a message (an HTTP handler writing an order and publishing
+// OrderPlaced). See docs/plugins/outbox.md.
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/store"
+)
+
+// Option configures the outbox plugin.
+type Option func(*config)
+
+type config struct {
+	batch        int
+	poll         time.Duration
+	retention    time.Duration
+	cleanup      time.Duration
+	noRelay      bool
+	noMigrate    bool
+	maxBackoff   time.Duration
+	relayWorkers int
+}
+
+// WithBatchSize sets how many messages the relay takes per round (default 500).
+func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
+
+// WithPollInterval sets how often the relay looks for messages when no
+// commit woke it (default 1s). Commits in this process, and on PostgreSQL
+// in any process, wake it at once.
+func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll = d } }
+
+// WithRetention sets how long dispatched messages stay in the table before
+// the cleanup job deletes them (default 24h). Keep it at least as long as
+// you may want to inspect what was sent.
+func WithRetention(d time.Duration) Option { return func(c *config) { c.retention = d } }
+
+// WithCleanupInterval sets how often dispatched messages older than the
+// retention are deleted (default 1m).
+func WithCleanupInterval(d time.Duration) Option { return func(c *config) { c.cleanup = d } }
+
+// WithRelays sets how many relay loops this bus runs (default 1). More
+// than one helps only on PostgreSQL, where they share rows with SKIP LOCKED;
+// on SQLite they take turns.
+func WithRelays(n int) Option { return func(c *config) { c.relayWorkers = n } }
+
+// WithoutRelay stores messages but runs no relay in this bus: another bus
+// or process on the same store dispatches them.
+func WithoutRelay() Option { return func(c *config) { c.noRelay = true } }
+
+// WithoutMigrate does not create the tables at start; run [store.Store.Migrate]
+// (or your own migrations with the same schema) beforehand.
+func WithoutMigrate() Option { return func(c *config) { c.noMigrate = true } }
+
+// Plugin is the outbox plugin: a [bus.Plugin] over one store.
+type Plugin struct {
+	s   *store.Store
+	cfg config
+}
+
+// New returns the outbox plugin on s. Pass the same store to inbox.New to
+// record processed messages in the handler's transaction.
+func New(s *store.Store, opts ...Option) *Plugin {
+	c := config{batch: 500, poll: time.Second, retention: 24 * time.Hour, cleanup: time.Minute, maxBackoff: 30 * time.Second, relayWorkers: 1}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return &Plugin{s: s, cfg: c}
+}
+
+// ErrNoStore is returned when the plugin is given no store.
+var ErrNoStore = errors.New("outbox: nil store: pass the *store.Store from sqlite.Open or postgres.Open")
+
+// Instantiate makes the outbox middleware of one bus.
+func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
+	if p == nil || p.s == nil {
+		return bus.Middleware{}, ErrNoStore
+	}
+	c := p.cfg
+	if c.batch < 1 || c.poll <= 0 || c.retention < 0 || c.cleanup <= 0 || c.relayWorkers < 1 {
+		return bus.Middleware{}, fmt.Errorf("outbox: invalid options (batch %d, poll %s, retention %s, cleanup %s, relays %d): sizes and intervals must be positive", c.batch, c.poll, c.retention, c.cleanup, c.relayWorkers)
+	}
+	r := &relay{s: p.s, b: info.Bus, cfg: c, logger: info.Logger.With(slog.String("middleware", "outbox"))}
+	s := p.s
+	return bus.Middleware{
+		Name: "outbox",
+		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			return s.InTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+				h.UseOutbox(tx)
+				return next(ctx)
+			})
+		},
+		Start: r.start,
+		Stop:  r.stop,
+	}, nil
+}
+
+// Tx returns the database transaction of the handler (or of [Within])
+// running with ctx, or nil outside one. Write the handler's data with it:
+// it commits with the messages the handler sends, or not at all.
+func Tx(ctx context.Context) *sql.Tx {
+	if t := store.TxFrom(ctx); t != nil {
+		return t.SQL()
+	}
+	return nil
+}
+
+// Within runs fn in a transaction of s in which every message b sends or
+// publishes is stored in the outbox instead of being handed to the
+// transport: fn's writes and messages commit together when fn returns nil
+// and are rolled back when it returns an error. A relay on s (a bus with
+// outbox.New(s)) dispatches them after the commit.
+//
+// When ctx already carries a transaction of s (inside a handler of a bus
+// with the plugin), fn joins it.
+func Within(ctx context.Context, b *bus.Bus, s *store.Store, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if b == nil || s == nil {
+		return errors.New("outbox: Within: nil bus or store")
+	}
+	return s.InTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+		return fn(bus.ContextWithOutbox(ctx, b, tx), tx.SQL())
+	})
+}
+
+// relay dispatches committed messages and deletes old ones.
+type relay struct {
+	s      *store.Store
+	b      *bus.Bus
+	cfg    config
+	logger *slog.Logger
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (r *relay) start(ctx context.Context) error {
+	if !r.cfg.noMigrate {
+		if err := r.s.Migrate(ctx); err != nil {
+			return fmt.Errorf("outbox: creating tables (or pass outbox.WithoutMigrate and migrate yourself): %w", err)
+		}
+	}
+	if r.cfg.noRelay {
+		return nil
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.mu.Lock()
+	r.cancel = cancel
+	r.mu.Unlock()
+	for range r.cfg.relayWorkers {
+		r.wg.Go(func() { r.loop(rctx) })
+	}
+	r.wg.Go(func() { r.cleanupLoop(rctx) })
+	if n := r.s.Notifier(); n != nil {
+		r.wg.Go(func() { r.listen(rctx, n) })
+	}
+	return nil
+}
+
+func (r *relay) stop(context.Context) error {
+	r.mu.Lock()
+	cancel := r.cancel
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	r.wg.Wait()
+	return nil
+}
+
+func (r *relay) loop(ctx context.Context) {
+	var backoff time.Duration
+	poll := time.NewTimer(r.cfg.poll)
+	defer poll.Stop()
+	for {
+		woken := r.s.Committed()
+		n, err := r.s.DispatchPending(ctx, r.cfg.batch, r.b.Dispatch)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			backoff = min(max(2*backoff, 10*time.Millisecond), r.cfg.maxBackoff)
+			r.logger.WarnContext(ctx, "outbox relay: dispatch failed; retrying", slog.Any("error", err), slog.Int("dispatched", n), slog.Duration("backoff", backoff))
+			if !sleep(ctx, backoff) {
+				return
+			}
+			continue
+		}
+		backoff = 0
+		if n == r.cfg.batch {
+			continue // more may be waiting
+		}
+		poll.Reset(r.cfg.poll)
+		select {
+		case <-ctx.Done():
+			return
+		case <-woken:
+		case <-poll.C:
+		}
+	}
+}
+
+func (r *relay) cleanupLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.cleanup)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := r.s.PurgeDispatched(ctx, time.Now().Add(-r.cfg.retention))
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.logger.WarnContext(ctx, "outbox cleanup failed; retrying at the next interval", slog.Any("error", err))
+		case n > 0:
+			r.logger.DebugContext(ctx, "outbox cleanup", slog.Int64("deleted", n))
+		}
+	}
+}
+
+func (r *relay) listen(ctx context.Context, n store.Notifier) {
+	var backoff time.Duration
+	for {
+		err := n.Listen(ctx, r.s.Channel(), r.s.Wake)
+		if ctx.Err() != nil {
+			return
+		}
+		backoff = min(max(2*backoff, 100*time.Millisecond), r.cfg.maxBackoff)
+		r.logger.WarnContext(ctx, "outbox relay: listening for commits failed; polling meanwhile", slog.Any("error", err), slog.Duration("backoff", backoff))
+		if !sleep(ctx, backoff) {
+			return
+		}
+	}
+}
+
+// sleep waits d or until ctx is done; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+var _ bus.Plugin = (*Plugin)(nil)

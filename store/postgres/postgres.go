@@ -1,0 +1,88 @@
+// Package postgres opens a [store.Store] on PostgreSQL through
+// github.com/jackc/pgx/v5 (its database/sql driver, so that handlers get a
+// plain *sql.Tx).
+//
+// Several processes may run outbox relays on one database: each claims
+// rows with FOR UPDATE SKIP LOCKED. A commit that stores messages sends a
+// NOTIFY, and every relay LISTENs, so a relay in another process wakes at
+// once; polling is the fallback.
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/plugbus/plugbus/store"
+)
+
+// Open connects to the database at dsn (a postgres:// URL or key=value
+// string) and returns a store that closes the connection pool on Close.
+func Open(dsn string, opts ...store.Option) (*store.Store, error) {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: opening %s: %w", dsn, err)
+	}
+	s, err := New(db, append([]store.Option{store.WithCloseDB()}, opts...)...)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// New returns a store on db, opened with the "pgx" driver of
+// github.com/jackc/pgx/v5/stdlib. Relays listen for commits on a
+// connection of db.
+func New(db *sql.DB, opts ...store.Option) (*store.Store, error) {
+	return store.New(db, store.PostgreSQL, append([]store.Option{store.WithNotifier(Notifier{DB: db})}, opts...)...)
+}
+
+// Notifier listens for commits to the outbox on a dedicated connection of
+// DB, with LISTEN. It is a [store.Notifier].
+type Notifier struct {
+	DB *sql.DB
+}
+
+// Listen calls wake for every notification on channel until ctx is done.
+func (n Notifier) Listen(ctx context.Context, channel string, wake func()) error {
+	conn, err := n.DB.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: LISTEN: %w", err)
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("postgres: LISTEN needs the pgx database/sql driver (github.com/jackc/pgx/v5/stdlib), got %T", dc)
+		}
+		pc := sc.Conn()
+		if _, err := pc.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+			return fmt.Errorf("postgres: LISTEN %s: %w", channel, err)
+		}
+		defer func() {
+			if !pc.IsClosed() {
+				uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				_, _ = pc.Exec(uctx, "UNLISTEN *")
+				cancel()
+			}
+		}()
+		wake() // anything committed before LISTEN took effect
+		for {
+			if _, err := pc.WaitForNotification(ctx); err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return errors.Join(errors.New("postgres: waiting for notifications"), err)
+			}
+			wake()
+		}
+	})
+}
+
+var _ store.Notifier = Notifier{}

@@ -1,0 +1,95 @@
+package store
+
+import (
+	"strconv"
+	"strings"
+)
+
+// queries is the SQL of one store, built once with its table names.
+type queries struct {
+	ddl []string
+
+	insertOutbox, claim, claimForUpdate, markDispatched, markFailed string
+	purgeOutbox, pendingCount                                       string
+
+	inboxProcessed, inboxInsert, purgeInbox string
+	notify                                  string
+}
+
+// rebind turns ? placeholders into $1, $2, ... for PostgreSQL.
+func rebind(d Dialect, q string) string {
+	if !d.numbered {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	return b.String()
+}
+
+const outboxColumns = "id, message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers"
+
+func buildQueries(d Dialect, ot, it tableName) queries {
+	o, i := ot.quoted(), it.quoted()
+	idx := func(t tableName, suffix string) string { return `"` + t.name + "_" + suffix + `"` }
+	q := queries{
+		ddl: []string{
+			`CREATE TABLE IF NOT EXISTS ` + o + ` (
+	id ` + d.serial + `,
+	message_id TEXT NOT NULL,
+	kind SMALLINT NOT NULL,
+	destination TEXT NOT NULL,
+	name TEXT NOT NULL,
+	content_type TEXT NOT NULL,
+	body ` + d.blob + ` NOT NULL,
+	correlation_id TEXT NOT NULL,
+	sent_at BIGINT NOT NULL,
+	attrs TEXT NOT NULL,
+	headers TEXT NOT NULL,
+	created_at BIGINT NOT NULL,
+	dispatched_at BIGINT,
+	attempts INTEGER NOT NULL DEFAULT 0,
+	last_error TEXT
+)`,
+			`CREATE INDEX IF NOT EXISTS ` + idx(ot, "pending") + ` ON ` + o + ` (id) WHERE dispatched_at IS NULL`,
+			`CREATE INDEX IF NOT EXISTS ` + idx(ot, "dispatched") + ` ON ` + o + ` (dispatched_at) WHERE dispatched_at IS NOT NULL`,
+			`CREATE TABLE IF NOT EXISTS ` + i + ` (
+	endpoint TEXT NOT NULL,
+	message_id TEXT NOT NULL,
+	handler TEXT NOT NULL,
+	processed_at BIGINT NOT NULL,
+	PRIMARY KEY (endpoint, message_id, handler)
+)`,
+			`CREATE INDEX IF NOT EXISTS ` + idx(it, "processed") + ` ON ` + i + ` (processed_at)`,
+		},
+		insertOutbox: `INSERT INTO ` + o + ` (message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		claim:          `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL ORDER BY id LIMIT ?`,
+		claimForUpdate: `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`,
+		markFailed:     `UPDATE ` + o + ` SET attempts = attempts + 1, last_error = ? WHERE id = ?`,
+		purgeOutbox:    `DELETE FROM ` + o + ` WHERE id IN (SELECT id FROM ` + o + ` WHERE dispatched_at IS NOT NULL AND dispatched_at < ? LIMIT 5000)`,
+		pendingCount:   `SELECT count(*) FROM ` + o + ` WHERE dispatched_at IS NULL`,
+		inboxProcessed: `SELECT 1 FROM ` + i + ` WHERE endpoint = ? AND message_id = ? AND handler = ?`,
+		inboxInsert:    `INSERT INTO ` + i + ` (endpoint, message_id, handler, processed_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+		purgeInbox:     `DELETE FROM ` + i + ` WHERE processed_at < ?`,
+		notify:         `SELECT pg_notify(?, '')`,
+	}
+	if d.numbered {
+		q.markDispatched = `UPDATE ` + o + ` SET dispatched_at = ?, attempts = attempts + 1 WHERE id = ANY(?)`
+	} else {
+		q.markDispatched = `UPDATE ` + o + ` SET dispatched_at = ?, attempts = attempts + 1 WHERE id IN (SELECT value FROM json_each(?))`
+	}
+	for _, p := range []*string{&q.insertOutbox, &q.claim, &q.claimForUpdate, &q.markDispatched, &q.markFailed,
+		&q.purgeOutbox, &q.inboxProcessed, &q.inboxInsert, &q.purgeInbox, &q.notify} {
+		*p = rebind(d, *p)
+	}
+	return q
+}

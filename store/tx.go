@@ -1,0 +1,101 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// Tx is a transaction of a [Store] in progress, carried in a context. The
+// outbox and inbox plugins open one per handler; the handler reads it with
+// outbox.Tx(ctx) (or [TxFrom]) to write its own data in it.
+//
+// Tx is a [bus.Outbox]: messages added to it are stored in the outbox
+// table within the transaction and dispatched by the relay once it commits.
+type Tx struct {
+	s  *Store
+	tx *sql.Tx
+
+	mu    sync.Mutex
+	added bool
+}
+
+type txKey struct{}
+
+// TxFrom returns the store transaction carried by ctx, or nil.
+func TxFrom(ctx context.Context) *Tx {
+	t, _ := ctx.Value(txKey{}).(*Tx)
+	return t
+}
+
+// SQL returns the database transaction.
+func (t *Tx) SQL() *sql.Tx { return t.tx }
+
+// Store returns the store the transaction belongs to.
+func (t *Tx) Store() *Store { return t.s }
+
+// InTx runs fn in a transaction of s. When ctx already carries a
+// transaction of s, fn joins it and the caller that opened it commits;
+// otherwise InTx begins one, passes it to fn in ctx, commits when fn
+// returns nil and rolls back when fn returns an error or panics.
+//
+// A commit that stored outgoing messages wakes the relays of this process
+// and, on PostgreSQL, of every process (NOTIFY).
+func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+	if t := TxFrom(ctx); t != nil && t.s == s {
+		return fn(ctx, t)
+	}
+	sqlTx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: beginning a transaction: %w", err)
+	}
+	t := &Tx{s: s, tx: sqlTx}
+	done := false
+	defer func() {
+		if !done {
+			_ = sqlTx.Rollback()
+		}
+	}()
+	if err := fn(context.WithValue(ctx, txKey{}, t), t); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	added := t.added
+	t.added = false
+	t.mu.Unlock()
+	if added && s.d.skipLocked {
+		if _, err := sqlTx.ExecContext(ctx, s.q.notify, s.Channel()); err != nil {
+			return fmt.Errorf("store: notifying the outbox relays: %w", err)
+		}
+	}
+	done = true
+	if err := sqlTx.Commit(); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	if added {
+		s.signal()
+	}
+	return nil
+}
+
+// Add stores m in the outbox table within the transaction. It implements
+// [bus.Outbox]: the outbox plugin hands the transaction to the handler
+// stage with [bus.Handling.UseOutbox].
+func (t *Tx) Add(ctx context.Context, m bus.Outbound) error {
+	row, err := encodeOutbound(m)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, err := t.tx.ExecContext(ctx, t.s.q.insertOutbox, row...); err != nil {
+		return fmt.Errorf("store: storing %s (id %s) in the outbox: %w", m.Envelope.Name, m.Envelope.Attributes.MessageID, err)
+	}
+	t.added = true
+	return nil
+}
+
+var _ bus.Outbox = (*Tx)(nil)
