@@ -1,0 +1,50 @@
+// Package rabbitmq is the RabbitMQ transport of plugbus, built on
+// github.com/rabbitmq/amqp091-go.
+//
+//	t, err := rabbitmq.New("amqp://guest:guest@127.0.0.1:5672/")
+//	b, err := bus.New(bus.WithEndpoint("orders"), bus.WithTransport(t), bus.WithHandler(placeOrder))
+//
+// # Topology
+//
+// Published messages go through one durable topic exchange (default
+// "plugbus.events", see [WithExchange]) with the message name as routing
+// key. Each endpoint has a durable queue named after the endpoint, bound to
+// the exchange once per message name it handles, and a durable dead-letter
+// queue named endpoint + ".dlq" ([DeadLetterQueue]). A send goes straight to
+// the destination endpoint's queue through the default exchange. Setup
+// declares all of it; every declaration is idempotent.
+//
+// # Delivery guarantees
+//
+// Every message is persistent and published with the mandatory flag on a
+// channel in confirm mode: Send and Publish return only once the broker
+// confirmed the message. A message no queue takes is an [*UnroutableError]
+// and a broker nack is [ErrNacked]; neither is reported as sent. Confirms
+// are pipelined: concurrent senders share a small pool of confirm channels
+// and never wait for each other's confirmation.
+//
+// Consumers use manual acknowledgements and a prefetch of twice the bus
+// concurrency ([WithPrefetch]). Delete acknowledges; Return republishes the
+// message to the endpoint's queue with its attempt count raised (the count
+// travels in a header, so it survives the redelivery) and acknowledges the
+// original once the copy is confirmed; Fail does the same towards the
+// dead-letter queue with the failure in headers.
+//
+// # Headers
+//
+// The outgoing headers bag becomes AMQP message headers. Names starting
+// with [ReservedPrefix] ("plugbus-") carry the bus attributes and failure
+// metadata and are refused with a *bus.HeaderReservedError, as are "CC" and
+// "BCC", which RabbitMQ interprets for routing. Incoming headers of any
+// AMQP type (numbers, tables such as x-death) are read: non-string values
+// are turned into text, and the raw amqp091.Delivery is available to
+// incoming middleware as Delivery.Raw.
+//
+// # Reconnection
+//
+// The transport owns one connection. When it or one of its channels is
+// lost, it reconnects with exponential backoff, declares the topology again
+// and resumes consuming. A send during the outage waits for the new
+// connection (bounded by its context) and is published again; it never
+// reports success for a message the broker did not confirm.
+package rabbitmq

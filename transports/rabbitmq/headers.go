@@ -1,0 +1,249 @@
+package rabbitmq
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// ReservedPrefix starts every header name the transport writes itself (bus
+// attributes, attempt count, failure metadata). Outgoing middleware cannot
+// set a header with this prefix, compared without regard to case.
+const ReservedPrefix = "plugbus-"
+
+// Header names written by the transport.
+const (
+	// HeaderSentAt holds the attribute SentAt, RFC 3339 with nanoseconds.
+	HeaderSentAt = ReservedPrefix + "sent-at"
+	// HeaderAttempt holds the delivery attempt of a returned message (absent means 1).
+	HeaderAttempt = ReservedPrefix + "attempt"
+	// HeaderAttributePrefix prefixes each one-hop attribute.
+	HeaderAttributePrefix = ReservedPrefix + "attr-"
+	// HeaderStickyPrefix prefixes each sticky attribute.
+	HeaderStickyPrefix = ReservedPrefix + "sticky-"
+	// HeaderFailureReason holds the error text of a dead-lettered message.
+	HeaderFailureReason = ReservedPrefix + "failure-reason"
+	// HeaderFailureAttempts holds how many times a dead-lettered message was delivered.
+	HeaderFailureAttempts = ReservedPrefix + "failure-attempts"
+	// HeaderFailureEndpoint holds the endpoint that dead-lettered the message.
+	HeaderFailureEndpoint = ReservedPrefix + "failure-endpoint"
+	// HeaderFailureTime holds when the message was dead-lettered, RFC 3339.
+	HeaderFailureTime = ReservedPrefix + "failure-time"
+)
+
+// maxShortString is the longest AMQP short string: header names, queue
+// names, routing keys.
+const maxShortString = 255
+
+func reserved(name string) bool {
+	if len(name) >= len(ReservedPrefix) && strings.EqualFold(name[:len(ReservedPrefix)], ReservedPrefix) {
+		return true
+	}
+	// RabbitMQ routes on CC and BCC (sender-selected distribution).
+	return strings.EqualFold(name, "CC") || strings.EqualFold(name, "BCC")
+}
+
+// ValidateHeaders refuses a header name the transport reserves with a
+// *bus.HeaderReservedError, and a name AMQP cannot carry (empty or longer
+// than 255 bytes). The bus calls it when a message is sent.
+func (t *Transport) ValidateHeaders(h bus.Headers) error { return validateHeaders(h) }
+
+func validateHeaders(h bus.Headers) error {
+	for k := range h {
+		if reserved(k) {
+			return &bus.HeaderReservedError{Transport: "rabbitmq", Header: k}
+		}
+		if k == "" || len(k) > maxShortString {
+			return fmt.Errorf("rabbitmq: header name %.40q is %d bytes; AMQP header names are 1 to %d bytes", k, len(k), maxShortString)
+		}
+	}
+	return nil
+}
+
+// publishing encodes env as an AMQP message.
+func publishing(env *bus.Envelope) (amqp.Publishing, error) {
+	a := env.Attributes
+	nv, ns := a.Len()
+	h := make(amqp.Table, 1+nv+ns+len(env.Headers))
+	for k, v := range env.Headers {
+		h[k] = v
+	}
+	if !a.SentAt.IsZero() {
+		h[HeaderSentAt] = a.SentAt.UTC().Format(time.RFC3339Nano)
+	}
+	for k, v := range a.Values() {
+		if len(k)+len(HeaderAttributePrefix) > maxShortString {
+			return amqp.Publishing{}, fmt.Errorf("rabbitmq: attribute name %.40q is too long: at most %d bytes", k, maxShortString-len(HeaderAttributePrefix))
+		}
+		h[HeaderAttributePrefix+k] = v
+	}
+	for k, v := range a.StickyValues() {
+		if len(k)+len(HeaderStickyPrefix) > maxShortString {
+			return amqp.Publishing{}, fmt.Errorf("rabbitmq: sticky attribute name %.40q is too long: at most %d bytes", k, maxShortString-len(HeaderStickyPrefix))
+		}
+		h[HeaderStickyPrefix+k] = v
+	}
+	return amqp.Publishing{
+		Headers:       h,
+		ContentType:   env.ContentType,
+		DeliveryMode:  amqp.Persistent,
+		MessageId:     a.MessageID,
+		CorrelationId: a.CorrelationID,
+		Type:          env.Name,
+		Timestamp:     a.SentAt,
+		Body:          env.Body,
+	}, nil
+}
+
+// republishing copies a received message for Return and Fail: same
+// properties and body, headers copied with extra set on top.
+func republishing(m *amqp.Delivery, extra int) (amqp.Publishing, amqp.Table) {
+	h := make(amqp.Table, len(m.Headers)+extra)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	return amqp.Publishing{
+		Headers:         h,
+		ContentType:     m.ContentType,
+		ContentEncoding: m.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        m.Priority,
+		CorrelationId:   m.CorrelationId,
+		ReplyTo:         m.ReplyTo,
+		Expiration:      m.Expiration,
+		MessageId:       m.MessageId,
+		Timestamp:       m.Timestamp,
+		Type:            m.Type,
+		UserId:          m.UserId,
+		AppId:           m.AppId,
+		Body:            m.Body,
+	}, h
+}
+
+// envelope decodes a received AMQP message. A message it cannot read gets
+// Err set and as much of the envelope as could be read.
+func envelope(m *amqp.Delivery) (bus.Envelope, int, error) {
+	env := bus.Envelope{Name: m.Type, ContentType: m.ContentType, Body: m.Body}
+	attempt := 1
+	sentAt := m.Timestamp
+	var values, sticky map[string]string
+	var errs []error
+	for k, v := range m.Headers {
+		if len(k) < len(ReservedPrefix) || k[:len(ReservedPrefix)] != ReservedPrefix {
+			if env.Headers == nil {
+				env.Headers = make(bus.Headers, len(m.Headers))
+			}
+			env.Headers[k] = headerText(v)
+			continue
+		}
+		switch {
+		case k == HeaderSentAt:
+			s, ok := v.(string)
+			t, err := time.Parse(time.RFC3339Nano, s)
+			if !ok || err != nil {
+				errs = append(errs, fmt.Errorf("header %s = %v is not an RFC 3339 time", k, v))
+				continue
+			}
+			sentAt = t
+		case k == HeaderAttempt:
+			n, ok := headerInt(v)
+			if !ok || n < 1 {
+				errs = append(errs, fmt.Errorf("header %s = %v is not a positive integer", k, v))
+				continue
+			}
+			attempt = n
+		case strings.HasPrefix(k, HeaderAttributePrefix):
+			s, ok := v.(string)
+			if !ok {
+				errs = append(errs, fmt.Errorf("attribute header %s holds a %T, want a string", k, v))
+				continue
+			}
+			if values == nil {
+				values = make(map[string]string, 4)
+			}
+			values[k[len(HeaderAttributePrefix):]] = s
+		case strings.HasPrefix(k, HeaderStickyPrefix):
+			s, ok := v.(string)
+			if !ok {
+				errs = append(errs, fmt.Errorf("sticky attribute header %s holds a %T, want a string", k, v))
+				continue
+			}
+			if sticky == nil {
+				sticky = make(map[string]string, 4)
+			}
+			sticky[k[len(HeaderStickyPrefix):]] = s
+		}
+		// Other reserved headers (failure metadata of a replayed dead
+		// letter) are not part of the envelope.
+	}
+	if env.Name == "" {
+		errs = append(errs, errors.New("the AMQP type property (the message name) is empty; plugbus producers set it to the message name"))
+	}
+	env.Attributes = bus.NewAttributes(m.MessageId, m.CorrelationId, sentAt, values, sticky)
+	if errs != nil {
+		return env, attempt, fmt.Errorf("rabbitmq: unreadable message: %w", errors.Join(errs...))
+	}
+	return env, attempt, nil
+}
+
+func headerInt(v any) (int, bool) {
+	switch n := v.(type) {
+	case int:
+		return n, true
+	case int8:
+		return int(n), true
+	case int16:
+		return int(n), true
+	case int32:
+		return int(n), true
+	case int64:
+		return int(n), true
+	case uint8:
+		return int(n), true
+	case uint16:
+		return int(n), true
+	case uint32:
+		return int(n), true
+	case string:
+		i, err := strconv.Atoi(n)
+		return i, err == nil
+	}
+	return 0, false
+}
+
+// headerText turns an AMQP header value of any type into text: numbers and
+// booleans in their Go form, times in RFC 3339, tables and arrays (x-death)
+// as JSON.
+func headerText(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case []byte:
+		return string(x)
+	case nil:
+		return ""
+	case bool:
+		return strconv.FormatBool(x)
+	case time.Time:
+		return x.UTC().Format(time.RFC3339)
+	case float32:
+		return strconv.FormatFloat(float64(x), 'g', -1, 32)
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64)
+	case amqp.Table, []any:
+		if b, err := json.Marshal(x); err == nil {
+			return string(b)
+		}
+	}
+	if n, ok := headerInt(v); ok {
+		return strconv.Itoa(n)
+	}
+	return fmt.Sprint(v)
+}

@@ -1,0 +1,386 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// DefaultExchange is the topic exchange published messages go through
+// unless [WithExchange] names another.
+const DefaultExchange = "plugbus.events"
+
+// DeadLetterQueue returns the name of endpoint's dead-letter queue.
+func DeadLetterQueue(endpoint string) string { return endpoint + ".dlq" }
+
+// Option configures a transport. Options are applied once, by [New].
+type Option func(*options)
+
+type options struct {
+	exchange          string
+	logger            *slog.Logger
+	prefetch          int
+	publishers        int
+	minBackoff        time.Duration
+	maxBackoff        time.Duration
+	dialTimeout       time.Duration
+	config            amqp.Config
+	unroutablePublish bool
+	queueArgs         amqp.Table
+}
+
+// WithExchange names the topic exchange published messages go through. The
+// default is [DefaultExchange]. All buses that exchange events must use
+// the same name.
+func WithExchange(name string) Option { return func(o *options) { o.exchange = name } }
+
+// WithLogger sets the logger for connection events. The default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithPrefetch sets how many unacknowledged messages the broker pushes to
+// the consumer. The default is twice Topology.Concurrency, which keeps
+// every bus worker busy while acknowledgements travel.
+func WithPrefetch(n int) Option { return func(o *options) { o.prefetch = n } }
+
+// WithPublisherChannels sets how many confirm channels Send and Publish
+// share. Publishes on one channel are pipelined, so one channel already
+// serves many concurrent senders; more spread the broker-side work. The
+// default is 2.
+func WithPublisherChannels(n int) Option { return func(o *options) { o.publishers = n } }
+
+// WithReconnectBackoff bounds the wait between two connection attempts:
+// it starts at min and doubles up to max, with jitter. The default is
+// 100ms to 5s.
+func WithReconnectBackoff(min, max time.Duration) Option {
+	return func(o *options) { o.minBackoff, o.maxBackoff = min, max }
+}
+
+// WithConfig sets the amqp091 connection configuration (TLS, heartbeat,
+// client properties, SASL). Its Dial function is replaced by the
+// transport's own, so that Close interrupts a connection attempt.
+func WithConfig(c amqp.Config) Option { return func(o *options) { o.config = c } }
+
+// WithUnroutablePublish lets Publish succeed when no endpoint subscribes to
+// the message, which the broker then drops. By default such a publish
+// returns an [*UnroutableError]. Sends are always mandatory.
+func WithUnroutablePublish() Option { return func(o *options) { o.unroutablePublish = true } }
+
+// WithQueueArguments sets the arguments of the endpoint queue and its
+// dead-letter queue, for example {"x-queue-type": "quorum"}. They must
+// match the arguments of an existing queue: RabbitMQ refuses to declare a
+// queue again with different ones.
+func WithQueueArguments(args amqp.Table) Option { return func(o *options) { o.queueArgs = args } }
+
+// Transport is the RabbitMQ [bus.Transport]. It is safe for concurrent use.
+// Build it with [New]; it connects on first use.
+type Transport struct {
+	url string
+	o   options
+	log *slog.Logger
+
+	mu      sync.Mutex
+	topo    *bus.Topology
+	sess    *session      // the live session, nil while (re)connecting
+	changed chan struct{} // closed and replaced whenever sess changes
+	lastErr error         // why the last connection attempt failed
+	started bool
+	closed  bool
+	done    chan struct{} // closed by Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// New returns a transport for the broker at url
+// ("amqp://user:password@host:5672/vhost"). It does not connect: the
+// first Setup, Send or Publish does, and waits for the broker.
+func New(url string, opts ...Option) (*Transport, error) {
+	if _, err := amqp.ParseURI(url); err != nil {
+		return nil, fmt.Errorf("rabbitmq: invalid broker URL: %w", err)
+	}
+	o := options{exchange: DefaultExchange, publishers: 2, minBackoff: 100 * time.Millisecond, maxBackoff: 5 * time.Second, dialTimeout: 10 * time.Second}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	switch {
+	case o.exchange == "" || len(o.exchange) > maxShortString:
+		return nil, fmt.Errorf("rabbitmq: WithExchange(%.40q): the exchange name must be 1 to %d bytes", o.exchange, maxShortString)
+	case o.publishers < 1:
+		return nil, fmt.Errorf("rabbitmq: WithPublisherChannels(%d): must be at least 1", o.publishers)
+	case o.prefetch < 0:
+		return nil, fmt.Errorf("rabbitmq: WithPrefetch(%d): must not be negative", o.prefetch)
+	case o.minBackoff <= 0 || o.maxBackoff < o.minBackoff:
+		return nil, fmt.Errorf("rabbitmq: WithReconnectBackoff(%v, %v): need 0 < min <= max", o.minBackoff, o.maxBackoff)
+	}
+	if o.logger == nil {
+		o.logger = slog.Default()
+	}
+	return &Transport{
+		url: url, o: o,
+		log:     o.logger.With(slog.String("transport", "rabbitmq")),
+		changed: make(chan struct{}),
+		done:    make(chan struct{}),
+	}, nil
+}
+
+// Exchange returns the name of the topic exchange published messages go through.
+func (t *Transport) Exchange() string { return t.o.exchange }
+
+// Endpoint returns the endpoint set up by Setup, empty before.
+func (t *Transport) Endpoint() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.topo == nil {
+		return ""
+	}
+	return t.topo.Endpoint
+}
+
+func validateTopology(topo bus.Topology) error {
+	if topo.Endpoint == "" {
+		return errors.New("rabbitmq: Setup: empty endpoint name")
+	}
+	if len(DeadLetterQueue(topo.Endpoint)) > maxShortString || strings.HasPrefix(topo.Endpoint, "amq.") {
+		return fmt.Errorf("rabbitmq: Setup: endpoint %.40q cannot name a queue: at most %d bytes, not starting with \"amq.\"", topo.Endpoint, maxShortString-len(".dlq"))
+	}
+	for _, name := range topo.Handles {
+		if name == "" || len(name) > maxShortString {
+			return fmt.Errorf("rabbitmq: Setup: message name %.40q cannot be a routing key: 1 to %d bytes", name, maxShortString)
+		}
+		if slices.Contains(strings.Split(name, "."), "*") || slices.Contains(strings.Split(name, "."), "#") {
+			return fmt.Errorf("rabbitmq: Setup: message name %q has a dot-separated word \"*\" or \"#\", a wildcard in a topic binding; rename the message", name)
+		}
+	}
+	return nil
+}
+
+// Setup declares the endpoint's queue, its dead-letter queue and the
+// bindings of the queue to the exchange for each handled message name, then
+// starts consuming with manual acknowledgements. It waits for the broker
+// until ctx ends. Calling it again with the same endpoint is harmless; a
+// transport serves one endpoint.
+func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
+	if err := validateTopology(topo); err != nil {
+		return err
+	}
+	topo.Handles = slices.Clone(topo.Handles)
+	t.mu.Lock()
+	if t.topo != nil && t.topo.Endpoint != topo.Endpoint {
+		prev := t.topo.Endpoint
+		t.mu.Unlock()
+		return fmt.Errorf("rabbitmq: Setup(%q): this transport already serves endpoint %q; use one transport per endpoint", topo.Endpoint, prev)
+	}
+	if t.topo != nil {
+		topo.Handles = mergeSorted(t.topo.Handles, topo.Handles)
+	}
+	t.mu.Unlock()
+	// Declare on the live session, then record the topology so that every
+	// later session declares it too. A session that replaced the one set
+	// up meanwhile may have missed it: set that one up as well.
+	var done *session
+	for {
+		s, err := t.session(ctx)
+		if err != nil {
+			return fmt.Errorf("rabbitmq: Setup(%q): %w", topo.Endpoint, err)
+		}
+		if s == done {
+			return nil
+		}
+		if err := s.setup(&topo); err != nil {
+			if s.isDead() && ctx.Err() == nil {
+				continue // the connection dropped meanwhile
+			}
+			return fmt.Errorf("rabbitmq: Setup(%q): %w", topo.Endpoint, err)
+		}
+		t.mu.Lock()
+		t.topo = &topo
+		t.mu.Unlock()
+		done = s
+	}
+}
+
+func mergeSorted(a, b []string) []string {
+	m := slices.Concat(a, b)
+	slices.Sort(m)
+	return slices.Compact(m)
+}
+
+func (t *Transport) topology() *bus.Topology {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.topo
+}
+
+// session returns the live session, starting the connection on first use
+// and waiting for a reconnection while there is none.
+func (t *Transport) session(ctx context.Context) (*session, error) {
+	for {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return nil, bus.ErrClosed
+		}
+		if !t.started {
+			t.started = true
+			sctx, cancel := context.WithCancel(context.Background())
+			t.cancel = cancel
+			t.wg.Go(func() { t.supervise(sctx) })
+		}
+		s, changed, lastErr := t.sess, t.changed, t.lastErr
+		t.mu.Unlock()
+		if s != nil && !s.isDead() {
+			return s, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			if lastErr != nil {
+				return nil, fmt.Errorf("no connection to the broker: %w (last connection attempt: %v)", ctx.Err(), lastErr)
+			}
+			return nil, fmt.Errorf("waiting for the connection to the broker: %w", ctx.Err())
+		case <-t.done:
+			return nil, bus.ErrClosed
+		}
+	}
+}
+
+func (t *Transport) setSession(s *session, lastErr error) {
+	t.mu.Lock()
+	t.sess, t.lastErr = s, lastErr
+	close(t.changed)
+	t.changed = make(chan struct{})
+	t.mu.Unlock()
+}
+
+// supervise keeps a session alive until ctx ends: connect, wait for the
+// session to die, reconnect with backoff.
+func (t *Transport) supervise(ctx context.Context) {
+	backoff := t.o.minBackoff
+	for {
+		s, err := t.connect(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			t.setSession(nil, err)
+			wait := backoff/2 + rand.N(backoff/2+1)
+			t.log.Warn("connecting to RabbitMQ failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+			timer := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+			backoff = min(2*backoff, t.o.maxBackoff)
+			continue
+		}
+		backoff = t.o.minBackoff
+		t.setSession(s, nil)
+		select {
+		case <-s.dead:
+			t.log.Warn("connection to RabbitMQ lost; reconnecting", slog.Any("error", s.cause()))
+			t.setSession(nil, s.cause())
+			s.close()
+		case <-ctx.Done():
+			s.close()
+			return
+		}
+	}
+}
+
+func (t *Transport) connect(ctx context.Context) (*session, error) {
+	cfg := t.o.config
+	var stop func() bool
+	cfg.Dial = func(network, addr string) (net.Conn, error) {
+		d := net.Dialer{Timeout: t.o.dialTimeout}
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		// Bound the TLS and AMQP handshakes; amqp091 clears the deadline
+		// once the connection is open. Close interrupts them.
+		if err := c.SetDeadline(time.Now().Add(t.o.dialTimeout)); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+		return c, nil
+	}
+	conn, err := amqp.DialConfig(t.url, cfg)
+	if stop != nil {
+		stop()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: connecting: %w", err)
+	}
+	s, err := newSession(t, conn)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	if topo := t.topology(); topo != nil {
+		if err := s.setup(topo); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Close stops receiving and closes the connection. Deliveries not yet
+// deleted, returned or failed go back to their queue: the broker
+// redelivers them. Receive, Send and Publish return bus.ErrClosed
+// afterwards. Close waits for the connection to close, bounded by ctx.
+func (t *Transport) Close(ctx context.Context) error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	close(t.done)
+	cancel := t.cancel
+	t.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	finished := make(chan struct{})
+	go func() {
+		t.wg.Wait()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("rabbitmq: close: %w", ctx.Err())
+	}
+}
+
+func (t *Transport) isClosed() bool {
+	select {
+	case <-t.done:
+		return true
+	default:
+		return false
+	}
+}
+
+var (
+	_ bus.Transport       = (*Transport)(nil)
+	_ bus.HeaderValidator = (*Transport)(nil)
+)

@@ -1,0 +1,249 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+		"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// Send publishes env to the queue of the endpoint opts.Destination through
+// the default exchange and returns once the broker confirmed it. A missing
+// queue is an [*UnroutableError]. While the connection is down, Send waits
+// for the next one (bounded by ctx) and publishes again.
+func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
+	if opts.Destination == "" {
+		return fmt.Errorf("rabbitmq: send %s: %w: no destination endpoint", env.Name, bus.ErrNoRoute)
+	}
+	if len(opts.Destination) > maxShortString {
+		return fmt.Errorf("rabbitmq: send %s: destination %.40q is longer than %d bytes", env.Name, opts.Destination, maxShortString)
+	}
+	return t.emit(ctx, env, "", opts.Destination, true)
+}
+
+// Publish publishes env to the topic exchange with its name as routing key:
+// every endpoint that handles the name gets a copy. It returns once the
+// broker confirmed it; when no endpoint subscribes it is an
+// [*UnroutableError] unless [WithUnroutablePublish] was given.
+func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+	if env.Name == "" || len(env.Name) > maxShortString {
+		return fmt.Errorf("rabbitmq: publish: message name %.40q must be 1 to %d bytes", env.Name, maxShortString)
+	}
+	return t.emit(ctx, env, t.o.exchange, env.Name, !t.o.unroutablePublish)
+}
+
+func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key string, mandatory bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validateHeaders(env.Headers); err != nil {
+		return err
+	}
+	msg, err := publishing(env)
+	if err != nil {
+		return err
+	}
+	for {
+		s, err := t.session(ctx)
+		if err != nil {
+			return fmt.Errorf("rabbitmq: %s: %w", describe(exchange, key, env.Name), err)
+		}
+		err = s.publisher().publish(ctx, exchange, key, mandatory, &msg)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, errRetry):
+			continue
+		case errors.Is(err, ErrUnroutable), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+			return err
+		}
+		return fmt.Errorf("rabbitmq: %s: %w", describe(exchange, key, env.Name), err)
+	}
+}
+
+func describe(exchange, key, name string) string {
+	if exchange == "" {
+		return "send of " + name + " to " + key
+	}
+	return "publish of " + name
+}
+
+// Receive returns the next message of the endpoint's queue. While the
+// connection is down it waits for the next one. A message it cannot read
+// is returned with Delivery.Err set, for the bus to dead-letter. Raw is the
+// amqp091.Delivery.
+func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		s, err := t.session(ctx)
+		if err != nil {
+			if errors.Is(err, bus.ErrClosed) || ctx.Err() != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				return nil, bus.ErrClosed
+			}
+			return nil, fmt.Errorf("rabbitmq: receive: %w", err)
+		}
+		select {
+		case <-s.consuming:
+		default:
+			if t.topology() == nil {
+				return nil, errors.New("rabbitmq: Receive before Setup: the bus calls Setup at Start")
+			}
+			select { // Setup is declaring on this session
+			case <-s.consuming:
+			case <-s.dead:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-t.done:
+				return nil, bus.ErrClosed
+			}
+		}
+		select {
+		case m, ok := <-s.deliveries:
+			if t.isClosed() {
+				return nil, bus.ErrClosed // m goes back to the queue with its channel
+			}
+			if !ok {
+				s.fail(errors.New("rabbitmq: the broker cancelled the consumer (queue deleted?)"))
+				continue
+			}
+			if s.isDead() {
+				continue // its channel is gone: the broker redelivers it
+			}
+			return delivery(s, &m), nil
+		case <-s.dead:
+			continue
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.done:
+			return nil, bus.ErrClosed
+		}
+	}
+}
+
+func delivery(s *session, m *amqp.Delivery) *bus.Delivery {
+	env, attempt, err := envelope(m)
+	return &bus.Delivery{Envelope: env, Attempt: attempt, Raw: *m, Token: s, Err: err}
+}
+
+// settling checks that d came from this transport and that its channel is
+// still open.
+func (t *Transport) settling(d *bus.Delivery) (*session, amqp.Delivery, error) {
+	s, ok1 := d.Token.(*session)
+	m, ok2 := d.Raw.(amqp.Delivery)
+	if !ok1 || !ok2 || s.t != t {
+		return nil, m, fmt.Errorf("rabbitmq: delivery of %s (id %s) was not received by this transport", d.Name, d.Attributes.MessageID)
+	}
+	if s.isDead() {
+		return nil, m, fmt.Errorf("rabbitmq: settling %s (id %s): %w", d.Name, d.Attributes.MessageID, ErrConnectionLost)
+	}
+	return s, m, nil
+}
+
+func (t *Transport) ack(s *session, d *bus.Delivery, m *amqp.Delivery) error {
+	if err := s.cons.Ack(m.DeliveryTag, false); err != nil {
+		if s.cons.IsClosed() {
+			return fmt.Errorf("rabbitmq: acknowledging %s (id %s): %w", d.Name, d.Attributes.MessageID, ErrConnectionLost)
+		}
+		return fmt.Errorf("rabbitmq: acknowledging %s (id %s): %w", d.Name, d.Attributes.MessageID, err)
+	}
+	return nil
+}
+
+// Delete acknowledges d.
+func (t *Transport) Delete(_ context.Context, d *bus.Delivery) error {
+	s, m, err := t.settling(d)
+	if err != nil {
+		return err
+	}
+	return t.ack(s, d, &m)
+}
+
+// Return publishes a copy of d to the end of the endpoint's queue with its
+// attempt count raised and, once the broker confirmed the copy,
+// acknowledges d. The copy keeps every property and header of d.
+func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error {
+	s, m, err := t.settling(d)
+	if err != nil {
+		return err
+	}
+	msg, h := republishing(&m, 1)
+	h[HeaderAttempt] = int32(d.Attempt + 1)
+	if err := t.resend(ctx, s, d, t.topology().Endpoint, &msg); err != nil {
+		return err
+	}
+	return t.ack(s, d, &m)
+}
+
+// Fail publishes a copy of d to the endpoint's dead-letter queue with f in
+// headers ([HeaderFailureReason] and the others) and, once the broker
+// confirmed it, acknowledges d.
+func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
+	s, m, err := t.settling(d)
+	if err != nil {
+		return err
+	}
+	endpoint := f.Endpoint
+	if endpoint == "" {
+		endpoint = t.topology().Endpoint
+	}
+	if f.Time.IsZero() {
+		f.Time = time.Now()
+	}
+	msg, h := republishing(&m, 4)
+	h[HeaderFailureReason] = f.Reason
+	h[HeaderFailureAttempts] = int32(f.Attempts)
+	h[HeaderFailureEndpoint] = endpoint
+	h[HeaderFailureTime] = f.Time.UTC().Format(time.RFC3339Nano)
+	if err := t.resend(ctx, s, d, DeadLetterQueue(t.topology().Endpoint), &msg); err != nil {
+		return err
+	}
+	return t.ack(s, d, &m)
+}
+
+// resend publishes msg to queue on d's own session: if that connection is
+// gone, the broker redelivers d and a copy would be a duplicate.
+func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, queue string, msg *amqp.Publishing) error {
+	err := s.publisher().publish(ctx, "", queue, true, msg)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errRetry):
+		return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w", d.Name, d.Attributes.MessageID, queue, ErrConnectionLost)
+	}
+	return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w; the message stays unacknowledged and is redelivered", d.Name, d.Attributes.MessageID, queue, err)
+}
+
+// DeadLetter decodes a message read from a dead-letter queue: the
+// envelope as it was received and the failure recorded by Fail.
+func DeadLetter(m amqp.Delivery) (bus.DeadLetter, error) {
+	// A poison message is dead-lettered as it came: keep what can be read.
+	env, _, _ := envelope(&m)
+	dl := bus.DeadLetter{Envelope: env}
+	var err error
+	reason, ok := m.Headers[HeaderFailureReason].(string)
+	if !ok {
+		return dl, fmt.Errorf("rabbitmq: message %s (id %s) has no %s header: it was not dead-lettered by plugbus", m.Type, m.MessageId, HeaderFailureReason)
+	}
+	dl.Failure.Reason = reason
+	dl.Failure.Attempts, _ = headerInt(m.Headers[HeaderFailureAttempts])
+	dl.Failure.Endpoint, _ = m.Headers[HeaderFailureEndpoint].(string)
+	if s, ok := m.Headers[HeaderFailureTime].(string); ok {
+		if tm, perr := time.Parse(time.RFC3339Nano, s); perr == nil {
+			dl.Failure.Time = tm
+		} else {
+			err = fmt.Errorf("rabbitmq: header %s = %q: %w", HeaderFailureTime, s, perr)
+		}
+	}
+	return dl, err
+}
+
