@@ -23,6 +23,7 @@ package otel
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	gotel "go.opentelemetry.io/otel"
@@ -176,18 +177,42 @@ type middleware struct {
 	tracer   trace.Tracer
 	prop     propagation.TextMapPropagator
 	newTrace bool
+	system   attribute.KeyValue
 
-	system      attribute.KeyValue
-	systemAttr  messagingconv.SystemAttr
-	endpoint    string
-	processKVs  [5]attribute.KeyValue // system, operation name and type, destination, group
-	processSet  attribute.Set         // metric attributes of a processed message
-	consumed    messagingconv.ClientConsumedMessages
-	processDur  messagingconv.ProcessDuration
-	sent        messagingconv.ClientSentMessages
-	sentSetsMu  sync.RWMutex
-	sentSets    map[sentKey]attribute.Set
+	process  *operation // receiving at this bus's endpoint
+	sends    cache[sentKey, *operation]
+	handlers cache[string, []trace.SpanStartOption]
+
 	processName map[string]string // message name → span name, for the messages the bus handles
+
+	consumed   messagingconv.ClientConsumedMessages
+	processDur messagingconv.ProcessDuration
+	sent       messagingconv.ClientSentMessages
+}
+
+// operation is what the plugin prepares once for the messages of one
+// operation on one destination: the span start options (kind and the
+// attributes a sampler may look at) and the metric attributes.
+type operation struct {
+	start   []trace.SpanStartOption
+	kvs     []attribute.KeyValue // metric attributes, without error.type
+	addOpts []metric.AddOption
+	recOpts []metric.RecordOption
+}
+
+func newOperation(kind trace.SpanKind, spanKVs, metricKVs []attribute.KeyValue) *operation {
+	set := attribute.NewSet(metricKVs...)
+	return &operation{
+		start:   []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(spanKVs...)},
+		kvs:     slices.Clip(metricKVs),
+		addOpts: []metric.AddOption{metric.WithAttributeSet(set)},
+		recOpts: []metric.RecordOption{metric.WithAttributeSet(set)},
+	}
+}
+
+// failed returns the metric attributes of a failed operation.
+func (o *operation) failed(errType attribute.KeyValue) attribute.Set {
+	return attribute.NewSet(append(o.kvs, errType)...)
 }
 
 type sentKey struct {
@@ -205,22 +230,17 @@ func newMiddleware(c config, info bus.PluginInfo) (*middleware, error) {
 		prop:        c.prop,
 		newTrace:    c.newTrace,
 		system:      semconv.MessagingSystemKey.String(c.system),
-		systemAttr:  messagingconv.SystemAttr(c.system),
-		endpoint:    info.Endpoint,
-		sentSets:    make(map[sentKey]attribute.Set),
 		processName: make(map[string]string, len(info.Handles)),
 	}
 	for _, h := range info.Handles {
 		m.processName[h] = "process " + h
 	}
-	m.processKVs = [...]attribute.KeyValue{
-		m.system,
-		semconv.MessagingOperationName("process"),
-		semconv.MessagingOperationTypeProcess,
-		semconv.MessagingDestinationName(info.Endpoint),
-		semconv.MessagingConsumerGroupName(info.Endpoint),
-	}
-	m.processSet = attribute.NewSet(m.metricProcessKVs()...)
+	opName := semconv.MessagingOperationName("process")
+	dest := semconv.MessagingDestinationName(info.Endpoint)
+	group := semconv.MessagingConsumerGroupName(info.Endpoint)
+	m.process = newOperation(trace.SpanKindConsumer,
+		[]attribute.KeyValue{m.system, opName, semconv.MessagingOperationTypeProcess, dest, group},
+		[]attribute.KeyValue{m.system, opName, dest, group})
 
 	meter := c.mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
 	var err, errs error
@@ -236,32 +256,51 @@ func newMiddleware(c config, info bus.PluginInfo) (*middleware, error) {
 	return m, nil
 }
 
-// metricProcessKVs are the metric attributes of processing: the span's
-// minus messaging.operation.type, which the metrics do not carry.
-func (m *middleware) metricProcessKVs() []attribute.KeyValue {
-	kv := m.processKVs
-	return []attribute.KeyValue{kv[0], kv[1], kv[3], kv[4]}
+// send returns the operation of sending (kind) to dest.
+func (m *middleware) send(kind bus.Kind, dest string) *operation {
+	return m.sends.get(sentKey{kind, dest}, func() *operation {
+		opName := semconv.MessagingOperationName(kind.String())
+		d := semconv.MessagingDestinationName(dest)
+		return newOperation(trace.SpanKindProducer,
+			[]attribute.KeyValue{m.system, opName, semconv.MessagingOperationTypeSend, d},
+			[]attribute.KeyValue{m.system, opName, d})
+	})
 }
 
-// sentSet returns the metric attributes of a successful send.
-func (m *middleware) sentSet(kind bus.Kind, dest string) attribute.Set {
-	k := sentKey{kind, dest}
-	m.sentSetsMu.RLock()
-	s, ok := m.sentSets[k]
-	m.sentSetsMu.RUnlock()
+// handler returns the span start options of the handler named name.
+func (m *middleware) handler(name string) []trace.SpanStartOption {
+	return m.handlers.get(name, func() []trace.SpanStartOption {
+		return []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(HandlerNameKey.String(name))}
+	})
+}
+
+// cache keeps values made once per key, up to maxCached keys; past that,
+// values are made on each use. Keys are destinations and handler names, a
+// small set in any real bus.
+type cache[K comparable, V any] struct {
+	mu sync.RWMutex
+	m  map[K]V
+}
+
+const maxCached = 1024
+
+func (c *cache[K, V]) get(k K, make func() V) V {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
 	if ok {
-		return s
+		return v
 	}
-	s = attribute.NewSet(m.system, semconv.MessagingOperationName(kind.String()), semconv.MessagingDestinationName(dest))
-	m.sentSetsMu.Lock()
-	if len(m.sentSets) < maxSentSets {
-		m.sentSets[k] = s
+	v = make()
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[K]V{}
 	}
-	m.sentSetsMu.Unlock()
-	return s
+	if len(c.m) < maxCached {
+		c.m[k] = v
+	}
+	c.mu.Unlock()
+	return v
 }
-
-// maxSentSets bounds the cache of metric attribute sets by destination.
-const maxSentSets = 1024
 
 var _ bus.Plugin = (*Plugin)(nil)

@@ -2,6 +2,7 @@ package otel
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -26,23 +27,23 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 	if !ok {
 		spanName = "process " + name
 	}
-	attrs := in.Attributes()
-	kv := [...]attribute.KeyValue{
-		m.processKVs[0], m.processKVs[1], m.processKVs[2], m.processKVs[3], m.processKVs[4],
-		semconv.MessagingMessageID(attrs.MessageID),
-		semconv.MessagingMessageConversationID(attrs.CorrelationID),
-		semconv.MessagingMessageBodySize(len(in.Body())),
-		MessageNameKey.String(name),
-		AttemptKey.Int(in.Attempt()),
-	}
-	opts := make([]trace.SpanStartOption, 0, 4)
-	opts = append(opts, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(kv[:]...))
+	opts := m.process.start
 	if m.newTrace {
 		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() && sc.IsRemote() {
-			opts = append(opts, trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: sc}))
+			opts = append(slices.Clip(opts), trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: sc}))
 		}
 	}
 	ctx, span := m.tracer.Start(ctx, spanName, opts...)
+	if span.IsRecording() {
+		attrs := in.Attributes()
+		span.SetAttributes(
+			semconv.MessagingMessageID(attrs.MessageID),
+			semconv.MessagingMessageConversationID(attrs.CorrelationID),
+			semconv.MessagingMessageBodySize(len(in.Body())),
+			MessageNameKey.String(name),
+			AttemptKey.Int(in.Attempt()),
+		)
+	}
 	returned := false
 	defer func() {
 		if !returned { // a panic is unwinding: the bus recovers it above us
@@ -67,10 +68,12 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 // errType is empty on success.
 func (m *middleware) recordProcess(ctx context.Context, start time.Time, errType attribute.KeyValue) {
 	d := time.Since(start).Seconds()
-	set := m.processSet
-	if errType.Valid() {
-		set = attribute.NewSet(append(m.metricProcessKVs(), errType)...)
+	if !errType.Valid() {
+		m.consumed.Int64Counter.Add(ctx, 1, m.process.addOpts...)
+		m.processDur.Float64Histogram.Record(ctx, d, m.process.recOpts...)
+		return
 	}
+	set := m.process.failed(errType)
 	m.consumed.AddSet(ctx, 1, set)
 	m.processDur.RecordSet(ctx, d, set)
 }
@@ -78,8 +81,10 @@ func (m *middleware) recordProcess(ctx context.Context, start time.Time, errType
 // handling wraps each handler in an internal span named after it.
 func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
 	name := h.HandlerName()
-	ctx, span := m.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(HandlerNameKey.String(name), MessageNameKey.String(h.MessageName())))
+	ctx, span := m.tracer.Start(ctx, name, m.handler(name)...)
+	if span.IsRecording() {
+		span.SetAttributes(MessageNameKey.String(h.MessageName()))
+	}
 	returned := false
 	defer func() {
 		if !returned {
@@ -104,18 +109,16 @@ func (m *middleware) outgoing(ctx context.Context, out *bus.Outgoing, next bus.N
 	if kind == bus.KindPublish {
 		dest = name // a published message goes to whoever subscribed to its name
 	}
-	attrs := out.Attributes()
-	op := kind.String()
-	kv := [...]attribute.KeyValue{
-		m.system,
-		semconv.MessagingOperationName(op),
-		semconv.MessagingOperationTypeSend,
-		semconv.MessagingDestinationName(dest),
-		semconv.MessagingMessageID(attrs.MessageID),
-		semconv.MessagingMessageConversationID(attrs.CorrelationID),
-		MessageNameKey.String(name),
+	op := m.send(kind, dest)
+	ctx, span := m.tracer.Start(ctx, kind.String()+" "+name, op.start...)
+	if span.IsRecording() {
+		attrs := out.Attributes()
+		span.SetAttributes(
+			semconv.MessagingMessageID(attrs.MessageID),
+			semconv.MessagingMessageConversationID(attrs.CorrelationID),
+			MessageNameKey.String(name),
+		)
 	}
-	ctx, span := m.tracer.Start(ctx, op+" "+name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(kv[:]...))
 	// Always inject, sampled or not: a non-recording span still carries the
 	// trace id and the sampling decision the receiver must honour.
 	m.prop.Inject(ctx, OutgoingCarrier(out))
@@ -123,7 +126,7 @@ func (m *middleware) outgoing(ctx context.Context, out *bus.Outgoing, next bus.N
 	defer func() {
 		if !returned {
 			failSpanWith(span, panicErrorType, "panic")
-			m.recordSent(ctx, kind, dest, panicErrorType)
+			m.sent.AddSet(ctx, 1, op.failed(panicErrorType))
 		}
 		span.End()
 	}()
@@ -132,19 +135,11 @@ func (m *middleware) outgoing(ctx context.Context, out *bus.Outgoing, next bus.N
 	if err != nil {
 		et := semconv.ErrorType(err)
 		failSpan(span, et, err)
-		m.recordSent(ctx, kind, dest, et)
+		m.sent.AddSet(ctx, 1, op.failed(et))
 		return err
 	}
-	m.recordSent(ctx, kind, dest, attribute.KeyValue{})
+	m.sent.Int64Counter.Add(ctx, 1, op.addOpts...)
 	return nil
-}
-
-func (m *middleware) recordSent(ctx context.Context, kind bus.Kind, dest string, errType attribute.KeyValue) {
-	set := m.sentSet(kind, dest)
-	if errType.Valid() {
-		set = attribute.NewSet(append(set.ToSlice(), errType)...)
-	}
-	m.sent.AddSet(ctx, 1, set)
 }
 
 func failSpan(span trace.Span, errType attribute.KeyValue, err error) {
