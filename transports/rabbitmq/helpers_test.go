@@ -2,6 +2,7 @@ package rabbitmq_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,24 +14,46 @@ import (
 
 // admin is a plain amqp091 connection for what tests do behind the
 // transport's back: deleting queues, reading dead letters, raw publishes.
+// It reconnects when the broker was restarted.
 type admin struct {
+	url  string
+	mu   sync.Mutex
 	conn *amqp.Connection
 }
 
 func newAdmin(t testing.TB, url string) *admin {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
+	a := &admin{url: url}
+	t.Cleanup(func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.conn != nil {
+			_ = a.conn.Close()
+		}
+	})
+	if _, err := a.channel(); err != nil {
 		t.Fatalf("admin connection: %v", err)
 	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return &admin{conn: conn}
+	return a
+}
+
+func (a *admin) channel() (*amqp.Channel, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn == nil || a.conn.IsClosed() {
+		conn, err := amqp.Dial(a.url)
+		if err != nil {
+			return nil, err
+		}
+		a.conn = conn
+	}
+	return a.conn.Channel()
 }
 
 // do runs f on a fresh channel: a failed AMQP method closes its channel.
 func (a *admin) do(t testing.TB, f func(ch *amqp.Channel) error) {
 	t.Helper()
-	ch, err := a.conn.Channel()
+	ch, err := a.channel()
 	if err != nil {
 		t.Errorf("admin channel: %v", err)
 		return
@@ -75,7 +98,7 @@ func (a *admin) publish(t testing.TB, queue string, msg amqp.Publishing) {
 // without acknowledging, which puts them back.
 func (a *admin) deadLetters(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter {
 	t.Helper()
-	ch, err := a.conn.Channel()
+	ch, err := a.channel()
 	if err != nil {
 		t.Fatalf("admin channel: %v", err)
 	}

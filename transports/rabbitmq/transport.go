@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-		"time"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -246,4 +246,3 @@ func DeadLetter(m amqp.Delivery) (bus.DeadLetter, error) {
 	}
 	return dl, err
 }
-
