@@ -218,6 +218,7 @@ func wait(t *testing.T, ch <-chan struct{}, what string) {
 // "orders", whose handler sends ChargeCard to "billing".
 type checkout struct {
 	client, orders, billing *bus.Bus
+	ordersEP, billingEP     string
 
 	mu           sync.Mutex
 	placeAttrs   bus.Attributes // of the PlaceOrder the orders handler received
@@ -230,9 +231,14 @@ type checkout struct {
 // newCheckout builds the three buses, each with its own transport from
 // newTransport and the plugins of its name.
 func newCheckout(t *testing.T, newTransport func() bus.Transport, plugins func(name string) bus.Plugin, extra ...bus.Option) *checkout {
+	return newCheckoutAt(t, "orders", "billing", newTransport, plugins, extra...)
+}
+
+// newCheckoutAt is newCheckout with the endpoints named ordersEP and billingEP.
+func newCheckoutAt(t *testing.T, ordersEP, billingEP string, newTransport func() bus.Transport, plugins func(name string) bus.Plugin, extra ...bus.Option) *checkout {
 	t.Helper()
-	c := &checkout{charged: make(chan struct{}, 16)}
-	c.billing = newBus(t, append([]bus.Option{bus.WithEndpoint("billing"), bus.WithTransport(newTransport()),
+	c := &checkout{charged: make(chan struct{}, 16), ordersEP: ordersEP, billingEP: billingEP}
+	c.billing = newBus(t, append([]bus.Option{bus.WithEndpoint(billingEP), bus.WithTransport(newTransport()),
 		bus.WithMiddleware(plugins("billing")),
 		bus.WithHandler(func(ctx context.Context, m ChargeCard, a bus.Attributes) error {
 			c.mu.Lock()
@@ -243,13 +249,13 @@ func newCheckout(t *testing.T, newTransport func() bus.Transport, plugins func(n
 			return err
 		}, bus.HandlerName("billing.charge"))}, extra...)...)
 	var orders *bus.Bus
-	orders = newBus(t, append([]bus.Option{bus.WithEndpoint("orders"), bus.WithTransport(newTransport()),
+	orders = newBus(t, append([]bus.Option{bus.WithEndpoint(ordersEP), bus.WithTransport(newTransport()),
 		bus.WithMiddleware(plugins("orders")),
 		bus.WithHandler(func(ctx context.Context, m PlaceOrder, a bus.Attributes) error {
 			c.mu.Lock()
 			c.placeAttrs = a
 			c.mu.Unlock()
-			return orders.Send(ctx, ChargeCard{OrderID: m.ID}, bus.To("billing"))
+			return orders.Send(ctx, ChargeCard{OrderID: m.ID}, bus.To(billingEP))
 		}, bus.HandlerName("orders.place"))}, extra...)...)
 	c.orders = orders
 	c.client = newBus(t, append([]bus.Option{bus.WithName("client"), bus.WithTransport(newTransport()),
@@ -261,7 +267,7 @@ func newCheckout(t *testing.T, newTransport func() bus.Transport, plugins func(n
 // billing handled it and stops the buses so that every span has ended.
 func (c *checkout) run(t *testing.T, ctx context.Context) {
 	t.Helper()
-	if err := c.client.Send(ctx, PlaceOrder{ID: "o-1"}, bus.To("orders")); err != nil {
+	if err := c.client.Send(ctx, PlaceOrder{ID: "o-1"}, bus.To(c.ordersEP)); err != nil {
 		t.Fatalf("Send: %v", err)
 	}
 	wait(t, c.charged, "billing to handle ChargeCard")
@@ -275,9 +281,8 @@ func memoryTransports() func() bus.Transport {
 
 // testOneTrace checks send → process → handler → send → process → handler
 // as one trace, over the transports newTransport makes.
-func testOneTrace(t *testing.T, newTransport func() bus.Transport, system string) {
-	tel := newTelemetry(t)
-	c := newCheckout(t, newTransport, func(string) bus.Plugin { return tel.plugin() })
+func testOneTrace(t *testing.T, c *checkout, tel *telemetry, system string) {
+	orders, billing := c.ordersEP, c.billingEP
 
 	ctx, root := tel.tp.Tracer("test").Start(context.Background(), "checkout")
 	member, err := baggage.NewMember("tenant", "acme")
@@ -328,7 +333,7 @@ func testOneTrace(t *testing.T, newTransport func() bus.Transport, system string
 		"messaging.system":                  system,
 		"messaging.operation.name":          "send",
 		"messaging.operation.type":          "send",
-		"messaging.destination.name":        "orders",
+		"messaging.destination.name":        orders,
 		"messaging.message.id":              placeAttrs.MessageID,
 		"messaging.message.conversation_id": placeAttrs.CorrelationID,
 		"plugbus.message.name":              "PlaceOrder",
@@ -337,8 +342,8 @@ func testOneTrace(t *testing.T, newTransport func() bus.Transport, system string
 		"messaging.system":                  system,
 		"messaging.operation.name":          "process",
 		"messaging.operation.type":          "process",
-		"messaging.destination.name":        "orders",
-		"messaging.consumer.group.name":     "orders",
+		"messaging.destination.name":        orders,
+		"messaging.consumer.group.name":     orders,
 		"messaging.message.id":              placeAttrs.MessageID,
 		"messaging.message.conversation_id": placeAttrs.CorrelationID,
 		"plugbus.message.name":              "PlaceOrder",
@@ -346,13 +351,13 @@ func testOneTrace(t *testing.T, newTransport func() bus.Transport, system string
 	})
 	wantAttrs(t, handlePlace, map[string]any{"plugbus.handler.name": "orders.place", "plugbus.message.name": "PlaceOrder"})
 	wantAttrs(t, sendCharge, map[string]any{
-		"messaging.destination.name":        "billing",
+		"messaging.destination.name":        billing,
 		"messaging.message.id":              chargeAttrs.MessageID,
 		"messaging.message.conversation_id": placeAttrs.CorrelationID, // inherited while handling
 	})
 	wantAttrs(t, processCharge, map[string]any{
-		"messaging.destination.name":        "billing",
-		"messaging.consumer.group.name":     "billing",
+		"messaging.destination.name":        billing,
+		"messaging.consumer.group.name":     billing,
 		"messaging.message.id":              chargeAttrs.MessageID,
 		"messaging.message.conversation_id": placeAttrs.CorrelationID,
 	})
@@ -377,7 +382,7 @@ func testOneTrace(t *testing.T, newTransport func() bus.Transport, system string
 
 	rm := tel.collect(t)
 	sys := attribute.String("messaging.system", system)
-	for _, ep := range []string{"orders", "billing"} {
+	for _, ep := range []string{orders, billing} {
 		kvs := []attribute.KeyValue{sys, attribute.String("messaging.operation.name", "process"),
 			attribute.String("messaging.destination.name", ep), attribute.String("messaging.consumer.group.name", ep)}
 		if n := counter(t, rm, "messaging.client.consumed.messages", kvs...); n != 1 {
@@ -394,7 +399,9 @@ func testOneTrace(t *testing.T, newTransport func() bus.Transport, system string
 }
 
 func TestOneTraceMemory(t *testing.T) {
-	testOneTrace(t, memoryTransports(), otel.DefaultSystem)
+	tel := newTelemetry(t)
+	c := newCheckout(t, memoryTransports(), func(string) bus.Plugin { return tel.plugin() })
+	testOneTrace(t, c, tel, otel.DefaultSystem)
 }
 
 func TestNewTraceLinksToSender(t *testing.T) {
