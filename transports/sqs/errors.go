@@ -1,0 +1,106 @@
+package sqs
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+var (
+	// ErrInvalidHeader is matched by [*HeaderError].
+	ErrInvalidHeader = errors.New("sqs: header cannot be a message attribute")
+	// ErrTooManyAttributes is matched by [*TooManyAttributesError].
+	ErrTooManyAttributes = errors.New("sqs: too many message attributes")
+	// ErrMessageTooLarge is matched by [*MessageTooLargeError].
+	ErrMessageTooLarge = errors.New("sqs: message too large")
+	// ErrInvalidAttribute is matched by [*AttributeError].
+	ErrInvalidAttribute = errors.New("sqs: bus attribute cannot be carried")
+	// ErrNoQueue is matched by [*NoQueueError].
+	ErrNoQueue = errors.New("sqs: queue does not exist")
+	// ErrNotSetUp is returned by Receive on a transport whose Setup was not called.
+	ErrNotSetUp = errors.New("sqs: Receive before Setup: the bus calls Setup from Start; call it first when using the transport directly")
+)
+
+// HeaderError reports a header that SQS or SNS would reject as a message
+// attribute: a name with characters outside A-Z a-z 0-9 _ - ., a name
+// starting with "AWS." or "Amazon.", an empty value, or a value with
+// characters SQS does not accept. Nothing was sent.
+type HeaderError struct {
+	Header string
+	Reason string
+}
+
+func (e *HeaderError) Error() string {
+	return fmt.Sprintf("sqs: header %q cannot be sent as an SQS/SNS message attribute: %s", e.Header, e.Reason)
+}
+
+// Is reports whether target is ErrInvalidHeader.
+func (e *HeaderError) Is(target error) bool { return target == ErrInvalidHeader }
+
+// TooManyAttributesError reports a message whose headers, with the
+// attribute the transport adds itself, exceed what SQS and SNS carry on one
+// message. Nothing was sent, and no header was dropped.
+type TooManyAttributesError struct {
+	// Headers is the number of headers of the message.
+	Headers int
+	// Reserved is the number of attributes the transport adds itself (1).
+	Reserved int
+	// Max is the number of message attributes AWS allows on one message (10).
+	Max int
+}
+
+func (e *TooManyAttributesError) Error() string {
+	return fmt.Sprintf("sqs: message has %d headers; with the %d attribute(s) the transport adds, that exceeds the %d message attributes AWS allows: send at most %d headers, or carry the rest as bus attributes (bus.WithAttribute), which travel packed in one attribute",
+		e.Headers, e.Reserved, e.Max, e.Max-e.Reserved)
+}
+
+// Is reports whether target is ErrTooManyAttributes.
+func (e *TooManyAttributesError) Is(target error) bool { return target == ErrTooManyAttributes }
+
+// MessageTooLargeError reports a message whose body and attributes exceed
+// the size SQS and SNS accept. Nothing was sent.
+type MessageTooLargeError struct {
+	Message string // message name
+	Size    int    // bytes: body (after encoding) plus attribute names, types and values
+	Max     int
+}
+
+func (e *MessageTooLargeError) Error() string {
+	return fmt.Sprintf("sqs: message %s is %d bytes with its attributes, more than the %d bytes allowed; store the payload elsewhere (for example S3) and send a reference", e.Message, e.Size, e.Max)
+}
+
+// Is reports whether target is ErrMessageTooLarge.
+func (e *MessageTooLargeError) Is(target error) bool { return target == ErrMessageTooLarge }
+
+// AttributeError reports a bus attribute the transport cannot carry
+// unchanged (its key or value is not valid UTF-8). Nothing was sent.
+type AttributeError struct {
+	Key    string
+	Reason string
+}
+
+func (e *AttributeError) Error() string {
+	return fmt.Sprintf("sqs: bus attribute %q cannot be carried: %s", e.Key, e.Reason)
+}
+
+// Is reports whether target is ErrInvalidAttribute.
+func (e *AttributeError) Is(target error) bool { return target == ErrInvalidAttribute }
+
+// NoQueueError reports a send to an endpoint whose queue does not exist.
+// It also matches bus.ErrNoRoute.
+type NoQueueError struct {
+	Endpoint string
+	Queue    string
+	Err      error
+}
+
+func (e *NoQueueError) Error() string {
+	return fmt.Sprintf("sqs: endpoint %q has no queue %q: start that endpoint once (its Setup declares the queue) or check the destination and the transport's prefix: %v", e.Endpoint, e.Queue, e.Err)
+}
+
+// Is reports whether target is ErrNoQueue or bus.ErrNoRoute.
+func (e *NoQueueError) Is(target error) bool { return target == ErrNoQueue || target == bus.ErrNoRoute }
+
+// Unwrap returns the AWS error.
+func (e *NoQueueError) Unwrap() error { return e.Err }

@@ -1,0 +1,441 @@
+package sqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// maxBatch is the most messages one SQS batch request carries.
+const maxBatch = 10
+
+// entry is one received message, tracked until it is settled.
+type entry struct {
+	msg      sqstypes.Message
+	handle   string
+	deadline time.Time // when its visibility timeout ends; guarded by Transport.mu
+	given    bool      // handed out by Receive
+}
+
+type deleteReq struct {
+	e    *entry
+	done chan error // buffered: the flusher never blocks on it
+}
+
+// start starts the pollers, the heartbeat and the delete flushers once.
+// Called with t.mu held.
+func (t *Transport) start() {
+	if t.running {
+		return
+	}
+	t.running = true
+	t.buf = make(chan *entry, t.capacity)
+	t.pollCtx, t.pollCancel = context.WithCancel(context.Background())
+	t.hbStop = make(chan struct{})
+	t.deletes = make(chan *deleteReq, t.capacity)
+	pollers := min(max((t.capacity+maxBatch-1)/maxBatch, 1), 8)
+	for range pollers {
+		t.pollers.Go(t.poll)
+	}
+	t.workers.Go(t.heartbeat)
+	for range t.o.deleteFlushers {
+		t.workers.Go(t.flushDeletes)
+	}
+}
+
+// Receive returns the next message of the endpoint's queue. Messages are
+// fetched by long polling in batches of up to 10; no more are held at once
+// (buffered or being handled) than the bus's concurrency. A message the
+// transport cannot read comes back with Delivery.Err set.
+func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
+	t.mu.Lock()
+	switch {
+	case t.closed:
+		t.mu.Unlock()
+		return nil, bus.ErrClosed
+	case t.queueURL == "":
+		t.mu.Unlock()
+		return nil, ErrNotSetUp
+	}
+	t.start()
+	buf := t.buf
+	t.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	select {
+	case e := <-buf:
+		t.mu.Lock()
+		if t.closed { // Close gives it back with everything else it tracks
+			t.mu.Unlock()
+			return nil, bus.ErrClosed
+		}
+		e.given = true
+		t.mu.Unlock()
+		d := &bus.Delivery{Token: e}
+		decode(e.msg, d)
+		return d, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.closedCh:
+		return nil, bus.ErrClosed
+	}
+}
+
+// reserve waits for free slots and reserves up to maxBatch of them. It
+// returns 0 when the transport closes.
+func (t *Transport) reserve() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for !t.closed && t.capacity-len(t.tracked)-t.reserved <= 0 {
+		t.cond.Wait()
+	}
+	if t.closed {
+		return 0
+	}
+	n := min(t.capacity-len(t.tracked)-t.reserved, maxBatch)
+	t.reserved += n
+	return n
+}
+
+// poll receives messages while the transport is open.
+func (t *Transport) poll() {
+	backoff := time.Duration(0)
+	for {
+		n := t.reserve()
+		if n == 0 {
+			return
+		}
+		out, err := t.sqs.ReceiveMessage(t.pollCtx, &awssqs.ReceiveMessageInput{
+			QueueUrl:                    &t.queueURL,
+			MaxNumberOfMessages:         int32(n),
+			WaitTimeSeconds:             int32(t.o.wait / time.Second),
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
+		})
+		now := time.Now()
+		t.mu.Lock()
+		t.reserved -= n
+		if err == nil {
+			for _, m := range out.Messages {
+				e := &entry{msg: m, handle: aws.ToString(m.ReceiptHandle), deadline: now.Add(t.o.visibility)}
+				t.tracked[e] = struct{}{}
+				t.buf <- e // never blocks: tracked messages never exceed the capacity of buf
+			}
+		}
+		t.cond.Broadcast()
+		closed := t.closed
+		t.mu.Unlock()
+		if err == nil {
+			backoff = 0
+			continue
+		}
+		if closed || t.pollCtx.Err() != nil {
+			return
+		}
+		backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+		t.log.Warn("receiving from SQS failed; retrying", slog.String("queue_url", t.queueURL), slog.Any("error", err), slog.Duration("backoff", backoff))
+		timer := time.NewTimer(backoff)
+		select {
+		case <-timer.C:
+		case <-t.closedCh:
+			timer.Stop()
+		}
+	}
+}
+
+// heartbeat extends the visibility timeout of the messages still tracked
+// before it ends, so that a message being handled is not delivered again.
+func (t *Transport) heartbeat() {
+	tick := max(t.o.visibility/4, 200*time.Millisecond)
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-t.hbStop:
+			return
+		case <-ticker.C:
+		}
+		t.extend()
+	}
+}
+
+// extend runs one heartbeat round.
+func (t *Transport) extend() {
+	t.hbMu.Lock()
+	defer t.hbMu.Unlock()
+	now := time.Now()
+	var due []*entry
+	t.mu.Lock()
+	for e := range t.tracked {
+		if e.deadline.Sub(now) < t.o.visibility/2 {
+			due = append(due, e)
+		}
+	}
+	t.mu.Unlock()
+	secs := int32(t.o.visibility / time.Second)
+	for len(due) > 0 {
+		n := min(len(due), maxBatch)
+		batch := due[:n]
+		due = due[n:]
+		entries := make([]sqstypes.ChangeMessageVisibilityBatchRequestEntry, n)
+		for i, e := range batch {
+			entries[i] = sqstypes.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(e.handle), VisibilityTimeout: secs}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), t.o.visibility/2)
+		out, err := t.sqs.ChangeMessageVisibilityBatch(ctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: &t.queueURL, Entries: entries})
+		cancel()
+		if err != nil {
+			t.log.Warn("extending the visibility of messages being handled failed; they may be delivered again", slog.Int("messages", n), slog.Any("error", err))
+			continue
+		}
+		failed := map[string]bool{}
+		for _, f := range out.Failed {
+			failed[aws.ToString(f.Id)] = true
+			t.log.Warn("extending the visibility of a message failed; it may be delivered again", slog.String("code", aws.ToString(f.Code)), slog.String("reason", aws.ToString(f.Message)))
+		}
+		t.mu.Lock()
+		for i, e := range batch {
+			if !failed[strconv.Itoa(i)] {
+				e.deadline = now.Add(t.o.visibility)
+			}
+		}
+		t.mu.Unlock()
+	}
+}
+
+// settle stops tracking the entry of d. Settlement of a delivery not
+// tracked (settled twice, or given back by Close) fails.
+func (t *Transport) settle(d *bus.Delivery, op string) (*entry, error) {
+	e, _ := d.Token.(*entry)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.tracked[e]; !ok || e == nil || !e.given {
+		if t.closed {
+			return nil, fmt.Errorf("sqs: %s %s (id %s): %w: the transport gave the message back to the queue when it closed", op, d.Name, d.Attributes.MessageID, bus.ErrClosed)
+		}
+		return nil, fmt.Errorf("sqs: %s %s (id %s): the delivery is not in flight on this transport (settled twice?)", op, d.Name, d.Attributes.MessageID)
+	}
+	delete(t.tracked, e)
+	t.ops.Add(1)
+	t.cond.Broadcast()
+	return e, nil
+}
+
+// Delete deletes d from the queue. Deletes are sent in batches of up to
+// 10: a delete joins the batch being gathered while an earlier one is in
+// flight, so a lone delete goes out at once and busy consumers share
+// requests. Delete returns when its batch is answered.
+func (t *Transport) Delete(ctx context.Context, d *bus.Delivery) error {
+	e, err := t.settle(d, "delete")
+	if err != nil {
+		return err
+	}
+	req := &deleteReq{e: e, done: make(chan error, 1)}
+	t.deletes <- req // the flushers run until every settlement ended
+	select {
+	case err := <-req.done:
+		if err != nil {
+			return fmt.Errorf("sqs: delete %s (id %s): %w", d.Name, d.Attributes.MessageID, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// flushDeletes sends the queued deletes in batches.
+func (t *Transport) flushDeletes() {
+	batch := make([]*deleteReq, 0, maxBatch)
+	for {
+		select {
+		case req := <-t.deletes:
+			batch = append(batch[:0], req)
+		case <-t.hbStop:
+			return
+		}
+	gather:
+		for len(batch) < maxBatch {
+			select {
+			case req := <-t.deletes:
+				batch = append(batch, req)
+			default:
+				break gather
+			}
+		}
+		t.deleteBatch(batch)
+	}
+}
+
+func (t *Transport) deleteBatch(batch []*deleteReq) {
+	defer t.ops.Add(-len(batch))
+	entries := make([]sqstypes.DeleteMessageBatchRequestEntry, len(batch))
+	for i, r := range batch {
+		entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r.e.handle)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := t.sqs.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: &t.queueURL, Entries: entries})
+	if err != nil {
+		for _, r := range batch {
+			r.done <- err
+		}
+		return
+	}
+	failed := make(map[string]error, len(out.Failed))
+	for _, f := range out.Failed {
+		failed[aws.ToString(f.Id)] = fmt.Errorf("SQS refused the delete: %s: %s (the message will be delivered again)", aws.ToString(f.Code), aws.ToString(f.Message))
+	}
+	for i, r := range batch {
+		r.done <- failed[strconv.Itoa(i)]
+	}
+}
+
+// backoff returns the visibility delay before the attempt after attempt.
+func (t *Transport) backoff(attempt int) time.Duration {
+	base, cap := t.o.backoffBase, t.o.backoffMax
+	if base <= 0 || cap <= 0 {
+		return 0
+	}
+	d := base << min(max(attempt-1, 0), 30)
+	if d <= 0 || d > cap {
+		d = cap
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// Return gives d back to the queue: it becomes visible again after the
+// retry back-off ([WithRetryBackoff]), and its next delivery has the
+// attempt count SQS keeps (ApproximateReceiveCount).
+func (t *Transport) Return(ctx context.Context, d *bus.Delivery, cause error) error {
+	e, err := t.settle(d, "return")
+	if err != nil {
+		return err
+	}
+	defer t.ops.Done()
+	delay := t.backoff(d.Attempt)
+	secs := int32((delay + time.Second/2) / time.Second)
+	t.hbMu.RLock()
+	_, err = t.sqs.ChangeMessageVisibility(context.WithoutCancel(ctx), &awssqs.ChangeMessageVisibilityInput{
+		QueueUrl: &t.queueURL, ReceiptHandle: &e.handle, VisibilityTimeout: secs,
+	})
+	t.hbMu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("sqs: return %s (id %s): changing its visibility failed; it will be delivered again after the visibility timeout: %w", d.Name, d.Attributes.MessageID, err)
+	}
+	if t.log.Enabled(ctx, slog.LevelDebug) {
+		t.log.DebugContext(ctx, "message returned", slog.String("message_id", d.Attributes.MessageID), slog.Int("attempt", d.Attempt),
+			slog.Duration("delay", time.Duration(secs)*time.Second), slog.Any("cause", cause))
+	}
+	return nil
+}
+
+// Fail moves d to the endpoint's dead-letter queue: the same body and
+// attributes, with f added to the "plugbus" attribute, then deletes it
+// from the queue. When the dead-letter queue refuses it, d stays on the
+// queue and comes back after its visibility timeout; the queue's redrive
+// policy dead-letters it after MaxAttempts receives in any case.
+func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
+	e, err := t.settle(d, "fail")
+	if err != nil {
+		return err
+	}
+	if err := t.deadLetter(context.WithoutCancel(ctx), t.dlqURL, e.msg, f); err != nil {
+		t.ops.Done()
+		return fmt.Errorf("sqs: fail %s (id %s): %w", d.Name, d.Attributes.MessageID, err)
+	}
+	req := &deleteReq{e: e, done: make(chan error, 1)}
+	t.deletes <- req
+	if err := <-req.done; err != nil {
+		return fmt.Errorf("sqs: fail %s (id %s): the message is in the dead-letter queue but deleting it from the queue failed, so it will be delivered again: %w", d.Name, d.Attributes.MessageID, err)
+	}
+	return nil
+}
+
+// Close stops receiving. It waits for the receive requests in progress to
+// end (at most the wait time, or until ctx ends, when they are cancelled)
+// and for settlements in progress, then gives every message received and
+// not settled back to the queue at once (visibility timeout 0). Receive
+// returns bus.ErrClosed afterwards.
+func (t *Transport) Close(ctx context.Context) error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	close(t.closedCh)
+	t.cond.Broadcast()
+	running := t.running
+	t.mu.Unlock()
+	if !running {
+		return nil
+	}
+	var errs []error
+	if !waitCtx(ctx, &t.pollers) {
+		t.pollCancel()
+		t.pollers.Wait()
+		errs = append(errs, fmt.Errorf("sqs: close: receive requests cancelled; messages they received stay invisible until their visibility timeout: %w", ctx.Err()))
+	}
+	t.pollCancel()
+	t.ops.Wait() // settlements end on their own: their requests do not depend on ctx
+	close(t.hbStop)
+	t.workers.Wait()
+
+	t.mu.Lock()
+	var back []*entry
+	for e := range t.tracked {
+		back = append(back, e)
+	}
+	clear(t.tracked)
+	t.mu.Unlock()
+	if err := t.release(context.WithoutCancel(ctx), back); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// release makes entries visible again at once.
+func (t *Transport) release(ctx context.Context, back []*entry) error {
+	var errs []error
+	for len(back) > 0 {
+		n := min(len(back), maxBatch)
+		entries := make([]sqstypes.ChangeMessageVisibilityBatchRequestEntry, n)
+		for i, e := range back[:n] {
+			entries[i] = sqstypes.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(e.handle), VisibilityTimeout: 0}
+		}
+		back = back[n:]
+		out, err := t.sqs.ChangeMessageVisibilityBatch(ctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: &t.queueURL, Entries: entries})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sqs: close: giving %d unsettled messages back failed; they come back after their visibility timeout: %w", n, err))
+			continue
+		}
+		for _, f := range out.Failed {
+			errs = append(errs, fmt.Errorf("sqs: close: giving a message back failed (%s: %s); it comes back after its visibility timeout", aws.ToString(f.Code), aws.ToString(f.Message)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// waitCtx waits for wg, or for ctx to end. It reports whether wg finished.
+func waitCtx(ctx context.Context, wg interface{ Wait() }) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

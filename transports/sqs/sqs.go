@@ -1,0 +1,461 @@
+// Package sqs is the plugbus transport for AWS SQS and SNS.
+//
+// Each endpoint has an SQS queue and a dead-letter queue; each message name
+// has an SNS topic. [Transport.Setup] (called by bus.Start) declares them:
+//
+//	topic "<prefix><message name>"  ──SNS raw delivery──▶  queue "<prefix><endpoint>"
+//	                                                            │ redrive after MaxAttempts receives
+//	                                                            ▼
+//	                                                      queue "<prefix><endpoint>-dlq"
+//
+// Send puts a message on the queue of its destination endpoint; Publish
+// puts it on the topic of its name, which delivers it to every endpoint
+// that handles that name. The bus attributes travel packed in one message
+// attribute named "plugbus"; headers set by outgoing middleware become
+// native SQS/SNS message attributes, so at most [MaxHeaders] of them fit
+// on one message. A handler's failure returns the message with a growing
+// visibility timeout (exponential back-off with jitter); after the bus's
+// maximum attempts it goes to the dead-letter queue with its failure in
+// the "plugbus" attribute.
+//
+// Build it from an aws.Config:
+//
+//	cfg, err := config.LoadDefaultConfig(ctx)
+//	...
+//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), ...)
+//
+// On AWS Lambda, [NewLambdaHandler] runs the records of an SQS event
+// through a bus and reports the records that failed. docs/transports/sqs.md
+// describes the topology, the limits and the IAM permissions needed.
+package sqs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssns "github.com/aws/aws-sdk-go-v2/service/sns"
+	snstypes "github.com/aws/aws-sdk-go-v2/service/sns/types"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// Option configures a [Transport].
+type Option func(*options)
+
+type options struct {
+	logger         *slog.Logger
+	prefix         string
+	visibility     time.Duration
+	wait           time.Duration
+	backoffBase    time.Duration
+	backoffMax     time.Duration
+	maxSize        int
+	dlqRetention   time.Duration
+	sqsOpts        []func(*awssqs.Options)
+	snsOpts        []func(*awssns.Options)
+	deleteFlushers int
+}
+
+// WithLogger sets the logger. The default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithPrefix puts prefix in front of every queue and topic name, to keep
+// environments (or tests) that share an AWS account apart. The default is
+// no prefix.
+func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = prefix } }
+
+// WithVisibilityTimeout sets the visibility timeout of the endpoint's
+// queue: how long a received message stays hidden from other consumers.
+// While a handler works on a message the transport extends it before it
+// ends, so it bounds how long a crashed consumer holds messages, not how
+// long a handler may run. Whole seconds, at least 1s; the default is 30s.
+func WithVisibilityTimeout(d time.Duration) Option { return func(o *options) { o.visibility = d } }
+
+// WithWaitTime sets how long one receive request waits for messages (SQS
+// long polling), in whole seconds from 1s to 20s; the default is 20s.
+// Close waits for the receive requests in progress to end, so this also
+// bounds how long Close takes when its context has no earlier deadline.
+func WithWaitTime(d time.Duration) Option { return func(o *options) { o.wait = d } }
+
+// WithRetryBackoff sets the back-off of a returned message: before attempt
+// n+1 it stays invisible for base·2^(n-1), capped at max, of which a random
+// half is jitter; rounded to whole seconds (SQS's unit). The defaults are
+// 1s and 5 minutes; base 0 redelivers at once. max is at most 12 hours.
+func WithRetryBackoff(base, max time.Duration) Option {
+	return func(o *options) { o.backoffBase, o.backoffMax = base, max }
+}
+
+// WithMaxMessageSize sets the largest message, body and attributes
+// together, that Send and Publish accept. The default is 256 KiB, what
+// SNS accepts; raise it up to what your queues accept only for endpoints
+// that receive sent messages alone.
+func WithMaxMessageSize(n int) Option { return func(o *options) { o.maxSize = n } }
+
+// WithDeadLetterRetention sets how long the dead-letter queue keeps
+// messages. The default is 14 days, the SQS maximum.
+func WithDeadLetterRetention(d time.Duration) Option { return func(o *options) { o.dlqRetention = d } }
+
+// WithSQSOptions adds functions that adjust the SQS client's options.
+func WithSQSOptions(fns ...func(*awssqs.Options)) Option {
+	return func(o *options) { o.sqsOpts = append(o.sqsOpts, fns...) }
+}
+
+// WithSNSOptions adds functions that adjust the SNS client's options.
+func WithSNSOptions(fns ...func(*awssns.Options)) Option {
+	return func(o *options) { o.snsOpts = append(o.snsOpts, fns...) }
+}
+
+// Transport is the SQS/SNS [bus.Transport]. Build it with [New].
+type Transport struct {
+	o   options
+	log *slog.Logger
+	sqs *awssqs.Client
+	sns *awssns.Client
+
+	cacheMu sync.Mutex
+	urls    map[string]string // queue name → URL
+	topics  map[string]string // topic name → ARN
+
+	mu       sync.Mutex
+	cond     *sync.Cond // signalled when a slot frees up or the transport closes
+	endpoint string
+	queueURL string
+	dlqURL   string
+	capacity int
+	running  bool // pollers started
+	closed   bool
+	closedCh chan struct{}
+	tracked  map[*entry]struct{} // received and not settled
+	reserved int                 // slots reserved by receive requests in progress
+	buf      chan *entry
+
+	pollCtx    context.Context
+	pollCancel context.CancelFunc
+	pollers    sync.WaitGroup
+	workers    sync.WaitGroup // heartbeat and delete flushers
+	ops        sync.WaitGroup // settlements in progress
+	hbMu       sync.RWMutex   // a heartbeat round excludes visibility changes
+	hbStop     chan struct{}
+	deletes    chan *deleteReq
+}
+
+// New returns a transport using the AWS configuration cfg (region,
+// credentials, endpoint). Nothing is contacted until Setup, Send or Publish.
+func New(cfg aws.Config, opts ...Option) *Transport {
+	o := options{
+		visibility: 30 * time.Second, wait: 20 * time.Second,
+		backoffBase: time.Second, backoffMax: 5 * time.Minute,
+		maxSize: DefaultMaxMessageSize, dlqRetention: 14 * 24 * time.Hour,
+		deleteFlushers: 2,
+	}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if o.logger == nil {
+		o.logger = slog.Default()
+	}
+	o.visibility = clampSeconds(o.visibility, time.Second, 12*time.Hour)
+	o.wait = clampSeconds(o.wait, time.Second, 20*time.Second)
+	o.backoffMax = clampSeconds(o.backoffMax, 0, 12*time.Hour)
+	o.dlqRetention = clampSeconds(o.dlqRetention, time.Minute, 14*24*time.Hour)
+	if o.maxSize <= 0 {
+		o.maxSize = DefaultMaxMessageSize
+	}
+	t := &Transport{
+		o:        o,
+		log:      o.logger.With(slog.String("transport", transportName)),
+		sqs:      awssqs.NewFromConfig(cfg, o.sqsOpts...),
+		sns:      awssns.NewFromConfig(cfg, o.snsOpts...),
+		urls:     map[string]string{},
+		topics:   map[string]string{},
+		closedCh: make(chan struct{}),
+		tracked:  map[*entry]struct{}{},
+	}
+	t.cond = sync.NewCond(&t.mu)
+	return t
+}
+
+func clampSeconds(d, lo, hi time.Duration) time.Duration {
+	d = d.Round(time.Second)
+	return min(max(d, lo), hi)
+}
+
+// SQS returns the transport's SQS client.
+func (t *Transport) SQS() *awssqs.Client { return t.sqs }
+
+// SNS returns the transport's SNS client.
+func (t *Transport) SNS() *awssns.Client { return t.sns }
+
+// ValidateHeaders refuses headers the transport cannot send as message
+// attributes: a reserved name ([AttributeName], or starting with
+// "plugbus.") with a *bus.HeaderReservedError, a name or value AWS would
+// reject with a [*HeaderError], more than [MaxHeaders] headers with a
+// [*TooManyAttributesError].
+func (t *Transport) ValidateHeaders(h bus.Headers) error { return validateHeaders(h) }
+
+// Setup declares the endpoint's topology: its dead-letter queue, its queue
+// with a redrive policy to the dead-letter queue after topo.MaxAttempts
+// receives, a topic for each handled message name, a queue policy that
+// lets those topics deliver, and a raw-delivery subscription of the queue
+// to each topic. Every step is idempotent. Subscriptions to names the
+// endpoint no longer handles are left in place: remove them by hand.
+func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
+	if topo.Endpoint == "" {
+		return errors.New("sqs: Setup: empty endpoint")
+	}
+	t.mu.Lock()
+	switch {
+	case t.closed:
+		t.mu.Unlock()
+		return bus.ErrClosed
+	case t.endpoint != "" && t.endpoint != topo.Endpoint:
+		t.mu.Unlock()
+		return fmt.Errorf("sqs: Setup: transport already set up for endpoint %q, not %q: use one transport per endpoint", t.endpoint, topo.Endpoint)
+	}
+	t.mu.Unlock()
+
+	maxAttempts := max(topo.MaxAttempts, 1)
+	dlqURL, err := t.createQueue(ctx, t.DeadLetterQueueName(topo.Endpoint), map[string]string{
+		"MessageRetentionPeriod": strconv.Itoa(int(t.o.dlqRetention / time.Second)),
+	})
+	if err != nil {
+		return err
+	}
+	dlqARN, err := t.queueARN(ctx, dlqURL)
+	if err != nil {
+		return err
+	}
+	qname := t.QueueName(topo.Endpoint)
+	queueURL, err := t.createQueue(ctx, qname, nil)
+	if err != nil {
+		return err
+	}
+	queueARN, err := t.queueARN(ctx, queueURL)
+	if err != nil {
+		return err
+	}
+	topicARNs := make([]string, 0, len(topo.Handles))
+	for _, name := range topo.Handles {
+		arn, err := t.topicARN(ctx, name)
+		if err != nil {
+			return err
+		}
+		topicARNs = append(topicARNs, arn)
+	}
+	redrive, _ := json.Marshal(map[string]any{"deadLetterTargetArn": dlqARN, "maxReceiveCount": maxAttempts})
+	attrs := map[string]string{
+		"VisibilityTimeout": strconv.Itoa(int(t.o.visibility / time.Second)),
+		"RedrivePolicy":     string(redrive),
+	}
+	if len(topicARNs) > 0 {
+		attrs["Policy"] = queuePolicy(queueARN, topicARNs)
+	}
+	if _, err := t.sqs.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: &queueURL, Attributes: attrs}); err != nil {
+		return fmt.Errorf("sqs: setting the attributes (redrive policy, queue policy) of queue %s: %w", qname, err)
+	}
+	for i, name := range topo.Handles {
+		_, err := t.sns.Subscribe(ctx, &awssns.SubscribeInput{
+			TopicArn: &topicARNs[i], Protocol: aws.String("sqs"), Endpoint: &queueARN,
+			Attributes:            map[string]string{"RawMessageDelivery": "true"},
+			ReturnSubscriptionArn: true,
+		})
+		if err != nil {
+			return fmt.Errorf("sqs: subscribing queue %s to the topic of %s: %w", qname, name, err)
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return bus.ErrClosed
+	}
+	t.endpoint, t.queueURL, t.dlqURL = topo.Endpoint, queueURL, dlqURL
+	if !t.running {
+		t.capacity = max(topo.Concurrency, 1)
+	}
+	t.log.DebugContext(ctx, "topology declared", slog.String("endpoint", topo.Endpoint), slog.String("queue", qname),
+		slog.Int("topics", len(topicARNs)), slog.Int("max_receive_count", maxAttempts))
+	return nil
+}
+
+// queuePolicy lets the SNS topics send to the queue, and nothing else.
+func queuePolicy(queueARN string, topicARNs []string) string {
+	topics := slices.Sorted(slices.Values(topicARNs))
+	p := map[string]any{
+		"Version": "2012-10-17",
+		"Statement": []any{map[string]any{
+			"Sid":       "plugbus-sns-delivery",
+			"Effect":    "Allow",
+			"Principal": map[string]any{"Service": "sns.amazonaws.com"},
+			"Action":    "sqs:SendMessage",
+			"Resource":  queueARN,
+			"Condition": map[string]any{"ArnEquals": map[string]any{"aws:SourceArn": topics}},
+		}},
+	}
+	b, _ := json.Marshal(p)
+	return string(b)
+}
+
+func (t *Transport) createQueue(ctx context.Context, name string, attrs map[string]string) (string, error) {
+	out, err := t.sqs.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: &name})
+	if err != nil {
+		return "", fmt.Errorf("sqs: creating queue %s: %w", name, err)
+	}
+	url := aws.ToString(out.QueueUrl)
+	if len(attrs) > 0 {
+		if _, err := t.sqs.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: &url, Attributes: attrs}); err != nil {
+			return "", fmt.Errorf("sqs: setting the attributes of queue %s: %w", name, err)
+		}
+	}
+	t.cacheMu.Lock()
+	t.urls[name] = url
+	t.cacheMu.Unlock()
+	return url, nil
+}
+
+func (t *Transport) queueARN(ctx context.Context, url string) (string, error) {
+	out, err := t.sqs.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
+		QueueUrl: &url, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn},
+	})
+	if err != nil {
+		return "", fmt.Errorf("sqs: reading the ARN of queue %s: %w", url, err)
+	}
+	arn := out.Attributes[string(sqstypes.QueueAttributeNameQueueArn)]
+	if arn == "" {
+		return "", fmt.Errorf("sqs: queue %s has no QueueArn attribute", url)
+	}
+	return arn, nil
+}
+
+// topicARN creates (idempotently) the topic of a message name and caches its ARN.
+func (t *Transport) topicARN(ctx context.Context, msgName string) (string, error) {
+	name := t.TopicName(msgName)
+	t.cacheMu.Lock()
+	arn, ok := t.topics[name]
+	t.cacheMu.Unlock()
+	if ok {
+		return arn, nil
+	}
+	out, err := t.sns.CreateTopic(ctx, &awssns.CreateTopicInput{Name: &name})
+	if err != nil {
+		return "", fmt.Errorf("sqs: creating the SNS topic %s of message %s: %w", name, msgName, err)
+	}
+	arn = aws.ToString(out.TopicArn)
+	t.cacheMu.Lock()
+	t.topics[name] = arn
+	t.cacheMu.Unlock()
+	return arn, nil
+}
+
+// queueURLOf returns the URL of endpoint's queue, looking it up once.
+func (t *Transport) queueURLOf(ctx context.Context, endpoint string) (string, error) {
+	name := t.QueueName(endpoint)
+	t.cacheMu.Lock()
+	url, ok := t.urls[name]
+	t.cacheMu.Unlock()
+	if ok {
+		return url, nil
+	}
+	out, err := t.sqs.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: &name})
+	if err != nil {
+		var nq *sqstypes.QueueDoesNotExist
+		if errors.As(err, &nq) {
+			return "", &NoQueueError{Endpoint: endpoint, Queue: name, Err: err}
+		}
+		return "", fmt.Errorf("sqs: looking up the queue %s of endpoint %s: %w", name, endpoint, err)
+	}
+	url = aws.ToString(out.QueueUrl)
+	t.cacheMu.Lock()
+	t.urls[name] = url
+	t.cacheMu.Unlock()
+	return url, nil
+}
+
+func (t *Transport) forgetQueue(endpoint string) {
+	t.cacheMu.Lock()
+	delete(t.urls, t.QueueName(endpoint))
+	t.cacheMu.Unlock()
+}
+
+func (t *Transport) checkOpen(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return bus.ErrClosed
+	}
+	return nil
+}
+
+// Send puts env on the queue of the endpoint opts.Destination. The queue
+// must exist: the receiving endpoint declares it in its Setup.
+func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
+	if err := t.checkOpen(ctx); err != nil {
+		return err
+	}
+	if opts.Destination == "" {
+		return fmt.Errorf("sqs: send %s: %w: no destination endpoint", env.Name, bus.ErrNoRoute)
+	}
+	e, err := encode(env, t.o.maxSize)
+	if err != nil {
+		return fmt.Errorf("sqs: send %s: %w", env.Name, err)
+	}
+	url, err := t.queueURLOf(ctx, opts.Destination)
+	if err != nil {
+		return fmt.Errorf("sqs: send %s: %w", env.Name, err)
+	}
+	_, err = t.sqs.SendMessage(ctx, &awssqs.SendMessageInput{QueueUrl: &url, MessageBody: &e.body, MessageAttributes: e.sqsAttributes()})
+	if err != nil {
+		var nq *sqstypes.QueueDoesNotExist
+		if errors.As(err, &nq) {
+			t.forgetQueue(opts.Destination)
+			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: opts.Destination, Queue: t.QueueName(opts.Destination), Err: err})
+		}
+		return fmt.Errorf("sqs: send %s to endpoint %s: %w", env.Name, opts.Destination, err)
+	}
+	return nil
+}
+
+// Publish puts env on the SNS topic of env.Name (creating the topic when
+// it does not exist yet), which delivers it to the queue of every endpoint
+// subscribed to it. A message published before any endpoint subscribed
+// reaches no one.
+func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+	if err := t.checkOpen(ctx); err != nil {
+		return err
+	}
+	e, err := encode(env, t.o.maxSize)
+	if err != nil {
+		return fmt.Errorf("sqs: publish %s: %w", env.Name, err)
+	}
+	arn, err := t.topicARN(ctx, env.Name)
+	if err != nil {
+		return fmt.Errorf("sqs: publish %s: %w", env.Name, err)
+	}
+	attrs := make(map[string]snstypes.MessageAttributeValue, len(e.attrs))
+	for k, v := range e.attrs {
+		attrs[k] = snstypes.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(v)}
+	}
+	if _, err := t.sns.Publish(ctx, &awssns.PublishInput{TopicArn: &arn, Message: &e.body, MessageAttributes: attrs}); err != nil {
+		return fmt.Errorf("sqs: publish %s to topic %s: %w", env.Name, arn, err)
+	}
+	return nil
+}
+
+var (
+	_ bus.Transport       = (*Transport)(nil)
+	_ bus.HeaderValidator = (*Transport)(nil)
+)

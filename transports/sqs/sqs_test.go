@@ -1,0 +1,152 @@
+package sqs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssns "github.com/aws/aws-sdk-go-v2/service/sns"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"go.uber.org/goleak"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/transports/sqs"
+	"github.com/plugbus/plugbus/transports/transporttest"
+)
+
+// httpTransport is shared by the tests' AWS clients, so that TestMain can
+// close its idle connections before looking for leaked goroutines.
+var httpTransport = &http.Transport{MaxIdleConns: 128, MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	httpTransport.CloseIdleConnections()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// awsConfig points the SDK at the local emulator with static credentials.
+func awsConfig(t testing.TB) aws.Config {
+	t.Helper()
+	return aws.Config{
+		Region:       "us-east-1",
+		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
+		BaseEndpoint: aws.String(testenv.SQS(t)),
+		HTTPClient:   &http.Client{Transport: httpTransport},
+	}
+}
+
+// fastOptions keep tests quick: short long polls, immediate retries.
+func fastOptions(prefix string, extra ...sqs.Option) []sqs.Option {
+	return append([]sqs.Option{
+		sqs.WithPrefix(prefix),
+		sqs.WithWaitTime(time.Second),
+		sqs.WithVisibilityTimeout(5 * time.Second),
+		sqs.WithRetryBackoff(0, 0),
+	}, extra...)
+}
+
+// uniquePrefix returns a prefix for the queues and topics of one test and
+// deletes them all when the test ends.
+func uniquePrefix(t testing.TB, cfg aws.Config) string {
+	t.Helper()
+	prefix := transporttest.Name("pbt") + "-"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		sq, sn := awssqs.NewFromConfig(cfg), awssns.NewFromConfig(cfg)
+		qs, err := sq.ListQueues(ctx, &awssqs.ListQueuesInput{QueueNamePrefix: aws.String(prefix), MaxResults: aws.Int32(1000)})
+		if err != nil {
+			t.Errorf("cleanup: listing queues: %v", err)
+		} else {
+			for _, u := range qs.QueueUrls {
+				if _, err := sq.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: aws.String(u)}); err != nil {
+					t.Errorf("cleanup: deleting queue %s: %v", u, err)
+				}
+			}
+		}
+		p := awssns.NewListTopicsPaginator(sn, &awssns.ListTopicsInput{})
+		for p.HasMorePages() {
+			page, err := p.NextPage(ctx)
+			if err != nil {
+				t.Errorf("cleanup: listing topics: %v", err)
+				return
+			}
+			for _, tp := range page.Topics {
+				arn := aws.ToString(tp.TopicArn)
+				if strings.HasPrefix(arn[strings.LastIndexByte(arn, ':')+1:], prefix) {
+					if _, err := sn.DeleteTopic(ctx, &awssns.DeleteTopicInput{TopicArn: tp.TopicArn}); err != nil {
+						t.Errorf("cleanup: deleting topic %s: %v", arn, err)
+					}
+				}
+			}
+		}
+	})
+	return prefix
+}
+
+// deadLetters receives up to n messages from endpoint's dead-letter
+// queue, deleting them, until there are n or ctx ends.
+func deadLetters(ctx context.Context, t testing.TB, tr *sqs.Transport, endpoint string, n int) []bus.DeadLetter {
+	t.Helper()
+	client := tr.SQS()
+	url, err := client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(tr.DeadLetterQueueName(endpoint))})
+	if err != nil {
+		t.Fatalf("dead-letter queue of %s: %v", endpoint, err)
+	}
+	var out []bus.DeadLetter
+	for len(out) < n && ctx.Err() == nil {
+		res, err := client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+			QueueUrl: url.QueueUrl, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+			MessageAttributeNames: []string{"All"},
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			t.Fatalf("receiving dead letters: %v", err)
+		}
+		for _, m := range res.Messages {
+			dl, err := sqs.DecodeDeadLetter(m)
+			if err != nil {
+				t.Errorf("dead letter: %v", err)
+			}
+			out = append(out, dl)
+			if _, err := client.DeleteMessage(context.Background(), &awssqs.DeleteMessageInput{QueueUrl: url.QueueUrl, ReceiptHandle: m.ReceiptHandle}); err != nil {
+				t.Errorf("deleting dead letter: %v", err)
+			}
+		}
+	}
+	return out
+}
+
+func TestConformance(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	newT := func(testing.TB) bus.Transport { return sqs.New(cfg, fastOptions(prefix)...) }
+	probe := sqs.New(cfg, fastOptions(prefix)...)
+	transporttest.Run(t, newT, transporttest.Features{
+		ReservedHeader: sqs.AttributeName,
+		Messages:       1000,
+		DeadLetters: func(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter {
+			return deadLetters(ctx, t, probe, endpoint, n)
+		},
+	})
+}
+
+var _ = errors.New
+var _ sqstypes.Message
