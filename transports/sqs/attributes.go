@@ -127,12 +127,12 @@ func hasPrefixFold(s, prefix string) bool {
 // SQS accepts #x9 #xA #xD #x20-#xD7FF #xE000-#xFFFD #x10000-#x10FFFF.
 func checkText(s string) string {
 	for i, r := range s {
-		if !allowedRune(r) {
-			if r == utf8.RuneError {
-				if _, n := utf8.DecodeRuneInString(s[i:]); n <= 1 {
-					return fmt.Sprintf("is not valid UTF-8 (at byte %d)", i)
-				}
+		if r == utf8.RuneError {
+			if _, n := utf8.DecodeRuneInString(s[i:]); n <= 1 {
+				return fmt.Sprintf("is not valid UTF-8 (at byte %d)", i)
 			}
+		}
+		if !allowedRune(r) {
 			return fmt.Sprintf("has the character %U at byte %d, which SQS does not accept", r, i)
 		}
 	}

@@ -367,7 +367,7 @@ func (t *Transport) queueURLOf(ctx context.Context, endpoint string) (string, er
 	if ok {
 		return url, nil
 	}
-	out, err := t.sqs.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: &name})
+	url, err := t.lookupQueue(ctx, name)
 	if err != nil {
 		var nq *sqstypes.QueueDoesNotExist
 		if errors.As(err, &nq) {
@@ -375,7 +375,16 @@ func (t *Transport) queueURLOf(ctx context.Context, endpoint string) (string, er
 		}
 		return "", fmt.Errorf("sqs: looking up the queue %s of endpoint %s: %w", name, endpoint, err)
 	}
-	url = aws.ToString(out.QueueUrl)
+	return url, nil
+}
+
+// lookupQueue asks SQS for the URL of the queue name and caches it.
+func (t *Transport) lookupQueue(ctx context.Context, name string) (string, error) {
+	out, err := t.sqs.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: &name})
+	if err != nil {
+		return "", err
+	}
+	url := aws.ToString(out.QueueUrl)
 	t.cacheMu.Lock()
 	t.urls[name] = url
 	t.cacheMu.Unlock()

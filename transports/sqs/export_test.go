@@ -1,0 +1,29 @@
+package sqs
+
+import (
+	"time"
+
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// Encode exposes the envelope encoding to the black-box tests: it returns
+// the SQS message a receiver would get for env.
+func Encode(env *bus.Envelope) (sqstypes.Message, error) {
+	e, err := encode(env, DefaultMaxMessageSize)
+	if err != nil {
+		return sqstypes.Message{}, err
+	}
+	return sqstypes.Message{Body: &e.body, MessageAttributes: e.sqsAttributes()}, nil
+}
+
+// Decode exposes the reading of a received message.
+func Decode(msg sqstypes.Message) *bus.Delivery {
+	d := &bus.Delivery{}
+	decode(msg, d)
+	return d
+}
+
+// Backoff exposes the retry back-off of t.
+func (t *Transport) Backoff(attempt int) time.Duration { return t.backoff(attempt) }

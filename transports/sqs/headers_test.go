@@ -1,0 +1,309 @@
+package sqs_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/transports/sqs"
+	"github.com/plugbus/plugbus/transports/transporttest"
+)
+
+type orderPlaced struct {
+	ID string `json:"id"`
+}
+
+func (orderPlaced) MessageName() string { return "test.order-placed" }
+
+// received is what a handler and an incoming middleware saw of one message.
+type received struct {
+	msg    orderPlaced
+	attrs  bus.Attributes
+	raw    sqstypes.Message
+	header string
+}
+
+func TestHeaderFromMiddlewareArrivesAsNativeAttribute(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	got := make(chan received, 1)
+	var seen received
+	b, err := bus.New(
+		bus.WithEndpoint("orders"),
+		bus.WithTransport(sqs.New(cfg, fastOptions(prefix)...)),
+		bus.WithMiddleware(
+			bus.Middleware{Name: "tenant", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+				out.Headers()["x-tenant"] = "acme"
+				return next(ctx)
+			}},
+			bus.Middleware{Name: "raw-reader", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+				seen.raw, _ = in.Raw().(sqstypes.Message)
+				seen.header, _ = in.Header("x-tenant")
+				return next(ctx)
+			}},
+		),
+		bus.WithHandler(func(_ context.Context, m orderPlaced, a bus.Attributes) error {
+			r := seen
+			r.msg, r.attrs = m, a
+			got <- r
+			return nil
+		}),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(context.Background())
+	if err := b.Publish(ctx, orderPlaced{ID: "o-1"}, bus.WithAttribute("k", "v")); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	var r received
+	select {
+	case r = <-got:
+	case <-ctx.Done():
+		t.Fatal("the published message did not arrive")
+	}
+	if r.msg.ID != "o-1" {
+		t.Errorf("message = %+v", r.msg)
+	}
+	if v, _ := r.attrs.Value("k"); v != "v" {
+		t.Errorf("bus attribute k = %q, want v", v)
+	}
+	if r.header != "acme" {
+		t.Errorf("incoming header x-tenant = %q, want acme", r.header)
+	}
+	native, ok := r.raw.MessageAttributes["x-tenant"]
+	if !ok || aws.ToString(native.StringValue) != "acme" || aws.ToString(native.DataType) != "String" {
+		t.Errorf("raw SQS message attributes = %v, want a native String attribute x-tenant=acme", r.raw.MessageAttributes)
+	}
+	if n := len(r.raw.MessageAttributes); n != 2 {
+		t.Errorf("raw message has %d attributes, want 2 (plugbus and x-tenant)", n)
+	}
+}
+
+func TestHeadersRefusedThroughBus(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	tr := sqs.New(cfg, fastOptions(prefix)...)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "orders", Handles: []string{orderPlaced{}.MessageName()}, MaxAttempts: 3, Concurrency: 2}); err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close(context.Background())
+	headers := func(h bus.Headers) bus.Middleware {
+		return bus.Middleware{Name: "headers", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			for k, v := range h {
+				out.Headers()[k] = v
+			}
+			return next(ctx)
+		}}
+	}
+	nine := bus.Headers{}
+	for i := range sqs.MaxHeaders {
+		nine["h"+strconv.Itoa(i)] = "v"
+	}
+	ten := bus.Headers{"h-extra": "v"}
+	for k, v := range nine {
+		ten[k] = v
+	}
+	for _, tc := range []struct {
+		name    string
+		headers bus.Headers
+		check   func(error) bool
+	}{
+		{"reserved", bus.Headers{"plugbus": "x"}, func(err error) bool {
+			var hr *bus.HeaderReservedError
+			return errors.As(err, &hr) && hr.Header == "plugbus" && errors.Is(err, bus.ErrHeaderReserved)
+		}},
+		{"reserved-prefix", bus.Headers{"PlugBus.failure": "x"}, func(err error) bool { return errors.Is(err, bus.ErrHeaderReserved) }},
+		{"eleventh-attribute", ten, func(err error) bool {
+			var tm *sqs.TooManyAttributesError
+			return errors.As(err, &tm) && tm.Headers == 10 && tm.Max == 10 && tm.Reserved == 1
+		}},
+		{"aws-prefix", bus.Headers{"AWS.trace": "x"}, isHeaderError("AWS.trace")},
+		{"bad-char", bus.Headers{"x tenant": "x"}, isHeaderError("x tenant")},
+		{"double-period", bus.Headers{"a..b": "x"}, isHeaderError("a..b")},
+		{"empty-value", bus.Headers{"x-empty": ""}, isHeaderError("x-empty")},
+		{"control-char", bus.Headers{"x-ctl": "a\x01b"}, isHeaderError("x-ctl")},
+		{"invalid-utf8", bus.Headers{"x-bin": "\xff"}, isHeaderError("x-bin")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tr.ValidateHeaders(tc.headers); !tc.check(err) {
+				t.Fatalf("ValidateHeaders: %v", err)
+			}
+			b, err := bus.New(bus.WithTransport(tr), bus.WithMiddleware(headers(tc.headers)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sendErr := b.Send(ctx, orderPlaced{ID: "x"}, bus.To("orders"))
+			pubErr := b.Publish(ctx, orderPlaced{ID: "x"})
+			if !tc.check(sendErr) || !tc.check(pubErr) {
+				t.Fatalf("Send: %v; Publish: %v", sendErr, pubErr)
+			}
+			env := &bus.Envelope{Name: "n", Body: []byte("{}"), Headers: tc.headers}
+			if err := tr.Send(ctx, env, bus.SendOptions{Destination: "orders"}); !tc.check(err) {
+				t.Fatalf("transport Send: %v", err)
+			}
+		})
+	}
+	// Nine headers fit beside the transport's own attribute.
+	if err := tr.ValidateHeaders(nine); err != nil {
+		t.Fatalf("nine headers: %v", err)
+	}
+	env := &bus.Envelope{Name: "test.order-placed", Body: []byte(`{"id":"9"}`), Headers: nine,
+		Attributes: bus.NewAttributes("id-9", "c", time.Now(), nil, nil)}
+	if err := tr.Send(ctx, env, bus.SendOptions{Destination: "orders"}); err != nil {
+		t.Fatalf("Send with nine headers: %v", err)
+	}
+	d, err := tr.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Headers) != 9 || d.Attributes.MessageID != "id-9" {
+		t.Fatalf("received %d headers %v, id %s", len(d.Headers), d.Headers, d.Attributes.MessageID)
+	}
+	if err := tr.Delete(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func isHeaderError(name string) func(error) bool {
+	return func(err error) bool {
+		var he *sqs.HeaderError
+		return errors.As(err, &he) && he.Header == name && errors.Is(err, sqs.ErrInvalidHeader)
+	}
+}
+
+func TestMessageTooLarge(t *testing.T) {
+	cfg := awsConfig(t)
+	tr := sqs.New(cfg, sqs.WithMaxMessageSize(1024))
+	defer tr.Close(context.Background())
+	env := &bus.Envelope{Name: "big", Body: []byte(strings.Repeat("x", 1024))}
+	err := tr.Send(t.Context(), env, bus.SendOptions{Destination: "anywhere"})
+	var tl *sqs.MessageTooLargeError
+	if !errors.As(err, &tl) || !errors.Is(err, sqs.ErrMessageTooLarge) || tl.Max != 1024 || tl.Size <= 1024 {
+		t.Fatalf("Send of a large message: %v", err)
+	}
+}
+
+func TestSendToMissingQueue(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	tr := sqs.New(cfg, fastOptions(prefix)...)
+	defer tr.Close(context.Background())
+	err := tr.Send(t.Context(), &bus.Envelope{Name: "n", Body: []byte("{}")}, bus.SendOptions{Destination: "nobody"})
+	var nq *sqs.NoQueueError
+	if !errors.As(err, &nq) || !errors.Is(err, bus.ErrNoRoute) || nq.Endpoint != "nobody" {
+		t.Fatalf("Send to a missing queue: %v", err)
+	}
+}
+
+func TestEnvelopeRoundTrip(t *testing.T) {
+	sent := time.Date(2025, 1, 2, 3, 4, 5, 6000, time.UTC)
+	for _, body := range [][]byte{
+		[]byte(`{"a":"é"}`),
+		{0x00, 0x01, 0xff, 0xfe}, // binary: carried base64-encoded
+		{},                       // empty: SQS refuses empty bodies
+		[]byte("tab\tnewline\n\uFFFD"),
+	} {
+		env := &bus.Envelope{Name: "n.x", ContentType: "application/octet-stream", Body: body,
+			Attributes: bus.NewAttributes("id", "corr", sent, map[string]string{"a": "1"}, map[string]string{"s": "2"}),
+			Headers:    bus.Headers{"h": "v"}}
+		msg, err := sqs.Encode(env)
+		if err != nil {
+			t.Fatalf("Encode(%q): %v", body, err)
+		}
+		if aws.ToString(msg.Body) == "" {
+			t.Fatalf("Encode(%q) gave an empty SQS body", body)
+		}
+		d := sqs.Decode(msg)
+		if d.Err != nil {
+			t.Fatalf("Decode(%q): %v", body, d.Err)
+		}
+		if string(d.Body) != string(body) || d.Name != "n.x" || d.ContentType != env.ContentType || d.Headers["h"] != "v" {
+			t.Errorf("round trip of %q: %+v", body, d.Envelope)
+		}
+		a := d.Attributes
+		if a.MessageID != "id" || a.CorrelationID != "corr" || !a.SentAt.Equal(sent) {
+			t.Errorf("attributes: %+v", a)
+		}
+		if v, _ := a.Value("a"); v != "1" {
+			t.Errorf("one-hop a = %q", v)
+		}
+		if v, _ := a.StickyValue("s"); v != "2" {
+			t.Errorf("sticky s = %q", v)
+		}
+	}
+	// A bus attribute that is not valid UTF-8 would be altered by JSON: refused.
+	env := &bus.Envelope{Name: "n", Body: []byte("{}"), Attributes: bus.NewAttributes("id", "c", sent, map[string]string{"k": "\xff"}, nil)}
+	if _, err := sqs.Encode(env); !errors.Is(err, sqs.ErrInvalidAttribute) {
+		t.Fatalf("Encode with a non-UTF-8 attribute: %v", err)
+	}
+}
+
+func TestUnreadableMessages(t *testing.T) {
+	for name, msg := range map[string]sqstypes.Message{
+		"no-attribute": {Body: aws.String("{}")},
+		"bad-json":     {Body: aws.String("{}"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"plugbus": {DataType: aws.String("String"), StringValue: aws.String("{")}}},
+		"bad-base64":   {Body: aws.String("!!"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"plugbus": {DataType: aws.String("String"), StringValue: aws.String(`{"v":1,"name":"n","enc":"base64"}`)}}},
+		"no-name":      {Body: aws.String("{}"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"plugbus": {DataType: aws.String("String"), StringValue: aws.String(`{"v":1}`)}}},
+		"future":       {Body: aws.String("{}"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"plugbus": {DataType: aws.String("String"), StringValue: aws.String(`{"v":2,"name":"n"}`)}}},
+	} {
+		if d := sqs.Decode(msg); d.Err == nil {
+			t.Errorf("%s: Decode gave no error: %+v", name, d.Envelope)
+		}
+	}
+}
+
+func TestResourceNames(t *testing.T) {
+	tr := sqs.New(aws.Config{Region: "us-east-1"}, sqs.WithPrefix("env-"))
+	defer tr.Close(context.Background())
+	if got := tr.QueueName("billing"); got != "env-billing" {
+		t.Errorf("QueueName(billing) = %q", got)
+	}
+	if got := tr.DeadLetterQueueName("billing"); got != "env-billing-dlq" {
+		t.Errorf("DeadLetterQueueName(billing) = %q", got)
+	}
+	dotted, underscored := tr.TopicName("orders.placed"), tr.TopicName("orders_placed")
+	if dotted == underscored || strings.ContainsAny(dotted, ".") {
+		t.Errorf("TopicName: %q and %q", dotted, underscored)
+	}
+	long := tr.QueueName(strings.Repeat("q", 200))
+	if len(long) > 80 || long == tr.QueueName(strings.Repeat("q", 201)) {
+		t.Errorf("long queue names: %q", long)
+	}
+	if len(tr.DeadLetterQueueName(strings.Repeat("q", 200))) > 80 {
+		t.Error("long dead-letter queue name exceeds 80 characters")
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	tr := sqs.New(aws.Config{Region: "us-east-1"}, sqs.WithRetryBackoff(time.Second, 10*time.Second))
+	defer tr.Close(context.Background())
+	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 5: 10 * time.Second, 60: 10 * time.Second} {
+		for range 50 {
+			got := tr.Backoff(attempt)
+			if got < want/2 || got > want {
+				t.Fatalf("Backoff(%d) = %v, want in [%v, %v]", attempt, got, want/2, want)
+			}
+		}
+	}
+	none := sqs.New(aws.Config{Region: "us-east-1"}, sqs.WithRetryBackoff(0, 0))
+	defer none.Close(context.Background())
+	if got := none.Backoff(3); got != 0 {
+		t.Fatalf("Backoff without a base = %v", got)
+	}
+	_ = transporttest.Name
+}
