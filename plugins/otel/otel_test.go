@@ -691,3 +691,30 @@ func TestGlobalDefaults(t *testing.T) {
 		t.Errorf("traceparent %q, want trace %s", tp, span.SpanContext().TraceID())
 	}
 }
+
+// The sender's trace state travels with the message and is continued by
+// the receiver.
+func TestTraceStatePropagates(t *testing.T) {
+	tel := newTelemetry(t)
+	c := newCheckout(t, memoryTransports(), func(string) bus.Plugin { return tel.plugin() })
+	ts, err := trace.ParseTraceState("vendor=abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, SpanID: trace.SpanID{1, 2, 3, 4, 5, 6, 7, 8},
+		TraceFlags: trace.FlagsSampled, TraceState: ts, Remote: true,
+	})
+	c.run(t, trace.ContextWithRemoteSpanContext(context.Background(), parent))
+
+	c.mu.Lock()
+	chargeAttrs := c.chargeAttrs
+	c.mu.Unlock()
+	if got, _ := chargeAttrs.Value("tracestate"); got != "vendor=abc" {
+		t.Errorf("ChargeCard tracestate = %q, want vendor=abc", got)
+	}
+	if got := tel.span(t, "process ChargeCard").SpanContext().TraceState().String(); got != "vendor=abc" {
+		t.Errorf("process span trace state = %q, want vendor=abc", got)
+	}
+	wantParent(t, tel.span(t, "send PlaceOrder"), tracetest.SpanStub{SpanContext: parent}.Snapshot())
+}
