@@ -20,7 +20,8 @@ const ReservedPrefix = "plugbus-"
 
 // Header names written by the transport.
 const (
-	// HeaderSentAt holds the attribute SentAt, RFC 3339 with nanoseconds.
+	// HeaderSentAt holds the attribute SentAt in nanoseconds since the Unix
+	// epoch (an AMQP long-long). An RFC 3339 string is read too.
 	HeaderSentAt = ReservedPrefix + "sent-at"
 	// HeaderAttempt holds the delivery attempt of a returned message (absent means 1).
 	HeaderAttempt = ReservedPrefix + "attempt"
@@ -76,7 +77,7 @@ func publishing(env *bus.Envelope) (amqp.Publishing, error) {
 		h[k] = v
 	}
 	if !a.SentAt.IsZero() {
-		h[HeaderSentAt] = a.SentAt.UTC().Format(time.RFC3339Nano)
+		h[HeaderSentAt] = a.SentAt.UnixNano()
 	}
 	for k, v := range a.Values() {
 		if len(k)+len(HeaderAttributePrefix) > maxShortString {
@@ -90,14 +91,17 @@ func publishing(env *bus.Envelope) (amqp.Publishing, error) {
 		}
 		h[HeaderStickyPrefix+k] = v
 	}
+	corr := a.CorrelationID
+	if corr == a.MessageID {
+		corr = "" // the first message of a conversation: read back as the message id
+	}
 	return amqp.Publishing{
 		Headers:       h,
 		ContentType:   env.ContentType,
 		DeliveryMode:  amqp.Persistent,
 		MessageId:     a.MessageID,
-		CorrelationId: a.CorrelationID,
+		CorrelationId: corr,
 		Type:          env.Name,
-		Timestamp:     a.SentAt,
 		Body:          env.Body,
 	}, nil
 }
@@ -145,10 +149,9 @@ func envelope(m *amqp.Delivery) (bus.Envelope, int, error) {
 		}
 		switch {
 		case k == HeaderSentAt:
-			s, ok := v.(string)
-			t, err := time.Parse(time.RFC3339Nano, s)
-			if !ok || err != nil {
-				errs = append(errs, fmt.Errorf("header %s = %v is not an RFC 3339 time", k, v))
+			t, ok := headerTime(v)
+			if !ok {
+				errs = append(errs, fmt.Errorf("header %s = %v (%T) is neither nanoseconds since the Unix epoch nor an RFC 3339 time", k, v, v))
 				continue
 			}
 			sentAt = t
@@ -186,11 +189,28 @@ func envelope(m *amqp.Delivery) (bus.Envelope, int, error) {
 	if env.Name == "" {
 		errs = append(errs, errors.New("the AMQP type property (the message name) is empty; plugbus producers set it to the message name"))
 	}
-	env.Attributes = bus.NewAttributes(m.MessageId, m.CorrelationId, sentAt, values, sticky)
+	corr := m.CorrelationId
+	if corr == "" {
+		corr = m.MessageId
+	}
+	env.Attributes = bus.NewAttributes(m.MessageId, corr, sentAt, values, sticky)
 	if errs != nil {
 		return env, attempt, fmt.Errorf("rabbitmq: unreadable message: %w", errors.Join(errs...))
 	}
 	return env, attempt, nil
+}
+
+func headerTime(v any) (time.Time, bool) {
+	switch x := v.(type) {
+	case int64:
+		return time.Unix(0, x).UTC(), true
+	case string:
+		t, err := time.Parse(time.RFC3339Nano, x)
+		return t, err == nil
+	case time.Time:
+		return x, true
+	}
+	return time.Time{}, false
 }
 
 func headerInt(v any) (int, bool) {

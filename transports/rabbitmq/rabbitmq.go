@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -88,6 +89,8 @@ type Transport struct {
 	url string
 	o   options
 	log *slog.Logger
+
+	live atomic.Pointer[session] // sess, read without the lock
 
 	mu      sync.Mutex
 	topo    *bus.Topology
@@ -226,6 +229,9 @@ func (t *Transport) topology() *bus.Topology {
 // session returns the live session, starting the connection on first use
 // and waiting for a reconnection while there is none.
 func (t *Transport) session(ctx context.Context) (*session, error) {
+	if s := t.live.Load(); s != nil && !s.isDead() && !t.isClosed() {
+		return s, nil
+	}
 	for {
 		t.mu.Lock()
 		if t.closed {
@@ -259,6 +265,7 @@ func (t *Transport) session(ctx context.Context) (*session, error) {
 func (t *Transport) setSession(s *session, lastErr error) {
 	t.mu.Lock()
 	t.sess, t.lastErr = s, lastErr
+	t.live.Store(s)
 	close(t.changed)
 	t.changed = make(chan struct{})
 	t.mu.Unlock()
