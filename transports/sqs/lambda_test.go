@@ -1,0 +1,169 @@
+package sqs_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/transports/sqs"
+)
+
+// lambdaEvent receives n messages from queue and shapes them as the JSON
+// event Lambda would pass, decoded the way a Lambda runtime decodes it.
+func lambdaEvent(ctx context.Context, t *testing.T, client *awssqs.Client, queueURL string, n int) sqs.Event {
+	t.Helper()
+	var recs []map[string]any
+	for len(recs) < n && ctx.Err() == nil {
+		out, err := client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+			QueueUrl: &queueURL, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range out.Messages {
+			attrs := map[string]any{}
+			for k, v := range m.MessageAttributes {
+				attrs[k] = map[string]any{"stringValue": aws.ToString(v.StringValue), "stringListValues": []string{}, "binaryListValues": []string{}, "dataType": aws.ToString(v.DataType)}
+			}
+			recs = append(recs, map[string]any{
+				"messageId": aws.ToString(m.MessageId), "receiptHandle": aws.ToString(m.ReceiptHandle), "body": aws.ToString(m.Body),
+				"attributes": m.Attributes, "messageAttributes": attrs, "md5OfBody": aws.ToString(m.MD5OfBody),
+				"eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:q", "awsRegion": "us-east-1",
+			})
+		}
+	}
+	js, err := json.Marshal(map[string]any{"Records": recs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev sqs.Event
+	if err := json.Unmarshal(js, &ev); err != nil {
+		t.Fatalf("decoding a Lambda SQS event: %v", err)
+	}
+	return ev
+}
+
+type job struct {
+	N    int  `json:"n"`
+	Fail bool `json:"fail"`
+}
+
+func (job) MessageName() string { return "test.job" }
+
+func TestLambdaHandlerReportsFailedRecords(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	tr := sqs.New(cfg, fastOptions(prefix)...)
+	defer tr.Close(context.Background())
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "worker", Handles: []string{"test.job"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var rawSeen []string
+	b, err := bus.New(
+		bus.WithEndpoint("worker"),
+		bus.WithTransport(tr),
+		bus.WithMaxAttempts(3),
+		bus.WithMiddleware(bus.Middleware{Name: "raw", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			if m, ok := in.Raw().(sqstypes.Message); ok {
+				rawSeen = append(rawSeen, aws.ToString(m.MessageId))
+			}
+			return next(ctx)
+		}}),
+		bus.WithHandler(func(_ context.Context, j job, _ bus.Attributes) error {
+			if j.Fail {
+				return errors.New("job failed")
+			}
+			return nil
+		}),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := tr.SQS()
+	url, err := client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(tr.QueueName("worker"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, fail := range []bool{false, true, false, true} {
+		if err := b.Send(ctx, job{N: i, Fail: fail}, bus.WithMessageID("job-"+string(rune('a'+i)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client.SendMessage(ctx, &awssqs.SendMessageInput{QueueUrl: url.QueueUrl, MessageBody: aws.String("not plugbus")}); err != nil {
+		t.Fatal(err)
+	}
+	ev := lambdaEvent(ctx, t, client, *url.QueueUrl, 5)
+	if len(ev.Records) != 5 {
+		t.Fatalf("event has %d records, want 5", len(ev.Records))
+	}
+	var wantFailed []string
+	foreign := ""
+	for _, rec := range ev.Records {
+		var j job
+		if rec.Body == "not plugbus" {
+			foreign = rec.MessageID
+			continue
+		}
+		if err := json.Unmarshal([]byte(rec.Body), &j); err != nil {
+			t.Fatal(err)
+		}
+		if j.Fail {
+			wantFailed = append(wantFailed, rec.MessageID)
+		}
+	}
+	handler := sqs.NewLambdaHandler(b, sqs.LambdaMaxAttempts(3))
+	resp, err := handler(ctx, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failed []string
+	for _, f := range resp.BatchItemFailures {
+		failed = append(failed, f.ItemIdentifier)
+	}
+	slices.Sort(failed)
+	slices.Sort(wantFailed)
+	if !slices.Equal(failed, wantFailed) {
+		t.Fatalf("batch item failures = %v, want exactly the failed records %v", failed, wantFailed)
+	}
+	if len(rawSeen) != 4 {
+		t.Errorf("incoming middleware saw %d raw SQS messages, want 4 (the foreign record is dead-lettered without middleware)", len(rawSeen))
+	}
+	// The foreign record was dead-lettered with its reason and reported as handled.
+	dl := deadLetters(ctx, t, tr, "worker", 1)
+	if len(dl) != 1 || !strings.Contains(dl[0].Failure.Reason, "plugbus") || dl[0].Failure.Endpoint != "worker" {
+		t.Fatalf("dead letters = %+v (foreign record %s)", dl, foreign)
+	}
+
+	// On its last attempt a failing record is dead-lettered, not retried.
+	last := ev.Records[slices.IndexFunc(ev.Records, func(r sqs.EventRecord) bool { return r.MessageID == wantFailed[0] })]
+	last.Attributes["ApproximateReceiveCount"] = "3"
+	resp, err = handler(ctx, sqs.Event{Records: []sqs.EventRecord{last}})
+	if err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("last attempt: failures %v, err %v; want none (dead-lettered)", resp.BatchItemFailures, err)
+	}
+	dl = deadLetters(ctx, t, tr, "worker", 1)
+	if len(dl) != 1 || dl[0].Failure.Attempts != 3 || !strings.Contains(dl[0].Failure.Reason, "job failed") {
+		t.Fatalf("dead letter of the last attempt = %+v", dl)
+	}
+
+	// Records left when the context ends are reported as failed.
+	done, stop := context.WithCancel(ctx)
+	stop()
+	resp, _ = handler(done, ev)
+	if len(resp.BatchItemFailures) != len(ev.Records) {
+		t.Fatalf("with a cancelled context: %d failures, want %d", len(resp.BatchItemFailures), len(ev.Records))
+	}
+}

@@ -1,0 +1,115 @@
+package sqs_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/transports/sqs"
+)
+
+func send(ctx context.Context, t *testing.T, tr *sqs.Transport, endpoint string, n int) {
+	t.Helper()
+	for i := range n {
+		env := &bus.Envelope{Name: "test.job", Body: []byte(strconv.Itoa(i)), Attributes: bus.NewAttributes("m-"+strconv.Itoa(i), "c", time.Now(), nil, nil)}
+		if err := tr.Send(ctx, env, bus.SendOptions{Destination: endpoint}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func expectNothing(t *testing.T, tr *sqs.Transport, quiet time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), quiet)
+	defer cancel()
+	if d, err := tr.Receive(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("expected no delivery, got %v (%v)", d, err)
+	}
+}
+
+// While a handler holds a message longer than the visibility timeout, the
+// heartbeat keeps it from other consumers.
+func TestVisibilityExtendedWhileHandling(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	open := func() *sqs.Transport {
+		tr := sqs.New(cfg, fastOptions(prefix, sqs.WithVisibilityTimeout(time.Second))...)
+		if err := tr.Setup(ctx, bus.Topology{Endpoint: "slow", MaxAttempts: 5, Concurrency: 1}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tr.Close(context.Background()) })
+		return tr
+	}
+	a, b := open(), open()
+	send(ctx, t, a, "slow", 1)
+	d, err := a.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three visibility timeouts pass while a "handles" d: b sees nothing.
+	expectNothing(t, b, 3*time.Second)
+	if err := a.Delete(ctx, d); err != nil {
+		t.Fatalf("Delete after a long handler: %v", err)
+	}
+	expectNothing(t, b, 1500*time.Millisecond)
+}
+
+// A transport holds no more messages than its concurrency: the rest stay
+// on the queue for other consumers.
+func TestPrefetchBoundedByConcurrency(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	open := func(concurrency int) *sqs.Transport {
+		tr := sqs.New(cfg, fastOptions(prefix)...)
+		if err := tr.Setup(ctx, bus.Topology{Endpoint: "bounded", MaxAttempts: 5, Concurrency: concurrency}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tr.Close(context.Background()) })
+		return tr
+	}
+	a := open(2)
+	send(ctx, t, a, "bounded", 10)
+	var held []*bus.Delivery
+	for range 2 {
+		d, err := a.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, d)
+	}
+	b := open(10)
+	for i := range 8 {
+		d, err := b.Receive(ctx)
+		if err != nil {
+			t.Fatalf("second consumer got %d of the 8 messages a may not hold: %v", i, err)
+		}
+		if err := b.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expectNothing(t, b, 500*time.Millisecond)
+	for _, d := range held {
+		if err := a.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Settling twice is refused.
+	if err := a.Delete(ctx, held[0]); err == nil {
+		t.Fatal("second Delete of one delivery succeeded")
+	}
+}
+
+func TestReceiveBeforeSetup(t *testing.T) {
+	tr := sqs.New(awsConfig(t))
+	defer tr.Close(context.Background())
+	if _, err := tr.Receive(t.Context()); !errors.Is(err, sqs.ErrNotSetUp) {
+		t.Fatalf("Receive before Setup: %v", err)
+	}
+}
