@@ -2,6 +2,7 @@ package otel_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -96,7 +97,7 @@ func BenchmarkSendReceive(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			done := make(chan struct{}, 1)
-			opts := []bus.Option{bus.WithEndpoint("orders"), bus.WithConcurrency(1),
+			opts := []bus.Option{bus.WithEndpoint("orders"), bus.WithConcurrency(1), bus.WithLogger(slog.New(slog.DiscardHandler)),
 				bus.WithHandler(func(ctx context.Context, m PlaceOrder, _ bus.Attributes) error {
 					done <- struct{}{}
 					return nil
