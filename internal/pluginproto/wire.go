@@ -1,0 +1,187 @@
+package pluginproto
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	goplugin "github.com/hashicorp/go-plugin"
+	"github.com/plugbus/plugbus/bus"
+	"google.golang.org/grpc"
+)
+
+// ProtocolVersion is the current major of the wire protocol, negotiated
+// through go-plugin's versioned plugin sets.
+const ProtocolVersion = 1
+
+// PluginKey is the name the middleware service is dispensed under.
+const PluginKey = "middleware"
+
+// LogLevelEnv carries the host's minimum log level to the plugin process
+// ("debug", "info", "warn", "error").
+const LogLevelEnv = "PLUGBUS_PLUGIN_LOG_LEVEL"
+
+// Handshake is the go-plugin handshake of plugbus plugins. The magic cookie
+// only stops a plugin binary from being run by hand by mistake; it is not a
+// security measure (the checksum and mutual TLS are).
+var Handshake = goplugin.HandshakeConfig{
+	ProtocolVersion:  ProtocolVersion,
+	MagicCookieKey:   "PLUGBUS_PLUGIN",
+	MagicCookieValue: "5b0c6f1e-middleware",
+}
+
+// GRPCPlugin adapts the Plugin service to go-plugin. The plugin process
+// sets Impl; the host uses GRPCClient.
+type GRPCPlugin struct {
+	goplugin.NetRPCUnsupportedPlugin
+	Impl PluginServer
+}
+
+// GRPCServer registers the Plugin service.
+func (p *GRPCPlugin) GRPCServer(_ *goplugin.GRPCBroker, s *grpc.Server) error {
+	RegisterPluginServer(s, p.Impl)
+	return nil
+}
+
+// GRPCClient returns a PluginClient on conn.
+func (p *GRPCPlugin) GRPCClient(_ context.Context, _ *goplugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return NewPluginClient(c), nil
+}
+
+var _ goplugin.GRPCPlugin = (*GRPCPlugin)(nil)
+
+// StageOf converts a bus stage.
+func StageOf(s bus.Stage) Stage {
+	switch s {
+	case bus.StageIncoming:
+		return Stage_STAGE_INCOMING
+	case bus.StageHandler:
+		return Stage_STAGE_HANDLER
+	case bus.StageOutgoing:
+		return Stage_STAGE_OUTGOING
+	}
+	return Stage_STAGE_UNSPECIFIED
+}
+
+// BusStage converts a wire stage.
+func BusStage(s Stage) bus.Stage {
+	switch s {
+	case Stage_STAGE_INCOMING:
+		return bus.StageIncoming
+	case Stage_STAGE_HANDLER:
+		return bus.StageHandler
+	case Stage_STAGE_OUTGOING:
+		return bus.StageOutgoing
+	}
+	return 0
+}
+
+// FromAttributes encodes bus attributes.
+func FromAttributes(a bus.Attributes) *Attributes {
+	p := &Attributes{MessageId: a.MessageID, CorrelationId: a.CorrelationID}
+	if !a.SentAt.IsZero() {
+		p.SentAtUnixNano = a.SentAt.UnixNano()
+	}
+	if n, s := a.Len(); n > 0 || s > 0 {
+		if n > 0 {
+			p.Values = make(map[string]string, n)
+			for k, v := range a.Values() {
+				p.Values[k] = v
+			}
+		}
+		if s > 0 {
+			p.Sticky = make(map[string]string, s)
+			for k, v := range a.StickyValues() {
+				p.Sticky[k] = v
+			}
+		}
+	}
+	return p
+}
+
+// ToAttributes decodes attributes. It takes ownership of p's maps.
+func ToAttributes(p *Attributes) bus.Attributes {
+	if p == nil {
+		return bus.Attributes{}
+	}
+	var sent time.Time
+	if p.SentAtUnixNano != 0 {
+		sent = time.Unix(0, p.SentAtUnixNano).UTC()
+	}
+	return bus.NewAttributes(p.MessageId, p.CorrelationId, sent, p.Values, p.Sticky)
+}
+
+// Deadline encodes ctx's deadline, 0 when it has none.
+func Deadline(ctx context.Context) int64 {
+	if d, ok := ctx.Deadline(); ok {
+		return d.UnixNano()
+	}
+	return 0
+}
+
+// EncodeError encodes err's kind, message and, for a
+// [*bus.NextCalledTwiceError], the stage and middleware it names. It returns
+// nil for a nil error.
+func EncodeError(err error) *Error {
+	if err == nil {
+		return nil
+	}
+	e := &Error{Message: err.Error()}
+	var twice *bus.NextCalledTwiceError
+	switch {
+	case errors.As(err, &twice):
+		e.Code = ErrorCode_ERROR_CODE_NEXT_CALLED_TWICE
+		e.Stage, e.Middleware, e.AfterReturn = StageOf(twice.Stage), twice.Middleware, twice.AfterReturn
+	case errors.Is(err, context.Canceled):
+		e.Code = ErrorCode_ERROR_CODE_CANCELED
+	case errors.Is(err, context.DeadlineExceeded):
+		e.Code = ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED
+	case errors.Is(err, bus.ErrPanic):
+		e.Code = ErrorCode_ERROR_CODE_PANIC
+	case errors.Is(err, bus.ErrHandlerDispatchRejected):
+		e.Code = ErrorCode_ERROR_CODE_HANDLER_DISPATCH_REJECTED
+	case errors.Is(err, bus.ErrDecode):
+		e.Code = ErrorCode_ERROR_CODE_DECODE
+	case errors.Is(err, bus.ErrHeaderReserved):
+		e.Code = ErrorCode_ERROR_CODE_HEADER_RESERVED
+	case errors.Is(err, bus.ErrClosed):
+		e.Code = ErrorCode_ERROR_CODE_CLOSED
+	case errors.Is(err, bus.ErrNoRoute):
+		e.Code = ErrorCode_ERROR_CODE_NO_ROUTE
+	}
+	return e
+}
+
+// Sentinel returns the error that errors.Is should match for code: a bus
+// sentinel or a context error; nil for an unspecified code.
+func Sentinel(code ErrorCode) error {
+	switch code {
+	case ErrorCode_ERROR_CODE_NEXT_CALLED_TWICE:
+		return bus.ErrNextCalledTwice
+	case ErrorCode_ERROR_CODE_CANCELED:
+		return context.Canceled
+	case ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED:
+		return context.DeadlineExceeded
+	case ErrorCode_ERROR_CODE_PANIC:
+		return bus.ErrPanic
+	case ErrorCode_ERROR_CODE_HANDLER_DISPATCH_REJECTED:
+		return bus.ErrHandlerDispatchRejected
+	case ErrorCode_ERROR_CODE_DECODE:
+		return bus.ErrDecode
+	case ErrorCode_ERROR_CODE_HEADER_RESERVED:
+		return bus.ErrHeaderReserved
+	case ErrorCode_ERROR_CODE_CLOSED:
+		return bus.ErrClosed
+	case ErrorCode_ERROR_CODE_NO_ROUTE:
+		return bus.ErrNoRoute
+	}
+	return nil
+}
+
+// NextCalledTwice rebuilds the typed error e describes, or returns nil.
+func NextCalledTwice(e *Error) *bus.NextCalledTwiceError {
+	if e.GetCode() != ErrorCode_ERROR_CODE_NEXT_CALLED_TWICE {
+		return nil
+	}
+	return &bus.NextCalledTwiceError{Stage: BusStage(e.Stage), Middleware: e.Middleware, AfterReturn: e.AfterReturn}
+}

@@ -1,0 +1,97 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+var (
+	// ErrChecksum is matched by [*ChecksumError].
+	ErrChecksum = errors.New("plugin: checksum mismatch")
+	// ErrNotPinned is returned by Load without a checksum: pass
+	// [WithSHA256] (`plugbus plugin verify` prints it) or, in development
+	// only, [WithoutChecksum].
+	ErrNotPinned = errors.New("plugin: no checksum given; pass plugin.WithSHA256(sum) (printed by `plugbus plugin verify <binary>`) or, for development only, plugin.WithoutChecksum()")
+	// ErrUnavailable is matched by [*UnavailableError].
+	ErrUnavailable = errors.New("plugin: unavailable")
+	// ErrTimeout is matched by [*TimeoutError].
+	ErrTimeout = errors.New("plugin: invocation timed out")
+	// ErrClosed is returned by a plugin used after Close.
+	ErrClosed = errors.New("plugin: closed")
+)
+
+// ChecksumError reports a plugin binary whose SHA-256 is not the pinned
+// one. The binary was not executed.
+type ChecksumError struct {
+	Path      string
+	Want, Got string // hex
+}
+
+func (e *ChecksumError) Error() string {
+	return fmt.Sprintf("plugin: %s has SHA-256 %s, want %s; the binary was not run. Rebuild or restore the pinned binary, or pin the new one after checking it (plugbus plugin lock <manifest>)", e.Path, e.Got, e.Want)
+}
+
+// Is reports whether target is ErrChecksum.
+func (e *ChecksumError) Is(target error) bool { return target == ErrChecksum }
+
+// Error is an error returned by a plugin's middleware, carried across the
+// process boundary. Unwrap returns the typed cause when one crossed: the
+// error next returned (when the plugin wrapped it), a
+// [*bus.NextCalledTwiceError], or the bus or context sentinel of its kind.
+// When the plugin returns next's error unchanged, the host returns the
+// original error itself, not an *Error.
+type Error struct {
+	// Plugin is the plugin's name.
+	Plugin string
+	// Stage is the stage that failed.
+	Stage bus.Stage
+	// Message is the plugin's error text.
+	Message string
+	// Err is the typed cause, or nil.
+	Err error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("plugin %q (%s stage): %s", e.Plugin, e.Stage, e.Message)
+}
+
+// Unwrap returns the typed cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// UnavailableError is returned, under the fail-closed policy, for a
+// message a plugin could not process because its process crashed, hung or
+// is restarting. The bus returns the message for retry.
+type UnavailableError struct {
+	Plugin string
+	Stage  bus.Stage
+	// Err is why: the stream or process error, or a [*TimeoutError].
+	Err error
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("plugin %q unavailable in the %s stage (fail-closed: the message is returned for retry; the plugin is restarted): %v", e.Plugin, e.Stage, e.Err)
+}
+
+// Is reports whether target is ErrUnavailable.
+func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// Unwrap returns the cause.
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// TimeoutError reports a plugin that did not answer within the
+// per-invocation timeout ([WithInvocationTimeout]).
+type TimeoutError struct {
+	Plugin  string
+	Stage   bus.Stage
+	Timeout time.Duration
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("plugin %q did not answer the %s stage within %s; raise plugin.WithInvocationTimeout or fix the plugin", e.Plugin, e.Stage, e.Timeout)
+}
+
+// Is reports whether target is ErrTimeout.
+func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }

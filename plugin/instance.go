@@ -1,0 +1,320 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/pluginproto"
+)
+
+// instance is one bus's middleware inside the plugin process.
+type instance struct {
+	p                 *Plugin
+	id                uint32
+	info              bus.PluginInfo
+	name              string
+	hasStart, hasStop bool
+	started, released bool
+}
+
+func (inst *instance) request() *pluginproto.InstantiateRequest {
+	return &pluginproto.InstantiateRequest{Instance: inst.id, Config: inst.p.cfg.pluginConfig,
+		BusName: inst.info.Name, Endpoint: inst.info.Endpoint, Handles: inst.info.Handles}
+}
+
+// Instantiate makes the middleware of one bus: the plugin instantiates its
+// own middleware in its process, and the returned middleware forwards the
+// stages it implements (and only those) to it. Instantiate starts the
+// process again if the last bus using it stopped.
+func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
+	if p.cfg.logger == nil && info.Logger != nil {
+		p.logger.Store(info.Logger)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	proc, err := p.ensure()
+	if err != nil {
+		return bus.Middleware{}, err
+	}
+	if proc == nil {
+		return bus.Middleware{}, &UnavailableError{Plugin: p.Name(), Err: errors.New("the plugin is restarting; try again")}
+	}
+	p.nextInst++
+	inst := &instance{p: p, id: p.nextInst, info: info}
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.startTimeout)
+	defer cancel()
+	resp, err := proc.rpc.Instantiate(ctx, inst.request())
+	if err != nil {
+		if len(p.insts) == 0 {
+			p.idle()
+		}
+		return bus.Middleware{}, fmt.Errorf("plugin %q: instantiating for bus %q: %w", p.Name(), info.Name, err)
+	}
+	inst.name, inst.hasStart, inst.hasStop = resp.Name, resp.HasStart, resp.HasStop
+	p.insts[inst.id] = inst
+	m := bus.Middleware{Name: resp.Name, Start: inst.start, Stop: inst.stop}
+	for _, s := range resp.Stages {
+		switch pluginproto.BusStage(s.Stage) {
+		case bus.StageIncoming:
+			m.Incoming = inst.incoming
+		case bus.StageHandler:
+			m.Handling = inst.handling
+		case bus.StageOutgoing:
+			m.Outgoing = inst.outgoing
+		}
+	}
+	return m, nil
+}
+
+// idle stops the process when no bus uses it. p.mu is held.
+func (p *Plugin) idle() {
+	proc := p.proc
+	if proc == nil || p.restarting {
+		return
+	}
+	p.proc = nil
+	p.cur.Store(nil)
+	proc.stop()
+	p.log.Info("plugin process stopped: no bus uses it", slog.Int("pid", proc.pid))
+}
+
+func (inst *instance) lifecycle(ctx context.Context, op pluginproto.LifecycleRequest_Op) error {
+	proc := inst.p.cur.Load()
+	if proc == nil {
+		return &UnavailableError{Plugin: inst.p.Name(), Err: errors.New("the plugin process is down")}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, inst.p.cfg.startTimeout)
+		defer cancel()
+	}
+	r, err := proc.rpc.Lifecycle(ctx, &pluginproto.LifecycleRequest{Instance: inst.id, Op: op, DeadlineUnixNano: pluginproto.Deadline(ctx)})
+	if err != nil {
+		return &UnavailableError{Plugin: inst.p.Name(), Err: err}
+	}
+	if r.Error != nil {
+		return &Error{Plugin: inst.p.Name(), Message: r.Error.Message, Err: pluginproto.Sentinel(r.Error.Code)}
+	}
+	return nil
+}
+
+func (inst *instance) start(ctx context.Context) error {
+	p := inst.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	inst.started = true
+	if !inst.hasStart || p.cur.Load() == nil {
+		return nil // a restart in progress runs it
+	}
+	return inst.lifecycle(ctx, pluginproto.LifecycleRequest_OP_START)
+}
+
+// stop runs the plugin's Stop hook and releases the instance; the last
+// instance released stops the process.
+func (inst *instance) stop(ctx context.Context) error {
+	p := inst.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if inst.released {
+		return nil
+	}
+	inst.released = true
+	var err error
+	if inst.started && inst.hasStop && p.cur.Load() != nil {
+		err = inst.lifecycle(ctx, pluginproto.LifecycleRequest_OP_STOP)
+	}
+	delete(p.insts, inst.id)
+	if len(p.insts) == 0 {
+		p.idle()
+	} else if p.cur.Load() != nil {
+		_ = inst.lifecycle(ctx, pluginproto.LifecycleRequest_OP_RELEASE)
+	}
+	return err
+}
+
+func (inst *instance) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	m := &pluginproto.IncomingMessage{Name: in.Name(), ContentType: in.ContentType(), Body: in.Body(),
+		Attributes: pluginproto.FromAttributes(in.Attributes()), Attempt: int32(in.Attempt()), Endpoint: in.Endpoint()}
+	for k, v := range in.Headers() {
+		if m.Headers == nil {
+			m.Headers = make(map[string]string, 4)
+		}
+		m.Headers[k] = v
+	}
+	return inst.invoke(ctx, bus.StageIncoming, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Incoming{Incoming: m}}, nil, next)
+}
+
+func (inst *instance) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
+	body, err := json.Marshal(h.Message())
+	if err != nil {
+		return fmt.Errorf("plugin %q: encoding %s for the plugin: %w", inst.p.Name(), h.MessageName(), err)
+	}
+	m := &pluginproto.HandlingMessage{Handler: h.HandlerName(), MessageName: h.MessageName(), Body: body,
+		Attributes: pluginproto.FromAttributes(h.Attributes()), Attempt: int32(h.Attempt())}
+	return inst.invoke(ctx, bus.StageHandler, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Handling{Handling: m}}, nil, next)
+}
+
+func (inst *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+	body, err := json.Marshal(out.Message())
+	if err != nil {
+		return fmt.Errorf("plugin %q: encoding %s for the plugin: %w", inst.p.Name(), out.Name(), err)
+	}
+	m := &pluginproto.OutgoingMessage{Kind: int32(out.Kind()), Name: out.Name(), Body: body, Destination: out.Destination(),
+		Attributes: pluginproto.FromAttributes(out.Attributes()), InHandler: out.InHandler()}
+	if h := out.Headers(); len(h) > 0 {
+		m.Headers = maps.Clone(h)
+	}
+	return inst.invoke(ctx, bus.StageOutgoing, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Outgoing{Outgoing: m}}, out, next)
+}
+
+// invoke runs one stage invocation in the plugin. When the plugin calls
+// next, the host runs the rest of the chain here, on the caller's
+// goroutine, and sends back the outcome.
+func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginproto.Invoke, out *bus.Outgoing, next bus.Next) error {
+	p := inst.p
+	p.invocations.Add(1)
+	proc := p.cur.Load()
+	if proc == nil {
+		return p.down(ctx, stage, next, false, nil, errors.New("the plugin process is down"))
+	}
+	inv.Instance, inv.Stage, inv.DeadlineUnixNano = inst.id, pluginproto.StageOf(stage), pluginproto.Deadline(ctx)
+	st := proc.pick()
+	c := st.newCall()
+	defer st.drop(c)
+	if !st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_Invoke{Invoke: inv}}) {
+		return p.down(ctx, stage, next, false, nil, proc.cause)
+	}
+	timer := time.NewTimer(p.cfg.callTimeout)
+	defer timer.Stop()
+	var (
+		nextCalled bool
+		nextErr    error
+	)
+	for {
+		select {
+		case f := <-c.ch:
+			switch k := f.Kind.(type) {
+			case *pluginproto.PluginFrame_Next:
+				apply(out, k.Next.Mutation)
+				nextCalled = true
+				timer.Stop()
+				nextErr = callNext(ctx, k.Next.DeadlineUnixNano, next)
+				timer.Reset(p.cfg.callTimeout)
+				if !st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}}}) {
+					return p.down(ctx, stage, next, true, nextErr, proc.cause)
+				}
+			case *pluginproto.PluginFrame_Done:
+				proc.timeouts.Store(0)
+				d := k.Done
+				if d.Continue {
+					apply(out, d.Mutation)
+					return next(ctx)
+				}
+				return inst.decodeError(stage, d.Error, nextErr)
+			}
+		case <-proc.dead:
+			return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)
+		case <-ctx.Done():
+			st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_Cancel{Cancel: &pluginproto.Cancel{}}})
+			return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
+		case <-timer.C:
+			st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_Cancel{Cancel: &pluginproto.Cancel{}}})
+			p.timeouts.Add(1)
+			go proc.checkHung()
+			return p.down(ctx, stage, next, nextCalled, nextErr, &TimeoutError{Plugin: p.Name(), Stage: stage, Timeout: p.cfg.callTimeout})
+		}
+	}
+}
+
+// callNext runs the rest of the chain with the deadline the plugin's ctx
+// had when it called next, when that is earlier.
+func callNext(ctx context.Context, deadline int64, next bus.Next) error {
+	if deadline != 0 {
+		if cur, ok := ctx.Deadline(); !ok || deadline < cur.UnixNano() {
+			nctx, cancel := context.WithDeadline(ctx, time.Unix(0, deadline))
+			defer cancel()
+			return next(nctx)
+		}
+	}
+	return next(ctx)
+}
+
+// down applies the failure policy to an invocation the plugin could not
+// complete.
+func (p *Plugin) down(ctx context.Context, stage bus.Stage, next bus.Next, nextCalled bool, nextErr, cause error) error {
+	if p.cfg.policy == FailOpen {
+		n := p.skipped.Add(1)
+		now := time.Now().UnixNano()
+		if last := p.lastSkipLog.Load(); now-last > int64(time.Second) && p.lastSkipLog.CompareAndSwap(last, now) {
+			p.log.Warn("plugin skipped (fail-open)", slog.String("stage", stage.String()), slog.Any("error", cause), slog.Uint64("skipped_total", n))
+		}
+		if nextCalled {
+			return nextErr
+		}
+		return next(ctx)
+	}
+	p.unavailable.Add(1)
+	var te *TimeoutError
+	if errors.As(cause, &te) {
+		return te
+	}
+	return &UnavailableError{Plugin: p.Name(), Stage: stage, Err: cause}
+}
+
+func (inst *instance) decodeError(stage bus.Stage, e *pluginproto.Error, nextErr error) error {
+	if e == nil {
+		return nil
+	}
+	if e.IsNextError && nextErr != nil {
+		return nextErr
+	}
+	err := &Error{Plugin: inst.p.Name(), Stage: stage, Message: e.Message}
+	switch {
+	case e.WrapsNextError && nextErr != nil:
+		err.Err = nextErr
+	case e.Code == pluginproto.ErrorCode_ERROR_CODE_NEXT_CALLED_TWICE:
+		err.Err = pluginproto.NextCalledTwice(e)
+	case e.Code == pluginproto.ErrorCode_ERROR_CODE_PANIC:
+		err.Err = &bus.PanicError{Value: "in plugin " + inst.p.Name() + ": " + e.Message}
+	default:
+		err.Err = pluginproto.Sentinel(e.Code)
+	}
+	return err
+}
+
+// apply makes an outgoing middleware's changes on the host's message.
+func apply(out *bus.Outgoing, m *pluginproto.Mutation) {
+	if out == nil || m == nil {
+		return
+	}
+	if m.CorrelationIdChanged {
+		out.SetCorrelationID(m.CorrelationId)
+	}
+	if m.ValuesChanged {
+		cur := out.Attributes()
+		for k := range cur.Values() {
+			if _, ok := m.Values[k]; !ok {
+				out.DeleteValue(k)
+			}
+		}
+		for k, v := range m.Values {
+			if cv, ok := cur.Value(k); !ok || cv != v {
+				out.SetValue(k, v)
+			}
+		}
+	}
+	for k, v := range m.Sticky {
+		out.SetSticky(k, v)
+	}
+	if m.HeadersChanged {
+		h := out.Headers()
+		clear(h)
+		maps.Copy(h, m.Headers)
+	}
+}

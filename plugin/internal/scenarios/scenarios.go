@@ -1,0 +1,103 @@
+// Package scenarios holds the middleware the plugin tests run both in
+// process and out of process, chosen by name.
+package scenarios
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// Name is the middleware name every scenario reports.
+const Name = "scenario"
+
+// Plugin is a middleware whose behaviour is the named scenario.
+type Plugin struct{ scenario string }
+
+// New returns the scenario plugin.
+func New(scenario string) *Plugin { return &Plugin{scenario: scenario} }
+
+// Configure reads {"scenario": "name"}.
+func (p *Plugin) Configure(raw json.RawMessage) error {
+	var c struct{ Scenario string }
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return err
+	}
+	p.scenario = c.Scenario
+	return nil
+}
+
+// Instantiate returns the scenario's middleware.
+func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
+	m := bus.Middleware{Name: Name}
+	switch p.scenario {
+	case "pass":
+		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) }
+	case "short":
+		m.Incoming = func(context.Context, *bus.Incoming, bus.Next) error { return nil }
+	case "error":
+		m.Incoming = func(context.Context, *bus.Incoming, bus.Next) error { return errors.New("scenario: rejected") }
+	case "catch":
+		m.Incoming = func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			if err := next(ctx); err != nil {
+				in.Logger().Info("caught", "error", err)
+			}
+			return nil
+		}
+	case "after":
+		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+			if err := next(ctx); err != nil {
+				return fmt.Errorf("after next: %w", err)
+			}
+			return nil
+		}
+	case "twice":
+		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+			_ = next(ctx)
+			return next(ctx)
+		}
+	case "mutate":
+		m.Outgoing = func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			out.SetValue("mw", "1")
+			out.DeleteValue("drop")
+			out.SetSticky("st", "2")
+			out.SetCorrelationID("corr-mw")
+			out.Headers()["x-mw"] = "3"
+			return next(ctx)
+		}
+	case "deadline":
+		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+			dl, ok := ctx.Deadline()
+			if !ok {
+				return errors.New("scenario: no deadline crossed")
+			}
+			if rem := time.Until(dl); rem < 30*time.Second || rem > 61*time.Second {
+				return fmt.Errorf("scenario: deadline in %s, want about a minute", rem)
+			}
+			nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return next(nctx)
+		}
+	case "handler-skip":
+		m.Handling = func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			if h.HandlerName() == "skipped" {
+				return nil
+			}
+			return next(ctx)
+		}
+	case "hang":
+		m.Incoming = func(ctx context.Context, _ *bus.Incoming, _ bus.Next) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	case "panic":
+		m.Incoming = func(context.Context, *bus.Incoming, bus.Next) error { panic("scenario: boom") }
+	default:
+		return bus.Middleware{}, fmt.Errorf("scenarios: unknown scenario %q", p.scenario)
+	}
+	return m, nil
+}

@@ -1,0 +1,447 @@
+// Package plugin is the host side of plugbus's out-of-process plugins: it
+// loads a plugin binary built with package sdk and exposes it to a bus as
+// an ordinary [bus.Plugin].
+//
+//	p, err := plugin.Load("./bin/tenancy-plugin", plugin.WithSHA256(sum))
+//	if err != nil { ... }
+//	defer p.Close()
+//	b, err := bus.New(bus.WithEndpoint("orders"), bus.WithMiddleware(p), ...)
+//
+// A manifest lists several plugins with their checksums, configuration and
+// failure policies; [LoadManifest] loads them in one call.
+//
+// The binary's SHA-256 is checked before it runs (go-plugin's secure
+// config), the connection uses automatic mutual TLS, and the process gets
+// none of the host's environment. Each loaded plugin is one process,
+// serving every bus it is instantiated for over long-lived bidirectional
+// gRPC streams that multiplex all stage invocations. A crashed or hung
+// process is reported through the logger and restarted with back-off;
+// meanwhile the [FailurePolicy] decides whether messages are retried or the
+// plugin skipped. Stopping the last bus using a plugin stops its process;
+// Close stops it in any case.
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goplugin "github.com/hashicorp/go-plugin"
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/pluginproto"
+)
+
+// StageInfo describes one stage a plugin implements.
+type StageInfo struct {
+	Stage bus.Stage
+	// BeforeOnly is true when the middleware declared it has no code after
+	// next in this stage (sdk.BeforeOnly): it costs one round trip.
+	BeforeOnly bool
+}
+
+// Description is what a plugin reports about itself at load.
+type Description struct {
+	// Path is the binary; SHA256 its checksum (hex).
+	Path, SHA256 string
+	// Name is the middleware's name; Version the plugin's version.
+	Name, Version string
+	// ProtocolVersion is the negotiated wire protocol major.
+	ProtocolVersion int
+	// Stages lists the stages the middleware implements.
+	Stages []StageInfo
+	// SDK is the plugbus version the plugin was built with.
+	SDK string
+}
+
+// Stats counts what happened to a plugin since it was loaded.
+type Stats struct {
+	// Invocations is the number of stage invocations routed to the plugin.
+	Invocations uint64
+	// Skipped counts invocations skipped under the fail-open policy.
+	Skipped uint64
+	// Unavailable counts invocations failed under the fail-closed policy.
+	Unavailable uint64
+	// Timeouts counts invocations that exceeded the invocation timeout.
+	Timeouts uint64
+	// Crashes counts processes that died or were found hung.
+	Crashes uint64
+	// Restarts counts successful restarts.
+	Restarts uint64
+}
+
+// Plugin is a loaded out-of-process plugin. It is a [bus.Plugin]: pass it to
+// bus.WithMiddleware. It is safe for concurrent use.
+type Plugin struct {
+	path string
+	sum  string
+	cfg  config
+	desc Description
+	name atomic.Pointer[string]
+
+	logger atomic.Pointer[slog.Logger] // base, without the plugin attribute
+	log    *slog.Logger                // dynamic: current base + plugin name
+
+	cur atomic.Pointer[process] // live process, nil when down or idle
+
+	mu         sync.Mutex
+	proc       *process // current process, possibly dead, nil when idle
+	restarting bool
+	insts      map[uint32]*instance
+	nextInst   uint32
+	closed     bool
+	closing    chan struct{}
+	wg         sync.WaitGroup
+
+	invocations, skipped, unavailable, timeouts, crashes, restarts atomic.Uint64
+	lastSkipLog                                                    atomic.Int64
+}
+
+// Load starts the plugin binary at path, after checking its checksum, and
+// asks it to describe itself. The process serves every bus the returned
+// plugin is instantiated for; Close it when done (stopping the last bus
+// using it also stops the process).
+func Load(path string, opts ...Option) (*Plugin, error) {
+	c := defaults()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	if c.sum == nil && !c.unpinned {
+		return nil, fmt.Errorf("%w (loading %s)", ErrNotPinned, path)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("plugin: %s: %w", path, err)
+	}
+	sum, err := SHA256File(abs)
+	if err != nil {
+		return nil, err
+	}
+	if c.sum != nil && sum != hex.EncodeToString(c.sum) {
+		return nil, &ChecksumError{Path: abs, Want: hex.EncodeToString(c.sum), Got: sum}
+	}
+	p := &Plugin{path: abs, sum: sum, cfg: c, insts: make(map[uint32]*instance), closing: make(chan struct{})}
+	base := c.logger
+	if base == nil {
+		base = slog.Default()
+	}
+	p.logger.Store(base)
+	p.setName(filepath.Base(abs))
+	p.log = slog.New(&dynHandler{p: p})
+
+	proc, err := p.start()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.startTimeout)
+	defer cancel()
+	d, err := proc.rpc.Describe(ctx, &pluginproto.DescribeRequest{Config: c.pluginConfig})
+	if err != nil {
+		proc.stop()
+		return nil, fmt.Errorf("plugin: %s did not describe itself: %w", abs, err)
+	}
+	p.setName(d.Name)
+	p.desc = Description{Path: abs, SHA256: sum, Name: d.Name, Version: d.Version, ProtocolVersion: proc.client.NegotiatedVersion(), SDK: d.Sdk}
+	for _, s := range d.Stages {
+		p.desc.Stages = append(p.desc.Stages, StageInfo{Stage: pluginproto.BusStage(s.Stage), BeforeOnly: s.BeforeOnly})
+	}
+	p.mu.Lock()
+	p.install(proc)
+	p.mu.Unlock()
+	p.log.Info("plugin loaded", slog.String("path", abs), slog.String("version", d.Version), slog.Int("pid", proc.pid))
+	return p, nil
+}
+
+// Describe returns what the plugin reported at load.
+func (p *Plugin) Describe() Description { return p.desc }
+
+// Name returns the plugin's middleware name.
+func (p *Plugin) Name() string { return *p.name.Load() }
+
+func (p *Plugin) setName(n string) { p.name.Store(&n) }
+
+// PID returns the process id of the running plugin process, 0 when none runs.
+func (p *Plugin) PID() int {
+	if proc := p.cur.Load(); proc != nil {
+		return proc.pid
+	}
+	return 0
+}
+
+// Stats returns the plugin's counters.
+func (p *Plugin) Stats() Stats {
+	return Stats{Invocations: p.invocations.Load(), Skipped: p.skipped.Load(), Unavailable: p.unavailable.Load(),
+		Timeouts: p.timeouts.Load(), Crashes: p.crashes.Load(), Restarts: p.restarts.Load()}
+}
+
+// Close stops the plugin process and its supervision. Buses still using
+// the plugin then see it as down (see [FailurePolicy]). Close is idempotent.
+func (p *Plugin) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		p.wg.Wait()
+		return nil
+	}
+	p.closed = true
+	close(p.closing)
+	proc := p.proc
+	p.proc = nil
+	p.cur.Store(nil)
+	p.mu.Unlock()
+	if proc != nil {
+		proc.stop()
+	}
+	p.wg.Wait()
+	return nil
+}
+
+// SHA256File returns the hex SHA-256 of the file at path.
+func SHA256File(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("plugin: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("plugin: reading %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// start runs a new plugin process and opens its streams.
+func (p *Plugin) start() (*process, error) {
+	var secure *goplugin.SecureConfig
+	if p.cfg.sum != nil {
+		secure = &goplugin.SecureConfig{Checksum: p.cfg.sum, Hash: sha256.New()}
+	}
+	cmd := exec.Command(p.path)
+	cmd.Env = []string{pluginproto.LogLevelEnv + "=" + pluginproto.LevelName(p.log)}
+	hl := pluginproto.NewHCLogger(p.log)
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig: pluginproto.Handshake,
+		VersionedPlugins: map[int]goplugin.PluginSet{
+			pluginproto.ProtocolVersion: {pluginproto.PluginKey: &pluginproto.GRPCPlugin{}},
+		},
+		Cmd:              cmd,
+		SecureConfig:     secure,
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		SkipHostEnv:      true,
+		StartTimeout:     p.cfg.startTimeout,
+		Logger:           hl,
+		SyncStdout:       &lineLogger{l: p.log, stream: "stdout"},
+		SyncStderr:       &lineLogger{l: p.log, stream: "stderr"},
+	})
+	rpc, err := client.Client()
+	if err != nil {
+		client.Kill()
+		if errors.Is(err, goplugin.ErrChecksumsDoNotMatch) {
+			got, _ := SHA256File(p.path)
+			return nil, &ChecksumError{Path: p.path, Want: hex.EncodeToString(p.cfg.sum), Got: got}
+		}
+		return nil, fmt.Errorf("plugin: starting %s: %w", p.path, err)
+	}
+	raw, err := rpc.Dispense(pluginproto.PluginKey)
+	if err != nil {
+		client.Kill()
+		return nil, fmt.Errorf("plugin: %s: %w", p.path, err)
+	}
+	proc := newProcess(p, client, raw.(pluginproto.PluginClient))
+	if rc := client.ReattachConfig(); rc != nil {
+		proc.pid = rc.Pid
+	}
+	if gc, ok := rpc.(*goplugin.GRPCClient); ok {
+		proc.conn = gc
+	}
+	for range p.cfg.streams {
+		if err := proc.openStream(); err != nil {
+			proc.stop()
+			return nil, fmt.Errorf("plugin: %s: opening stream: %w", p.path, err)
+		}
+	}
+	return proc, nil
+}
+
+// install makes proc current and watches it. p.mu is held.
+func (p *Plugin) install(proc *process) {
+	p.proc = proc
+	p.cur.Store(proc)
+	p.wg.Go(func() { p.watch(proc) })
+}
+
+// watch waits for proc to die and restarts the plugin with back-off,
+// unless the death was asked for.
+func (p *Plugin) watch(proc *process) {
+	select {
+	case <-proc.dead:
+	case <-p.closing:
+		return
+	}
+	p.mu.Lock()
+	if p.closed || p.proc != proc || proc.stopping.Load() {
+		p.mu.Unlock()
+		return
+	}
+	p.cur.Store(nil)
+	p.restarting = true
+	p.mu.Unlock()
+	p.crashes.Add(1)
+	p.log.Error("plugin process failed; restarting it", slog.Any("error", proc.cause), slog.Int("pid", proc.pid), slog.String("policy", p.cfg.policy.String()))
+	proc.stop()
+
+	backoff := p.cfg.backoffMin
+	if time.Since(proc.started) > time.Minute {
+		backoff = 0 // it ran fine for a while: restart at once
+	}
+	for {
+		if backoff > 0 {
+			t := time.NewTimer(backoff)
+			select {
+			case <-p.closing:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		backoff = min(max(2*backoff, p.cfg.backoffMin), p.cfg.backoffMax)
+		np, err := p.start()
+		if err != nil {
+			p.log.Error("restarting plugin failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+			continue
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			np.stop()
+			return
+		}
+		if err := p.replay(np); err != nil {
+			p.mu.Unlock()
+			np.stop()
+			p.log.Error("restoring plugin instances after restart failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+			continue
+		}
+		p.restarting = false
+		p.install(np)
+		p.mu.Unlock()
+		p.restarts.Add(1)
+		p.log.Warn("plugin restarted", slog.Int("pid", np.pid))
+		return
+	}
+}
+
+// replay re-creates every live instance in a new process. p.mu is held.
+func (p *Plugin) replay(proc *process) error {
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.startTimeout)
+	defer cancel()
+	for _, inst := range p.insts {
+		if _, err := proc.rpc.Instantiate(ctx, inst.request()); err != nil {
+			return fmt.Errorf("instantiating for bus %q: %w", inst.info.Name, err)
+		}
+		if inst.started && inst.hasStart {
+			r, err := proc.rpc.Lifecycle(ctx, &pluginproto.LifecycleRequest{Instance: inst.id, Op: pluginproto.LifecycleRequest_OP_START, DeadlineUnixNano: pluginproto.Deadline(ctx)})
+			if err == nil && r.Error != nil {
+				err = errors.New(r.Error.Message)
+			}
+			if err != nil {
+				return fmt.Errorf("starting for bus %q: %w", inst.info.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// ensure returns a live process, starting one when the plugin is idle.
+// p.mu is held. It returns nil, nil while a restart is in progress.
+func (p *Plugin) ensure() (*process, error) {
+	if p.closed {
+		return nil, ErrClosed
+	}
+	if p.proc != nil || p.restarting {
+		return p.cur.Load(), nil
+	}
+	proc, err := p.start()
+	if err != nil {
+		return nil, err
+	}
+	p.install(proc)
+	return proc, nil
+}
+
+// lineLogger logs what the plugin writes to its stdout or stderr.
+type lineLogger struct {
+	l      *slog.Logger
+	stream string
+	mu     sync.Mutex
+	buf    []byte
+}
+
+func (w *lineLogger) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, b...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		w.l.Info(string(w.buf[:i]), slog.String("stream", w.stream))
+		w.buf = w.buf[i+1:]
+	}
+	return len(b), nil
+}
+
+// dynHandler sends records to the plugin's current base logger with the
+// plugin's name, so that a plugin loaded before its bus logs to the bus's
+// logger once instantiated.
+type dynHandler struct {
+	p   *Plugin
+	ops []func(slog.Handler) slog.Handler // WithAttrs and WithGroup, in order
+}
+
+func (h *dynHandler) target() slog.Handler {
+	t := h.p.logger.Load().Handler().WithAttrs([]slog.Attr{slog.String("plugin", h.p.Name())})
+	for _, op := range h.ops {
+		t = op(t)
+	}
+	return t
+}
+
+func (h *dynHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.p.logger.Load().Handler().Enabled(ctx, l)
+}
+
+func (h *dynHandler) Handle(ctx context.Context, r slog.Record) error {
+	return h.target().Handle(ctx, r)
+}
+
+func (h *dynHandler) with(op func(slog.Handler) slog.Handler) slog.Handler {
+	return &dynHandler{p: h.p, ops: append(h.ops[:len(h.ops):len(h.ops)], op)}
+}
+
+func (h *dynHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return h.with(func(t slog.Handler) slog.Handler { return t.WithAttrs(as) })
+}
+
+func (h *dynHandler) WithGroup(name string) slog.Handler {
+	return h.with(func(t slog.Handler) slog.Handler { return t.WithGroup(name) })
+}
+
+var _ bus.Plugin = (*Plugin)(nil)

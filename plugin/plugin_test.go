@@ -1,0 +1,286 @@
+package plugin_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/plugin"
+	"github.com/plugbus/plugbus/plugin/internal/scenarios"
+	"go.uber.org/goleak"
+)
+
+// Plugin binaries, built once per test binary.
+var bins struct {
+	around, before, aroundSum, beforeSum string
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "plugbus-plugin-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ctx := context.Background()
+	bins.around = filepath.Join(dir, "around")
+	bins.before = filepath.Join(dir, "before")
+	if bins.aroundSum, err = plugin.Build(ctx, "github.com/plugbus/plugbus/plugin/internal/testplugin/around", bins.around); err == nil {
+		bins.beforeSum, err = plugin.Build(ctx, "github.com/plugbus/plugbus/plugin/internal/testplugin/before", bins.before)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := 0
+	func() {
+		defer os.RemoveAll(dir)
+		if code = m.Run(); code == 0 {
+			if err := goleak.Find(); err != nil {
+				fmt.Fprintln(os.Stderr, "goleak:", err)
+				code = 1
+			}
+		}
+	}()
+	os.Exit(code)
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(b []byte) (int, error) { w.t.Helper(); w.t.Log(string(b)); return len(b), nil }
+
+func load(t testing.TB, scenario string, opts ...plugin.Option) *plugin.Plugin {
+	t.Helper()
+	cfg, _ := json.Marshal(map[string]string{"scenario": scenario})
+	opts = append([]plugin.Option{plugin.WithSHA256(bins.aroundSum), plugin.WithConfig(cfg), plugin.WithLogger(testLogger(t))}, opts...)
+	p, err := plugin.Load(bins.around, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+type Ping struct{ N int }
+
+func (Ping) MessageName() string { return "test.ping" }
+
+func delivery(t testing.TB, msg bus.Message, headers bus.Headers) *bus.Delivery {
+	body, err := json.Marshal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bus.Delivery{Envelope: bus.Envelope{Name: msg.MessageName(), ContentType: "application/json", Body: body,
+		Attributes: bus.NewAttributes("id-1", "corr-1", time.Now(), nil, nil), Headers: headers}, Attempt: 1}
+}
+
+// outcome is what a scenario did, comparable between in process and out
+// of process.
+type outcome struct {
+	Err          bool
+	Is           []string // sentinels matched
+	Twice        string   // stage/middleware of a NextCalledTwiceError
+	Handled      int      // handler runs
+	HandlerDL    bool     // the handler saw a deadline within 11s
+	Sent         *sentEnvelope
+	ErrorMessage string
+}
+
+type sentEnvelope struct {
+	Values, Sticky, Headers map[string]string
+	CorrelationID           string
+}
+
+func describe(err error) outcome {
+	o := outcome{Err: err != nil}
+	for name, s := range map[string]error{"next-twice": bus.ErrNextCalledTwice, "dispatch": bus.ErrHandlerDispatchRejected,
+		"panic": bus.ErrPanic, "deadline": context.DeadlineExceeded, "timeout": plugin.ErrTimeout, "unavailable": plugin.ErrUnavailable} {
+		if errors.Is(err, s) {
+			o.Is = append(o.Is, name)
+		}
+	}
+	var twice *bus.NextCalledTwiceError
+	if errors.As(err, &twice) {
+		o.Twice = fmt.Sprintf("%s/%s/%v", twice.Stage, twice.Middleware, twice.AfterReturn)
+	}
+	return o
+}
+
+// runIncoming delivers one message through a bus using p and reports the outcome.
+func runIncoming(t *testing.T, p bus.Plugin, failHandler bool) outcome {
+	t.Helper()
+	var mu sync.Mutex
+	var o outcome
+	b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
+		bus.WithHandler(func(ctx context.Context, _ Ping, _ bus.Attributes) error {
+			mu.Lock()
+			defer mu.Unlock()
+			o.Handled++
+			if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= 11*time.Second {
+				o.HandlerDL = true
+			}
+			if failHandler {
+				return errors.New("handler failed")
+			}
+			return nil
+		}),
+		bus.WithHandler(func(context.Context, Ping, bus.Attributes) error {
+			mu.Lock()
+			defer mu.Unlock()
+			o.Handled += 100
+			return nil
+		}, bus.HandlerName("skipped")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	derr := b.Deliver(ctx, delivery(t, Ping{N: 1}, nil))
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d := describe(derr)
+	mu.Lock()
+	d.Handled, d.HandlerDL = o.Handled, o.HandlerDL
+	mu.Unlock()
+	return d
+}
+
+// capture is a transport that records what is sent, to read the finished
+// envelope an outgoing middleware produced.
+type capture struct {
+	bus.Transport
+	mu   sync.Mutex
+	envs []*bus.Envelope
+}
+
+func (c *capture) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.envs = append(c.envs, env)
+	return nil
+}
+
+func (c *capture) Publish(ctx context.Context, env *bus.Envelope, o bus.SendOptions) error {
+	return c.Send(ctx, env, o)
+}
+
+func (c *capture) Close(context.Context) error { return nil }
+
+func runOutgoing(t *testing.T, p bus.Plugin) outcome {
+	t.Helper()
+	tr := &capture{}
+	b, err := bus.New(bus.WithTransport(tr), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	perr := b.Publish(ctx, Ping{N: 2}, bus.WithAttribute("drop", "x"), bus.WithAttribute("keep", "y"), bus.WithStickyAttribute("s0", "z"))
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := describe(perr)
+	if len(tr.envs) == 1 {
+		e := tr.envs[0]
+		o.Sent = &sentEnvelope{Values: map[string]string{}, Sticky: map[string]string{}, Headers: e.Headers, CorrelationID: e.Attributes.CorrelationID}
+		for k, v := range e.Attributes.Values() {
+			o.Sent.Values[k] = v
+		}
+		for k, v := range e.Attributes.StickyValues() {
+			o.Sent.Sticky[k] = v
+		}
+	}
+	return o
+}
+
+// TestSemantics runs the same middleware in process and out of process and
+// expects identical outcomes.
+func TestSemantics(t *testing.T) {
+	cases := []struct {
+		scenario    string
+		failHandler bool
+		outgoing    bool
+		want        func(t *testing.T, o outcome)
+	}{
+		{scenario: "pass", want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 101, o) }},
+		{scenario: "short", want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 0, o) }},
+		{scenario: "error", want: func(t *testing.T, o outcome) { expect(t, o.Err && o.Handled == 0, o) }},
+		{scenario: "catch", failHandler: true, want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 101, o) }},
+		{scenario: "after", failHandler: true, want: func(t *testing.T, o outcome) {
+			expect(t, o.Err && o.Handled == 101 && len(o.Is) == 1 && o.Is[0] == "dispatch", o)
+		}},
+		{scenario: "twice", want: func(t *testing.T, o outcome) {
+			expect(t, o.Err && o.Handled == 101 && o.Twice == "incoming/scenario/false", o)
+		}},
+		{scenario: "deadline", want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 101 && o.HandlerDL, o) }},
+		{scenario: "handler-skip", want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 1, o) }},
+		{scenario: "panic", want: func(t *testing.T, o outcome) { expect(t, o.Err && o.Handled == 0 && len(o.Is) == 1 && o.Is[0] == "panic", o) }},
+		{scenario: "mutate", outgoing: true, want: func(t *testing.T, o outcome) {
+			s := o.Sent
+			expect(t, !o.Err && s != nil && s.CorrelationID == "corr-mw" && s.Headers["x-mw"] == "3" &&
+				s.Values["mw"] == "1" && s.Values["keep"] == "y" && s.Values["drop"] == "" && len(s.Values) == 2 &&
+				s.Sticky["st"] == "2" && s.Sticky["s0"] == "z", o)
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.scenario, func(t *testing.T) {
+			run := func(p bus.Plugin) outcome {
+				if c.outgoing {
+					return runOutgoing(t, p)
+				}
+				return runIncoming(t, p, c.failHandler)
+			}
+			in := run(scenarios.New(c.scenario))
+			c.want(t, in)
+			out := run(load(t, c.scenario))
+			c.want(t, out)
+			if !reflect.DeepEqual(in, out) {
+				t.Errorf("in process %+v\nout of process %+v", in, out)
+			}
+		})
+	}
+}
+
+func expect(t *testing.T, ok bool, o outcome) {
+	t.Helper()
+	if !ok {
+		t.Errorf("unexpected outcome %+v", o)
+	}
+}
+
+// TestErrorCarriesPluginName checks the plugin's own errors come back
+// typed with the plugin's name.
+func TestErrorCarriesPluginName(t *testing.T) {
+	p := load(t, "error")
+	b, err := bus.New(bus.WithMiddleware(p), bus.WithEndpoint("svc"), bus.WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.Deliver(context.Background(), delivery(t, Ping{}, nil))
+	var pe *plugin.Error
+	if !errors.As(err, &pe) || pe.Plugin != scenarios.Name || pe.Stage != bus.StageIncoming || pe.Message != "scenario: rejected" {
+		t.Fatalf("got %v (%T), want a *plugin.Error naming %q", err, err, scenarios.Name)
+	}
+	if err := b.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

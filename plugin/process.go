@@ -1,0 +1,198 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goplugin "github.com/hashicorp/go-plugin"
+	"github.com/plugbus/plugbus/internal/pluginproto"
+	"google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// process is one running plugin process and its streams.
+type process struct {
+	p       *Plugin
+	client  *goplugin.Client
+	conn    *goplugin.GRPCClient
+	rpc     pluginproto.PluginClient
+	pid     int
+	started time.Time
+
+	ctx    context.Context // ends the streams
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	streams []*stream
+	rr      atomic.Uint32
+	callID  atomic.Uint64
+
+	dead     chan struct{}
+	deadOnce sync.Once
+	cause    error
+	stopping atomic.Bool
+	stopOnce sync.Once
+	timeouts atomic.Int32 // consecutive
+	pinging  atomic.Bool
+}
+
+func newProcess(p *Plugin, client *goplugin.Client, rpc pluginproto.PluginClient) *process {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &process{p: p, client: client, rpc: rpc, started: time.Now(), ctx: ctx, cancel: cancel, dead: make(chan struct{})}
+}
+
+// fail marks the process dead; the plugin's watcher restarts it.
+func (proc *process) fail(err error) {
+	proc.deadOnce.Do(func() {
+		proc.cause = err
+		close(proc.dead)
+	})
+}
+
+// stop ends the streams and the process and waits for their goroutines.
+func (proc *process) stop() {
+	proc.stopOnce.Do(func() {
+		proc.stopping.Store(true)
+		proc.fail(errors.New("plugin stopped"))
+		proc.cancel()
+		proc.client.Kill()
+		proc.wg.Wait()
+	})
+}
+
+func (proc *process) pick() *stream {
+	if len(proc.streams) == 1 {
+		return proc.streams[0]
+	}
+	return proc.streams[int(proc.rr.Add(1))%len(proc.streams)]
+}
+
+// checkHung pings the process after a timeout and declares it hung when it
+// does not answer, or after too many consecutive timeouts.
+func (proc *process) checkHung() {
+	if proc.timeouts.Add(1) >= int32(proc.p.cfg.hungTimeouts) {
+		proc.fail(errors.New("plugin hung: consecutive invocation timeouts"))
+		return
+	}
+	if proc.conn == nil || !proc.pinging.CompareAndSwap(false, true) {
+		return
+	}
+	defer proc.pinging.Store(false)
+	ctx, cancel := context.WithTimeout(proc.ctx, time.Second)
+	defer cancel()
+	_, err := grpc_health_v1.NewHealthClient(proc.conn.Conn).Check(ctx, &grpc_health_v1.HealthCheckRequest{Service: goplugin.GRPCServiceName})
+	if err != nil && proc.ctx.Err() == nil {
+		proc.fail(errors.New("plugin hung: health check failed after an invocation timeout: " + err.Error()))
+	}
+}
+
+// stream is one long-lived Invoke stream; frames for many calls are
+// multiplexed over it, correlated by call id.
+type stream struct {
+	proc  *process
+	s     pluginproto.Plugin_InvokeClient
+	sendq chan *pluginproto.HostFrame
+
+	mu    sync.Mutex
+	calls map[uint64]*hcall
+	pool  sync.Pool // of *hcall
+}
+
+// hcall is one stage invocation awaiting the plugin.
+type hcall struct {
+	id uint64
+	ch chan *pluginproto.PluginFrame
+}
+
+func (proc *process) openStream() error {
+	s, err := proc.rpc.Invoke(proc.ctx)
+	if err != nil {
+		return err
+	}
+	st := &stream{proc: proc, s: s, sendq: make(chan *pluginproto.HostFrame, 1024), calls: make(map[uint64]*hcall)}
+	proc.streams = append(proc.streams, st)
+	proc.wg.Go(st.readLoop)
+	proc.wg.Go(st.writeLoop)
+	return nil
+}
+
+func (st *stream) readLoop() {
+	for {
+		b, err := st.s.Recv()
+		if err != nil {
+			st.proc.fail(err)
+			return
+		}
+		for _, f := range b.Frames {
+			st.mu.Lock() // held while sending: drop cannot recycle c meanwhile
+			if c := st.calls[f.Call]; c != nil {
+				select {
+				case c.ch <- f:
+				default:
+				}
+			}
+			st.mu.Unlock()
+		}
+	}
+}
+
+func (st *stream) writeLoop() {
+	b := &pluginproto.HostBatch{}
+	for {
+		var f *pluginproto.HostFrame
+		select {
+		case f = <-st.sendq:
+		case <-st.proc.ctx.Done():
+			return
+		}
+		b.Frames = append(b.Frames[:0], f)
+	drain:
+		for len(b.Frames) < 256 {
+			select {
+			case f = <-st.sendq:
+				b.Frames = append(b.Frames, f)
+			default:
+				break drain
+			}
+		}
+		if err := st.s.Send(b); err != nil {
+			st.proc.fail(err)
+			return
+		}
+		clear(b.Frames)
+	}
+}
+
+func (st *stream) send(f *pluginproto.HostFrame) bool {
+	select {
+	case st.sendq <- f:
+		return true
+	case <-st.proc.dead:
+		return false
+	}
+}
+
+func (st *stream) newCall() *hcall {
+	c, _ := st.pool.Get().(*hcall)
+	if c == nil {
+		c = &hcall{ch: make(chan *pluginproto.PluginFrame, 1)}
+	}
+	c.id = st.proc.callID.Add(1)
+	st.mu.Lock()
+	st.calls[c.id] = c
+	st.mu.Unlock()
+	return c
+}
+
+func (st *stream) drop(c *hcall) {
+	st.mu.Lock()
+	delete(st.calls, c.id)
+	st.mu.Unlock()
+	select { // a frame that arrived after we stopped listening
+	case <-c.ch:
+	default:
+	}
+	st.pool.Put(c)
+}

@@ -1,0 +1,426 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/pluginproto"
+)
+
+// server is the plugin side of the wire protocol.
+type server struct {
+	pluginproto.UnimplementedPluginServer
+	p       bus.Plugin
+	before  [4]bool
+	version string
+	logger  *slog.Logger
+
+	mu    sync.Mutex // serialises Configure+Instantiate; guards insts
+	insts map[uint32]*instance
+}
+
+type instance struct {
+	mw       bus.Middleware
+	endpoint string
+	logger   *slog.Logger
+}
+
+func newServer(p bus.Plugin, version string, logger *slog.Logger) *server {
+	return &server{p: p, before: beforeOnlyStages(p), version: version, logger: logger, insts: make(map[uint32]*instance)}
+}
+
+func (s *server) instantiate(config []byte, info bus.PluginInfo) (bus.Middleware, error) {
+	if len(config) > 0 {
+		if c, ok := s.p.(Configurer); ok {
+			if err := c.Configure(json.RawMessage(config)); err != nil {
+				return bus.Middleware{}, fmt.Errorf("configuring plugin: %w", err)
+			}
+		}
+	}
+	m, err := s.p.Instantiate(info)
+	if err != nil {
+		return bus.Middleware{}, fmt.Errorf("instantiating plugin: %w", err)
+	}
+	if m.Name == "" {
+		return bus.Middleware{}, errors.New("the plugin returned a middleware without a name; set bus.Middleware.Name")
+	}
+	return m, nil
+}
+
+// Describe instantiates a throwaway middleware to report name and stages.
+func (s *server) Describe(_ context.Context, req *pluginproto.DescribeRequest) (*pluginproto.DescribeResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, err := s.instantiate(req.Config, bus.PluginInfo{Logger: s.logger})
+	if err != nil {
+		return nil, err
+	}
+	sdkVersion := "(devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/plugbus/plugbus" {
+				sdkVersion = d.Version
+			}
+		}
+	}
+	return &pluginproto.DescribeResponse{Name: m.Name, Version: s.version, Stages: stageInfos(m, s.before), Sdk: sdkVersion}, nil
+}
+
+// Instantiate makes one bus's middleware.
+func (s *server) Instantiate(_ context.Context, req *pluginproto.InstantiateRequest) (*pluginproto.InstantiateResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info := bus.PluginInfo{Name: req.BusName, Endpoint: req.Endpoint, Logger: s.logger, Handles: req.Handles}
+	m, err := s.instantiate(req.Config, info)
+	if err != nil {
+		return nil, err
+	}
+	s.insts[req.Instance] = &instance{mw: m, endpoint: req.Endpoint, logger: s.logger}
+	return &pluginproto.InstantiateResponse{Name: m.Name, Stages: stageInfos(m, s.before), HasStart: m.Start != nil, HasStop: m.Stop != nil}, nil
+}
+
+func (s *server) instance(id uint32) *instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.insts[id]
+}
+
+// Lifecycle runs Start or Stop, or forgets an instance.
+func (s *server) Lifecycle(ctx context.Context, req *pluginproto.LifecycleRequest) (*pluginproto.LifecycleResponse, error) {
+	inst := s.instance(req.Instance)
+	if inst == nil {
+		return nil, fmt.Errorf("unknown instance %d", req.Instance)
+	}
+	if req.DeadlineUnixNano != 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, time.Unix(0, req.DeadlineUnixNano))
+		defer cancel()
+	}
+	var err error
+	switch req.Op {
+	case pluginproto.LifecycleRequest_OP_START:
+		if inst.mw.Start != nil {
+			err = inst.mw.Start(ctx)
+		}
+	case pluginproto.LifecycleRequest_OP_STOP:
+		if inst.mw.Stop != nil {
+			err = inst.mw.Stop(ctx)
+		}
+	case pluginproto.LifecycleRequest_OP_RELEASE:
+		s.mu.Lock()
+		delete(s.insts, req.Instance)
+		s.mu.Unlock()
+	}
+	return &pluginproto.LifecycleResponse{Error: pluginproto.EncodeError(err)}, nil
+}
+
+// session is one Invoke stream.
+type session struct {
+	s      *server
+	stream pluginproto.Plugin_InvokeServer
+	ctx    context.Context
+	sendq  chan *pluginproto.PluginFrame
+
+	mu    sync.Mutex
+	calls map[uint64]*pcall
+	wg    sync.WaitGroup
+}
+
+// Invoke serves one long-lived stream of multiplexed stage invocations.
+func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	ss := &session{s: s, stream: stream, ctx: ctx, sendq: make(chan *pluginproto.PluginFrame, 1024), calls: make(map[uint64]*pcall)}
+	werr := make(chan error, 1)
+	go func() { werr <- ss.writeLoop() }()
+	err := ss.readLoop()
+	cancel()
+	ss.mu.Lock()
+	for _, c := range ss.calls {
+		c.cancel()
+	}
+	ss.mu.Unlock()
+	ss.wg.Wait()
+	if werr := <-werr; err == nil && werr != nil && !errors.Is(werr, context.Canceled) {
+		err = werr
+	}
+	return err
+}
+
+func (ss *session) writeLoop() error {
+	b := &pluginproto.PluginBatch{}
+	for {
+		var f *pluginproto.PluginFrame
+		select {
+		case f = <-ss.sendq:
+		case <-ss.ctx.Done():
+			return ss.ctx.Err()
+		}
+		b.Frames = append(b.Frames[:0], f)
+	drain:
+		for len(b.Frames) < 256 {
+			select {
+			case f = <-ss.sendq:
+				b.Frames = append(b.Frames, f)
+			default:
+				break drain
+			}
+		}
+		if err := ss.stream.Send(b); err != nil {
+			return err
+		}
+		clear(b.Frames)
+	}
+}
+
+func (ss *session) send(f *pluginproto.PluginFrame) {
+	select {
+	case ss.sendq <- f:
+	case <-ss.ctx.Done():
+	}
+}
+
+func (ss *session) readLoop() error {
+	for {
+		b, err := ss.stream.Recv()
+		if err != nil {
+			if ss.ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, f := range b.Frames {
+			switch k := f.Kind.(type) {
+			case *pluginproto.HostFrame_Invoke:
+				c := ss.newCall(f.Call, k.Invoke)
+				ss.wg.Go(func() { c.run(k.Invoke) })
+			case *pluginproto.HostFrame_NextResult:
+				if c := ss.call(f.Call); c != nil {
+					select {
+					case c.results <- k.NextResult:
+					default:
+					}
+				}
+			case *pluginproto.HostFrame_Cancel:
+				if c := ss.call(f.Call); c != nil {
+					c.cancel()
+				}
+			}
+		}
+	}
+}
+
+func (ss *session) call(id uint64) *pcall {
+	ss.mu.Lock()
+	c := ss.calls[id]
+	ss.mu.Unlock()
+	return c
+}
+
+func (ss *session) newCall(id uint64, inv *pluginproto.Invoke) *pcall {
+	c := &pcall{id: id, ss: ss, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
+	if inv.DeadlineUnixNano != 0 {
+		c.ctx, c.cancel = context.WithDeadline(ss.ctx, time.Unix(0, inv.DeadlineUnixNano))
+	} else {
+		c.ctx, c.cancel = context.WithCancel(ss.ctx)
+	}
+	ss.mu.Lock()
+	ss.calls[id] = c
+	ss.mu.Unlock()
+	return c
+}
+
+const (
+	callRunning int32 = iota
+	callNext
+	callReturned
+)
+
+// pcall is one stage invocation inside the plugin.
+type pcall struct {
+	id      uint64
+	ss      *session
+	ctx     context.Context
+	cancel  context.CancelFunc
+	results chan *pluginproto.NextResult
+	stage   bus.Stage
+	mw      string
+
+	state      atomic.Int32
+	beforeOnly bool
+	continued  bool
+	nextErr    error
+
+	out     *bus.Outgoing
+	outBase *pluginproto.OutgoingMessage
+}
+
+func (c *pcall) run(inv *pluginproto.Invoke) {
+	defer func() {
+		c.cancel()
+		c.ss.mu.Lock()
+		delete(c.ss.calls, c.id)
+		c.ss.mu.Unlock()
+	}()
+	done := &pluginproto.Done{}
+	err := c.invoke(inv)
+	c.state.Store(callReturned)
+	if c.continued && err == nil {
+		done.Continue = true
+		if c.out != nil {
+			done.Mutation = mutation(c.out, c.outBase)
+		}
+	} else if err != nil {
+		done.Error = c.encodeError(err)
+	}
+	c.ss.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})
+}
+
+func (c *pcall) invoke(inv *pluginproto.Invoke) (err error) {
+	inst := c.ss.s.instance(inv.Instance)
+	if inst == nil {
+		return fmt.Errorf("sdk: unknown middleware instance %d; the host must instantiate it first", inv.Instance)
+	}
+	c.mw = inst.mw.Name
+	c.beforeOnly = c.ss.s.before[c.stage]
+	defer func() {
+		if p := recover(); p != nil {
+			stack := debug.Stack()
+			err = &bus.PanicError{Value: p, Stack: stack}
+			inst.logger.Error("middleware panicked", slog.String("stage", c.stage.String()), slog.String("middleware", c.mw), slog.Any("panic", p), slog.String("stack", string(stack)))
+		}
+	}()
+	info := bus.StageInfo{Middleware: inst.mw.Name, Endpoint: inst.endpoint, Logger: inst.logger}
+	switch s := inv.Subject.(type) {
+	case *pluginproto.Invoke_Incoming:
+		m := s.Incoming
+		if inst.mw.Incoming == nil {
+			return c.skip()
+		}
+		d := &bus.Delivery{Envelope: bus.Envelope{Name: m.Name, ContentType: m.ContentType, Body: m.Body,
+			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
+		if m.Endpoint != "" {
+			info.Endpoint = m.Endpoint
+		}
+		return inst.mw.Incoming(c.ctx, bus.NewIncoming(d, info), c.next)
+	case *pluginproto.Invoke_Handling:
+		m := s.Handling
+		if inst.mw.Handling == nil {
+			return c.skip()
+		}
+		d := &bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
+			Attributes: pluginproto.ToAttributes(m.Attributes)}, Attempt: int(m.Attempt)}
+		return inst.mw.Handling(c.ctx, bus.NewHandling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d, info), c.next)
+	case *pluginproto.Invoke_Outgoing:
+		m := s.Outgoing
+		if inst.mw.Outgoing == nil {
+			return c.skip()
+		}
+		c.outBase = m
+		c.out = bus.NewOutgoing(bus.OutgoingMessage{Kind: bus.Kind(m.Kind), Name: m.Name, Message: RawMessage{Name: m.Name, Body: m.Body},
+			Destination: m.Destination, Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers, InHandler: m.InHandler}, info)
+		return inst.mw.Outgoing(c.ctx, c.out, c.next)
+	}
+	return fmt.Errorf("sdk: invocation without a subject (host speaks a newer protocol?)")
+}
+
+// skip answers a stage the instance lacks (a host should never ask) by
+// continuing.
+func (c *pcall) skip() error {
+	c.beforeOnly = true
+	return c.next(c.ctx)
+}
+
+// next crosses back to the host, which runs the rest of the chain.
+func (c *pcall) next(ctx context.Context) error {
+	if !c.state.CompareAndSwap(callRunning, callNext) {
+		return &bus.NextCalledTwiceError{Stage: c.stage, Middleware: c.mw, AfterReturn: c.state.Load() == callReturned}
+	}
+	if c.beforeOnly {
+		c.continued = true
+		return nil
+	}
+	nc := &pluginproto.NextCall{DeadlineUnixNano: pluginproto.Deadline(ctx)}
+	if c.out != nil {
+		nc.Mutation = mutation(c.out, c.outBase)
+	}
+	c.ss.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
+	select {
+	case r := <-c.results:
+		c.nextErr = decodeHostError(r.Error)
+		return c.nextErr
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.ctx.Done():
+		return c.ctx.Err()
+	}
+}
+
+func (c *pcall) encodeError(err error) *pluginproto.Error {
+	if c.nextErr != nil {
+		if err == c.nextErr {
+			return &pluginproto.Error{IsNextError: true, Message: err.Error()}
+		}
+		if errors.Is(err, c.nextErr) {
+			e := pluginproto.EncodeError(err)
+			e.WrapsNextError = true
+			return e
+		}
+	}
+	return pluginproto.EncodeError(err)
+}
+
+// mutation reports what an outgoing middleware changed in out compared
+// with what the host sent, or nil.
+func mutation(out *bus.Outgoing, base *pluginproto.OutgoingMessage) *pluginproto.Mutation {
+	a := out.Attributes()
+	ba := base.Attributes
+	if ba == nil {
+		ba = &pluginproto.Attributes{}
+	}
+	var m pluginproto.Mutation
+	changed := false
+	if a.CorrelationID != ba.CorrelationId {
+		m.CorrelationIdChanged, m.CorrelationId, changed = true, a.CorrelationID, true
+	}
+	n, _ := a.Len()
+	valuesChanged := n != len(ba.Values)
+	if !valuesChanged {
+		for k, v := range a.Values() {
+			if bv, ok := ba.Values[k]; !ok || bv != v {
+				valuesChanged = true
+				break
+			}
+		}
+	}
+	if valuesChanged {
+		m.ValuesChanged, changed = true, true
+		m.Values = maps.Collect(a.Values())
+	}
+	for k, v := range a.StickyValues() {
+		if bv, ok := ba.Sticky[k]; !ok || bv != v {
+			if m.Sticky == nil {
+				m.Sticky = make(map[string]string, 2)
+			}
+			m.Sticky[k] = v
+			changed = true
+		}
+	}
+	if h := out.Headers(); !maps.Equal(h, base.Headers) {
+		m.HeadersChanged, m.Headers, changed = true, maps.Clone(h), true
+	}
+	if !changed {
+		return nil
+	}
+	return &m
+}
+
+var _ pluginproto.PluginServer = (*server)(nil)
