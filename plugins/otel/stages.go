@@ -15,11 +15,11 @@ import (
 
 // panicErrorType is the error.type of a span a panic unwound through: the
 // bus turns the panic into a *bus.PanicError further up.
-var panicErrorType = semconv.ErrorTypeKey.String(semconv.ErrorType(&bus.PanicError{}).Value.AsString())
+var panicErrorType = semconv.ErrorType(&bus.PanicError{})
 
 // incoming runs once per received message: a consumer span around the rest
 // of the chain and the handlers, and the consumed and process metrics.
-func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) (err error) {
+func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
 	start := time.Now()
 	ctx = m.prop.Extract(ctx, incomingCarrier{in})
 	name := in.Name()
@@ -52,7 +52,7 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 		}
 		span.End()
 	}()
-	err = next(ctx)
+	err := next(ctx)
 	returned = true
 	if err != nil {
 		et := semconv.ErrorType(err)
