@@ -233,7 +233,9 @@ func TestSemantics(t *testing.T) {
 		}},
 		{scenario: "deadline", want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 101 && o.HandlerDL, o) }},
 		{scenario: "handler-skip", want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 1, o) }},
-		{scenario: "panic", want: func(t *testing.T, o outcome) { expect(t, o.Err && o.Handled == 0 && len(o.Is) == 1 && o.Is[0] == "panic", o) }},
+		{scenario: "panic", want: func(t *testing.T, o outcome) {
+			expect(t, o.Err && o.Handled == 0 && len(o.Is) == 1 && o.Is[0] == "panic", o)
+		}},
 		{scenario: "mutate", outgoing: true, want: func(t *testing.T, o outcome) {
 			s := o.Sent
 			expect(t, !o.Err && s != nil && s.CorrelationID == "corr-mw" && s.Headers["x-mw"] == "3" &&
