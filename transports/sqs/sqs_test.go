@@ -141,7 +141,6 @@ func TestConformance(t *testing.T) {
 	probe := sqs.New(cfg, fastOptions(prefix)...)
 	transporttest.Run(t, newT, transporttest.Features{
 		ReservedHeader: sqs.AttributeName,
-		Messages:       1000,
 		DeadLetters: func(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter {
 			return deadLetters(ctx, t, probe, endpoint, n)
 		},

@@ -1,0 +1,72 @@
+package sqs_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/transports/sqs"
+)
+
+func benchEnvelope() *bus.Envelope {
+	return &bus.Envelope{
+		Name: "orders.order-placed", ContentType: "application/json",
+		Body:       []byte(`{"order":"o-123","customer":"c-9","total":1299,"currency":"EUR"}`),
+		Attributes: bus.NewAttributes("0190a5c2-7f1e-7c3a-9b1d-3f2e4a5b6c7d", "0190a5c2-7f1e-7c3a-9b1d-3f2e4a5b6c7d", time.Now(), map[string]string{"tenant": "acme"}, nil),
+		Headers:    bus.Headers{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+	}
+}
+
+// BenchmarkEncode measures turning an envelope into an SQS body and
+// message attributes (done on every Send and Publish).
+func BenchmarkEncode(b *testing.B) {
+	env := benchEnvelope()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := sqs.Encode(env); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDecode measures reading a received SQS message into a delivery.
+func BenchmarkDecode(b *testing.B) {
+	msg, err := sqs.Encode(benchEnvelope())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if d := sqs.Decode(msg); d.Err != nil {
+			b.Fatal(d.Err)
+		}
+	}
+}
+
+// BenchmarkSendReceiveDelete measures one message through the local
+// emulator: Send, Receive, Delete (batched), sequentially.
+func BenchmarkSendReceiveDelete(b *testing.B) {
+	cfg := awsConfig(b)
+	prefix := uniquePrefix(b, cfg)
+	ctx := context.Background()
+	tr := sqs.New(cfg, fastOptions(prefix)...)
+	defer tr.Close(ctx)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "bench", MaxAttempts: 5, Concurrency: 8}); err != nil {
+		b.Fatal(err)
+	}
+	env := benchEnvelope()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := tr.Send(ctx, env, bus.SendOptions{Destination: "bench"}); err != nil {
+			b.Fatal(err)
+		}
+		d, err := tr.Receive(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := tr.Delete(ctx, d); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
