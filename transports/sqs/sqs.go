@@ -280,8 +280,10 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 	if t.closed {
 		return bus.ErrClosed
 	}
-	t.endpoint, t.queueURL, t.dlqURL = topo.Endpoint, queueURL, dlqURL
 	if !t.running {
+		// Once receiving, the URLs stay as they are: they are read without
+		// the lock, and a second Setup of the same endpoint yields the same.
+		t.endpoint, t.queueURL, t.dlqURL = topo.Endpoint, queueURL, dlqURL
 		t.capacity = max(topo.Concurrency, 1)
 	}
 	t.log.DebugContext(ctx, "topology declared", slog.String("endpoint", topo.Endpoint), slog.String("queue", qname),
