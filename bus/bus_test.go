@@ -1,0 +1,482 @@
+package bus_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
+	"github.com/plugbus/plugbus/transports/memory"
+)
+
+func TestCorrelationAndStickyAttributesFlowDownstream(t *testing.T) {
+	got := make(chan bus.Attributes, 1)
+	var first bus.Attributes
+	e := newEnv(t, nil,
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			first = a
+			return e0bus(ctx).Send(ctx, chargeCard{OrderID: m.ID}, bus.WithAttribute("hop", "2"))
+		}),
+		bus.WithHandler(func(ctx context.Context, m chargeCard, a bus.Attributes) error { got <- a; return nil }))
+	if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}, bus.WithAttribute("hop", "1"), bus.WithStickyAttribute("tenant", "acme")); err != nil {
+		t.Fatal(err)
+	}
+	a := recv(t, got)
+	if first.MessageID == "" || first.CorrelationID != first.MessageID {
+		t.Fatalf("first message: id %q correlation %q (a new conversation is correlated by its first id)", first.MessageID, first.CorrelationID)
+	}
+	if a.CorrelationID != first.CorrelationID {
+		t.Fatalf("correlation id not inherited: %s vs %s", a.CorrelationID, first.CorrelationID)
+	}
+	if a.MessageID == first.MessageID || a.MessageID == "" {
+		t.Fatalf("message id %q not new", a.MessageID)
+	}
+	if v, _ := a.StickyValue("tenant"); v != "acme" {
+		t.Fatalf("sticky attribute not copied: %q", v)
+	}
+	if v, _ := a.Value("hop"); v != "2" {
+		t.Fatalf("one-hop attribute: %q, want only the new message's own", v)
+	}
+	if a.SentAt.IsZero() || a.SentAt.Before(first.SentAt) {
+		t.Fatalf("sent-at %v before %v", a.SentAt, first.SentAt)
+	}
+}
+
+func TestMaxAttemptsDeadLettersWithMetadata(t *testing.T) {
+	calls := atomic.Int32{}
+	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+		calls.Add(1)
+		return errors.New("card declined")
+	}, bus.HandlerName("charge")))
+	if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}, bus.WithMessageID("m-dl")); err != nil {
+		t.Fatal(err)
+	}
+	e.expect("return")
+	e.expect("return")
+	s := e.expect("fail")
+	if calls.Load() != 3 {
+		t.Fatalf("handler ran %d times, want 3", calls.Load())
+	}
+	dl := e.broker.DeadLetters("ep")
+	if len(dl) != 1 {
+		t.Fatalf("%d dead letters", len(dl))
+	}
+	f := dl[0].Failure
+	if f.Attempts != 3 || f.Endpoint != "ep" || !strings.Contains(f.Reason, "charge: card declined") || f.Time.IsZero() {
+		t.Fatalf("failure %+v", f)
+	}
+	if dl[0].Envelope.Attributes.MessageID != "m-dl" || s.d.Attributes.MessageID != "m-dl" {
+		t.Fatalf("dead letter lost the message id: %s", dl[0].Envelope.Attributes.MessageID)
+	}
+}
+
+func TestUndecodableMessageDeadLettersAtOnce(t *testing.T) {
+	ran := make(chan struct{}, 1)
+	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+		ran <- struct{}{}
+		return nil
+	}))
+	raw := memory.New(memory.WithBroker(e.broker))
+	poison := &bus.Envelope{Name: "shop.order_placed", ContentType: "application/json", Body: []byte(`{"id": 42`),
+		Attributes: bus.NewAttributes("m-poison", "c", e0(), nil, nil)}
+	if err := raw.Send(t.Context(), poison, bus.SendOptions{Destination: "ep"}); err != nil {
+		t.Fatal(err)
+	}
+	noName := &bus.Envelope{Body: []byte(`{}`), Attributes: bus.NewAttributes("m-noname", "c", e0(), nil, nil)}
+	if err := raw.Send(t.Context(), noName, bus.SendOptions{Destination: "ep"}); err != nil {
+		t.Fatal(err)
+	}
+	s := e.expect("fail")
+	if s.d.Attempt != 1 || !strings.Contains(s.failure.Reason, "cannot be decoded into bus_test.orderPlaced") {
+		t.Fatalf("poison dead-lettered after %d attempts with %q", s.d.Attempt, s.failure.Reason)
+	}
+	s = e.expect("fail")
+	if !strings.Contains(s.failure.Reason, "no name") {
+		t.Fatalf("unnamed message reason %q", s.failure.Reason)
+	}
+	if len(ran) != 0 {
+		t.Fatal("handler ran for an undecodable message")
+	}
+	if dl := e.broker.DeadLetters("ep"); len(dl) != 2 || dl[0].Envelope.Attributes.MessageID != "m-poison" {
+		t.Fatalf("dead letters %+v", dl)
+	}
+}
+
+func TestPanicsAreRecoveredAsErrors(t *testing.T) {
+	e := newEnv(t, nil,
+		bus.WithMiddleware(bus.Middleware{Name: "panics", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			if out.Name() == "shop.order_shipped" {
+				panic("outgoing panic")
+			}
+			return next(ctx)
+		}}),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			panic(errors.New("handler panic"))
+		}))
+	err := e.bus.Publish(t.Context(), orderShipped{})
+	var pe *bus.PanicError
+	if !errors.As(err, &pe) || !errors.Is(err, bus.ErrPanic) || pe.Value != "outgoing panic" || len(pe.Stack) == 0 {
+		t.Fatalf("outgoing panic: %v", err)
+	}
+	if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	s := e.expect("return")
+	if !errors.Is(s.cause, bus.ErrPanic) || !strings.Contains(s.cause.Error(), "handler panic") {
+		t.Fatalf("handler panic surfaced as %v", s.cause)
+	}
+}
+
+func TestIncomingPanicIsRetried(t *testing.T) {
+	e := newEnv(t, nil,
+		bus.WithMiddleware(bus.Middleware{Name: "panics", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			panic("incoming panic")
+		}}),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }))
+	if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.expect("return"); !errors.Is(s.cause, bus.ErrPanic) {
+		t.Fatalf("cause %v", s.cause)
+	}
+}
+
+func TestTwoBusesAreIsolated(t *testing.T) {
+	broker := memory.NewBroker()
+	var aOut, bOut, aIn, bIn atomic.Int32
+	count := func(name string, in, out *atomic.Int32) bus.Plugin {
+		return bus.PluginFunc(func(info bus.PluginInfo) (bus.Middleware, error) {
+			return bus.Middleware{
+				Name:     name,
+				Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { in.Add(1); return next(ctx) },
+				Outgoing: func(ctx context.Context, _ *bus.Outgoing, next bus.Next) error { out.Add(1); return next(ctx) },
+			}, nil
+		})
+	}
+	charged := make(chan string, 10)
+	var busB *bus.Bus
+	sendErr := make(chan error, 10)
+	a := newEnv(t, broker, bus.WithMiddleware(count("a", &aIn, &aOut)),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, at bus.Attributes) error {
+			// bus B's Send with bus A's handler context is not buffered in A's outbox
+			sendErr <- busB.Send(ctx, chargeCard{OrderID: m.ID}, bus.To("billing"))
+			return errors.New("a fails: its own sends are discarded, B's are not A's")
+		}))
+	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+		bus.WithLogger(discard()), bus.WithMiddleware(count("b", &bIn, &bOut)),
+		bus.WithHandler(func(ctx context.Context, m chargeCard, at bus.Attributes) error {
+			if _, _, ok := bus.MessageContext(ctx); !ok {
+				return errors.New("no message context")
+			}
+			charged <- m.OrderID
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	busB = b
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Stop(context.Background()) })
+	if err := a.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(t, sendErr); err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, charged); got != "1" {
+		t.Fatalf("charged %s", got)
+	}
+	a.expect("return")
+	if aOut.Load() != 1 || bOut.Load() < 1 || bIn.Load() < 1 {
+		t.Fatalf("middleware counts: a out %d, b out %d, b in %d", aOut.Load(), bOut.Load(), bIn.Load())
+	}
+	if aIn.Load() < 1 {
+		t.Fatal("a's incoming middleware did not run")
+	}
+}
+
+func TestPluginsInstantiatedOncePerBusWithLifecycle(t *testing.T) {
+	var made atomic.Int32
+	var order []string
+	plugin := func(name string) bus.Plugin {
+		return bus.PluginFunc(func(info bus.PluginInfo) (bus.Middleware, error) {
+			made.Add(1)
+			if info.Endpoint != "ep" || info.Bus == nil || info.Logger == nil || info.Transport == nil || len(info.Handles) != 1 {
+				t.Errorf("plugin info %+v", info)
+			}
+			return bus.Middleware{
+				Name:  name,
+				Start: func(context.Context) error { order = append(order, "start "+name); return nil },
+				Stop:  func(context.Context) error { order = append(order, "stop "+name); return nil },
+			}, nil
+		})
+	}
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithMiddleware(plugin("p1"), plugin("p2")),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if made.Load() != 2 {
+		t.Fatalf("plugins instantiated %d times", made.Load())
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); !errors.Is(err, bus.ErrAlreadyStarted) {
+		t.Fatalf("second Start: %v", err)
+	}
+	if err := b.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(order, ", "); got != "start p1, start p2, stop p2, stop p1" {
+		t.Fatalf("lifecycle order: %s", got)
+	}
+	if made.Load() != 2 {
+		t.Fatalf("plugins instantiated %d times", made.Load())
+	}
+	if err := b.Start(t.Context()); !errors.Is(err, bus.ErrClosed) {
+		t.Fatalf("Start after Stop: %v", err)
+	}
+	if err := b.Send(t.Context(), orderPlaced{}); !errors.Is(err, bus.ErrClosed) {
+		t.Fatalf("Send after Stop: %v", err)
+	}
+	if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{}, bus.Attributes{})); !errors.Is(err, bus.ErrClosed) {
+		t.Fatalf("Deliver after Stop: %v", err)
+	}
+	if err := b.Stop(t.Context()); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+}
+
+func TestFailingPluginStartStopsTheStartedOnes(t *testing.T) {
+	var stopped []string
+	b, err := bus.New(bus.WithLogger(discard()), bus.WithMiddleware(
+		bus.Middleware{Name: "ok", Start: func(context.Context) error { return nil }, Stop: func(context.Context) error { stopped = append(stopped, "ok"); return nil }},
+		bus.Middleware{Name: "bad", Start: func(context.Context) error { return errors.New("no database") }},
+	))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err == nil || !strings.Contains(err.Error(), `"bad"`) {
+		t.Fatalf("Start: %v", err)
+	}
+	if len(stopped) != 1 {
+		t.Fatalf("started middleware not stopped: %v", stopped)
+	}
+	_ = b.Stop(t.Context())
+}
+
+func TestNewRejectsBadConfiguration(t *testing.T) {
+	handler := bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil })
+	for name, opts := range map[string][]bus.Option{
+		"handlers without endpoint": {handler},
+		"zero concurrency":          {bus.WithConcurrency(0)},
+		"zero attempts":             {bus.WithMaxAttempts(0)},
+		"nil plugin":                {bus.WithMiddleware(nil)},
+		"unnamed middleware":        {bus.WithMiddleware(bus.Middleware{})},
+		"failing plugin": {bus.WithMiddleware(bus.PluginFunc(func(bus.PluginInfo) (bus.Middleware, error) {
+			return bus.Middleware{}, errors.New("bad config")
+		}))},
+	} {
+		if _, err := bus.New(opts...); err == nil {
+			t.Errorf("%s: New succeeded", name)
+		}
+	}
+}
+
+func TestSendOnlyBusAndRouting(t *testing.T) {
+	broker := memory.NewBroker()
+	got := make(chan string, 2)
+	newEnv(t, broker, bus.WithHandler(func(ctx context.Context, m chargeCard, a bus.Attributes) error { got <- m.OrderID; return nil }))
+	sender, err := bus.New(bus.WithTransport(memory.New(memory.WithBroker(broker))), bus.WithRoute("ep", chargeCard{}), bus.WithLogger(discard()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Stop(context.Background())
+	ctx := t.Context()
+	if err := sender.Send(ctx, chargeCard{OrderID: "routed"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sender.Send(ctx, chargeCard{OrderID: "direct"}, bus.To("ep")); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := recv(t, got), recv(t, got); a != "routed" || b != "direct" {
+		t.Fatalf("got %s, %s", a, b)
+	}
+	if err := sender.Send(ctx, orderPlaced{}); !errors.Is(err, bus.ErrNoRoute) || !strings.Contains(err.Error(), "bus.To") {
+		t.Fatalf("unrouted send: %v", err)
+	}
+}
+
+func TestHeaderReservedRefusedAtSendTime(t *testing.T) {
+	handlerErr := make(chan error, 1)
+	e := newEnv(t, nil,
+		bus.WithTransport(reserving{memory.New()}),
+		bus.WithMiddleware(bus.Middleware{Name: "sets-reserved", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			out.Headers()["x-reserved"] = "1"
+			return next(ctx)
+		}}),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }))
+	_ = handlerErr
+	err := e.bus.Send(t.Context(), orderPlaced{})
+	var hr *bus.HeaderReservedError
+	if !errors.Is(err, bus.ErrHeaderReserved) || !errors.As(err, &hr) || hr.Header != "x-reserved" {
+		t.Fatalf("Send: %v", err)
+	}
+}
+
+// reserving is a memory transport that reserves the header x-reserved.
+type reserving struct{ *memory.Transport }
+
+func (reserving) ValidateHeaders(h bus.Headers) error {
+	if _, ok := h["x-reserved"]; ok {
+		return &bus.HeaderReservedError{Transport: "test", Header: "x-reserved"}
+	}
+	return nil
+}
+
+func TestStopDrainsInFlightMessages(t *testing.T) {
+	started := make(chan struct{})
+	release := make(chan struct{})
+	finished := make(chan struct{})
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			close(started)
+			<-release
+			close(finished)
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(t.Context(), orderPlaced{}); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	stopped := make(chan error)
+	go func() { stopped <- b.Stop(context.Background()) }()
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned %v before the in-flight handler finished", err)
+	default:
+	}
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-finished:
+	default:
+		t.Fatal("Stop returned before the handler finished")
+	}
+}
+
+func TestStopBoundedByContextCancelsHandlers(t *testing.T) {
+	started := make(chan struct{})
+	broker := memory.NewBroker()
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(t.Context(), orderPlaced{}); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want context.DeadlineExceeded", err)
+	}
+	// the interrupted message is not lost: it is back in the queue
+	if n := broker.Depth("ep"); n != 1 {
+		t.Fatalf("queue depth %d after an interrupted stop, want 1", n)
+	}
+}
+
+func TestDeliverReportsOutcome(t *testing.T) {
+	boom := errors.New("boom")
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			if m.ID == "bad" {
+				return boom
+			}
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(context.Background())
+	ctx := t.Context()
+	if err := b.Deliver(ctx, bustest.Delivery(orderPlaced{ID: "good"}, bus.Attributes{})); err != nil {
+		t.Fatalf("good: %v", err)
+	}
+	if err := b.Deliver(ctx, bustest.Delivery(orderPlaced{ID: "bad"}, bus.Attributes{})); !errors.Is(err, boom) {
+		t.Fatalf("bad: %v", err)
+	}
+	poison := bustest.Delivery(orderPlaced{}, bus.Attributes{})
+	poison.Body = []byte("not json")
+	if err := b.Deliver(ctx, poison); !errors.Is(err, bus.ErrDecode) {
+		t.Fatalf("poison: %v", err)
+	}
+}
+
+func TestSendAfterHandlerReturnedIsRefused(t *testing.T) {
+	kept := make(chan context.Context, 1)
+	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+		kept <- ctx
+		return nil
+	}))
+	if err := e.bus.Send(t.Context(), orderPlaced{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := recv(t, kept)
+	e.expect("delete")
+	if err := e.bus.Send(ctx, chargeCard{}, bus.To("ep")); err == nil || !strings.Contains(err.Error(), "already returned") {
+		t.Fatalf("send with a finished handler's context: %v", err)
+	}
+}
+
+func TestContextWithOutbox(t *testing.T) {
+	b, err := bus.New(bus.WithLogger(discard()), bus.WithRoute("ep", chargeCard{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(context.Background())
+	var box collect
+	ctx := bus.ContextWithOutbox(t.Context(), b, &box)
+	if err := b.Send(ctx, chargeCard{OrderID: "1"}, bus.WithMessageID("m-1")); err != nil {
+		t.Fatal(err)
+	}
+	if len(box) != 1 || box[0].Envelope.Attributes.MessageID != "m-1" || box[0].Options.Destination != "ep" || box[0].Kind != bus.KindSend {
+		t.Fatalf("outbox got %+v", box)
+	}
+	other, _ := bus.New(bus.WithLogger(discard()), bus.WithRoute("ep", chargeCard{}))
+	defer other.Stop(context.Background())
+	if err := other.Send(ctx, chargeCard{}); err != nil { // another bus ignores it
+		t.Fatal(err)
+	}
+	if len(box) != 1 {
+		t.Fatal("another bus used this bus's outbox")
+	}
+}
+
+type collect []bus.Outbound
+
+func (c *collect) Add(_ context.Context, m bus.Outbound) error { *c = append(*c, m); return nil }
