@@ -190,7 +190,8 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 	if !st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_Invoke{Invoke: inv}}) {
 		return p.down(ctx, stage, next, false, nil, proc.cause)
 	}
-	timer := time.NewTimer(p.cfg.callTimeout)
+	timer := c.timer
+	timer.Reset(p.cfg.callTimeout)
 	defer timer.Stop()
 	var (
 		nextCalled bool

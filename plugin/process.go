@@ -102,8 +102,9 @@ type stream struct {
 
 // hcall is one stage invocation awaiting the plugin.
 type hcall struct {
-	id uint64
-	ch chan *pluginproto.PluginFrame
+	id    uint64
+	ch    chan *pluginproto.PluginFrame
+	timer *time.Timer // per-invocation timeout, reused with the call
 }
 
 func (proc *process) openStream() error {
@@ -177,7 +178,8 @@ func (st *stream) send(f *pluginproto.HostFrame) bool {
 func (st *stream) newCall() *hcall {
 	c, _ := st.pool.Get().(*hcall)
 	if c == nil {
-		c = &hcall{ch: make(chan *pluginproto.PluginFrame, 1)}
+		c = &hcall{ch: make(chan *pluginproto.PluginFrame, 1), timer: time.NewTimer(time.Hour)}
+		c.timer.Stop()
 	}
 	c.id = st.proc.callID.Add(1)
 	st.mu.Lock()

@@ -91,7 +91,7 @@ func serve(p bus.Plugin, opts []Option) error {
 	}
 	logger := slog.New(newHostHandler(os.Stderr, levelFromEnv()))
 	slog.SetDefault(logger)
-	s := newServer(p, c.version, logger)
+	s := newServer(p, c.version, slog.New(lazyHandler{h: logger.Handler()}))
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig: pluginproto.Handshake,
 		VersionedPlugins: map[int]goplugin.PluginSet{

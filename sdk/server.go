@@ -129,6 +129,7 @@ type session struct {
 	stream pluginproto.Plugin_InvokeServer
 	ctx    context.Context
 	sendq  chan *pluginproto.PluginFrame
+	work   chan *pcall
 
 	mu    sync.Mutex
 	calls map[uint64]*pcall
@@ -138,7 +139,7 @@ type session struct {
 // Invoke serves one long-lived stream of multiplexed stage invocations.
 func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
 	ctx, cancel := context.WithCancel(stream.Context())
-	ss := &session{s: s, stream: stream, ctx: ctx, sendq: make(chan *pluginproto.PluginFrame, 1024), calls: make(map[uint64]*pcall)}
+	ss := &session{s: s, stream: stream, ctx: ctx, sendq: make(chan *pluginproto.PluginFrame, 1024), work: make(chan *pcall), calls: make(map[uint64]*pcall)}
 	werr := make(chan error, 1)
 	go func() { werr <- ss.writeLoop() }()
 	err := ss.readLoop()
@@ -201,7 +202,11 @@ func (ss *session) readLoop() error {
 			switch k := f.Kind.(type) {
 			case *pluginproto.HostFrame_Invoke:
 				c := ss.newCall(f.Call, k.Invoke)
-				ss.wg.Go(func() { c.run(k.Invoke) })
+				select { // hand to an idle worker, else start one
+				case ss.work <- c:
+				default:
+					ss.wg.Go(func() { ss.worker(c) })
+				}
 			case *pluginproto.HostFrame_NextResult:
 				if c := ss.call(f.Call); c != nil {
 					select {
@@ -218,6 +223,20 @@ func (ss *session) readLoop() error {
 	}
 }
 
+// worker runs invocations. Workers live as long as the stream, so that
+// their stacks, grown once, are reused; there are as many as invocations
+// ever ran at once.
+func (ss *session) worker(c *pcall) {
+	for {
+		c.run(c.inv)
+		select {
+		case c = <-ss.work:
+		case <-ss.ctx.Done():
+			return
+		}
+	}
+}
+
 func (ss *session) call(id uint64) *pcall {
 	ss.mu.Lock()
 	c := ss.calls[id]
@@ -226,7 +245,7 @@ func (ss *session) call(id uint64) *pcall {
 }
 
 func (ss *session) newCall(id uint64, inv *pluginproto.Invoke) *pcall {
-	c := &pcall{id: id, ss: ss, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
+	c := &pcall{id: id, ss: ss, inv: inv, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
 	if inv.DeadlineUnixNano != 0 {
 		c.ctx, c.cancel = context.WithDeadline(ss.ctx, time.Unix(0, inv.DeadlineUnixNano))
 	} else {
@@ -248,6 +267,7 @@ const (
 type pcall struct {
 	id      uint64
 	ss      *session
+	inv     *pluginproto.Invoke
 	ctx     context.Context
 	cancel  context.CancelFunc
 	results chan *pluginproto.NextResult
