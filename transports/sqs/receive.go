@@ -199,15 +199,20 @@ func (t *Transport) extend() {
 			t.log.Warn("extending the visibility of messages being handled failed; they may be delivered again", slog.Int("messages", n), slog.Any("error", err))
 			continue
 		}
-		failed := map[string]bool{}
+		failed := make(map[string]sqstypes.BatchResultErrorEntry, len(out.Failed))
 		for _, f := range out.Failed {
-			failed[aws.ToString(f.Id)] = true
-			t.log.Warn("extending the visibility of a message failed; it may be delivered again", slog.String("code", aws.ToString(f.Code)), slog.String("reason", aws.ToString(f.Message)))
+			failed[aws.ToString(f.Id)] = f
 		}
 		t.mu.Lock()
 		for i, e := range batch {
-			if !failed[strconv.Itoa(i)] {
+			f, bad := failed[strconv.Itoa(i)]
+			_, held := t.tracked[e]
+			switch {
+			case !bad:
 				e.deadline = now.Add(t.o.visibility)
+			case held: // a message settled meanwhile needs no extension
+				t.log.Warn("extending the visibility of a message being handled failed; it may be delivered again",
+					slog.String("code", aws.ToString(f.Code)), slog.String("reason", aws.ToString(f.Message)))
 			}
 		}
 		t.mu.Unlock()
@@ -303,13 +308,13 @@ func (t *Transport) deleteBatch(batch []*deleteReq) {
 
 // backoff returns the visibility delay before the attempt after attempt.
 func (t *Transport) backoff(attempt int) time.Duration {
-	base, cap := t.o.backoffBase, t.o.backoffMax
-	if base <= 0 || cap <= 0 {
+	base, ceiling := t.o.backoffBase, t.o.backoffMax
+	if base <= 0 || ceiling <= 0 {
 		return 0
 	}
 	d := base << min(max(attempt-1, 0), 30)
-	if d <= 0 || d > cap {
-		d = cap
+	if d <= 0 || d > ceiling {
+		d = ceiling
 	}
 	half := d / 2
 	return half + rand.N(d-half+1)
