@@ -2,7 +2,245 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/tracetree"
+	"github.com/plugbus/plugbus/plugins/otel"
+	"github.com/plugbus/plugbus/transports/memory"
 )
 
-func runDemo(ctx context.Context, w io.Writer, args []string) error { return nil }
+// The shop's messages.
+
+// PlaceOrder asks the orders service to take an order.
+type PlaceOrder struct {
+	OrderID string `json:"order_id"`
+	Amount  int    `json:"amount_cents"`
+}
+
+// MessageName implements bus.Message.
+func (PlaceOrder) MessageName() string { return "shop.place_order" }
+
+// OrderPlaced is published once an order is taken.
+type OrderPlaced struct {
+	OrderID string `json:"order_id"`
+	Amount  int    `json:"amount_cents"`
+}
+
+// MessageName implements bus.Message.
+func (OrderPlaced) MessageName() string { return "shop.order_placed" }
+
+// PaymentTaken is published by billing.
+type PaymentTaken struct {
+	OrderID string `json:"order_id"`
+}
+
+// MessageName implements bus.Message.
+func (PaymentTaken) MessageName() string { return "shop.payment_taken" }
+
+// OrderShipped is published by shipping.
+type OrderShipped struct {
+	OrderID string `json:"order_id"`
+}
+
+// MessageName implements bus.Message.
+func (OrderShipped) MessageName() string { return "shop.order_shipped" }
+
+// printer serialises the demo's output lines.
+type printer struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (p *printer) printf(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.w, format, args...)
+}
+
+// logging prints what each stage is about to do, on all three stages.
+func logging(p *printer, service string) bus.Middleware {
+	return bus.Middleware{
+		Name: "logging",
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			when := "to the transport now"
+			if out.InHandler() {
+				when = "buffered until the handler succeeds"
+			}
+			p.printf("%-9s outgoing  %-7s %-20s → %s, %s\n", service, out.Kind(), out.Name(), orDash(out.Destination(), "subscribers"), when)
+			return next(ctx)
+		},
+		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			p.printf("%-9s incoming  %-28s attempt %d, correlation …%s\n", service, in.Name(), in.Attempt(), short(in.Attributes().CorrelationID))
+			return next(ctx)
+		},
+		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			p.printf("%-9s handler   %-28s starts\n", service, h.HandlerName())
+			return next(ctx)
+		},
+	}
+}
+
+// timing reports how long each stage took once it returns, on all three stages.
+func timing(p *printer, service string) bus.Middleware {
+	report := func(stage, what string, start time.Time, err error) {
+		status := "ok"
+		if err != nil {
+			status = "failed: " + err.Error()
+		}
+		p.printf("%-9s %-9s %-28s %s in %s\n", service, stage, what, status, tracetree.Duration(time.Since(start)))
+	}
+	return bus.Middleware{
+		Name: "timing",
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			start := time.Now()
+			err := next(ctx)
+			report("outgoing", out.Name(), start, err)
+			return err
+		},
+		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			start := time.Now()
+			err := next(ctx)
+			report("incoming", in.Name(), start, err)
+			return err
+		},
+		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			start := time.Now()
+			err := next(ctx)
+			report("handler", h.HandlerName(), start, err)
+			return err
+		},
+	}
+}
+
+func orDash(s, alt string) string {
+	if s == "" {
+		return alt
+	}
+	return s
+}
+
+func short(id string) string {
+	if len(id) > 8 {
+		return id[len(id)-8:]
+	}
+	return id
+}
+
+// runDemo runs the shop: orders, billing and shipping, three buses on one
+// in-memory broker, traced with the otel plugin.
+func runDemo(ctx context.Context, w io.Writer, args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(w)
+	orders := fs.Int("orders", 1, "how many orders to place")
+	verbose := fs.Bool("v", false, "print the bus's own debug logs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	p := &printer{w: w}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	defer tp.Shutdown(context.WithoutCancel(ctx))
+
+	broker := memory.NewBroker()
+	var wg sync.WaitGroup
+	wg.Add(*orders)
+	newService := func(name string, opts ...bus.Option) (*bus.Bus, error) {
+		base := []bus.Option{
+			bus.WithEndpoint(name), bus.WithLogger(logger),
+			bus.WithTransport(memory.New(memory.WithBroker(broker))),
+			bus.WithMiddleware(otel.New(otel.WithTracerProvider(tp)), logging(p, name), timing(p, name)),
+		}
+		return bus.New(append(base, opts...)...)
+	}
+
+	var svcs []*bus.Bus
+	ordersBus, err := newService("orders",
+		bus.WithHandler(func(ctx context.Context, m PlaceOrder, a bus.Attributes) error {
+			b, _, _ := bus.MessageContext(ctx)
+			return b.Publish(ctx, OrderPlaced(m))
+		}, bus.HandlerName("take-order")),
+		bus.WithHandler(func(ctx context.Context, m OrderShipped, a bus.Attributes) error {
+			wg.Done()
+			return nil
+		}, bus.HandlerName("close-order")))
+	if err != nil {
+		return err
+	}
+	billing, err := newService("billing",
+		bus.WithHandler(func(ctx context.Context, m OrderPlaced, a bus.Attributes) error {
+			b, _, _ := bus.MessageContext(ctx)
+			return b.Publish(ctx, PaymentTaken{OrderID: m.OrderID})
+		}, bus.HandlerName("charge-card")))
+	if err != nil {
+		return err
+	}
+	shipping, err := newService("shipping",
+		bus.WithHandler(func(ctx context.Context, m PaymentTaken, a bus.Attributes) error {
+			b, _, _ := bus.MessageContext(ctx)
+			return b.Publish(ctx, OrderShipped(m))
+		}, bus.HandlerName("ship-parcel")))
+	if err != nil {
+		return err
+	}
+	svcs = append(svcs, ordersBus, billing, shipping)
+	for _, b := range svcs {
+		if err := b.Start(ctx); err != nil {
+			return err
+		}
+	}
+	stopAll := func() error {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		var errs []error
+		for _, b := range svcs {
+			errs = append(errs, b.Stop(sctx))
+		}
+		return errors.Join(errs...)
+	}
+
+	p.printf("plugbus demo: orders → billing → shipping on the in-memory transport\n\n")
+	// A front end sends the command from outside any handler.
+	front, err := bus.New(bus.WithLogger(logger), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+		bus.WithRoute("orders", PlaceOrder{}),
+		bus.WithMiddleware(otel.New(otel.WithTracerProvider(tp)), logging(p, "frontend"), timing(p, "frontend")))
+	if err != nil {
+		return err
+	}
+	svcs = append(svcs, front)
+	for i := range *orders {
+		if err := front.Send(ctx, PlaceOrder{OrderID: fmt.Sprintf("order-%d", i+1), Amount: 4200}); err != nil {
+			return errors.Join(err, stopAll())
+		}
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		return errors.Join(errors.New("demo: orders did not complete within 10s"), stopAll())
+	case <-ctx.Done():
+		return errors.Join(ctx.Err(), stopAll())
+	}
+	if err := stopAll(); err != nil {
+		return err
+	}
+	p.printf("\ntrace recorded by the otel plugin:\n")
+	tracetree.Print(w, spans.Ended())
+	return nil
+}

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 )
@@ -20,26 +21,26 @@ commands:
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "plugbus:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string) error {
+func run(ctx context.Context, args []string, w io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, usage)
+		fmt.Fprint(w, usage)
 		return fmt.Errorf("missing command")
 	}
 	switch args[0] {
 	case "demo":
-		return runDemo(ctx, os.Stdout, args[1:])
+		return runDemo(ctx, w, args[1:])
 	case "plugin":
-		return runPlugin(ctx, os.Stdout, args[1:])
+		return runPlugin(ctx, w, args[1:])
 	case "help", "-h", "--help":
-		fmt.Print(usage)
+		fmt.Fprint(w, usage)
 		return nil
 	}
-	fmt.Fprint(os.Stderr, usage)
+	fmt.Fprint(w, usage)
 	return fmt.Errorf("unknown command %q", args[0])
 }

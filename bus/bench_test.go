@@ -1,0 +1,122 @@
+package bus_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
+)
+
+// noop returns a pass-through middleware on all three stages.
+func noop(i int) bus.Middleware {
+	return bus.Middleware{
+		Name:     fmt.Sprintf("noop-%d", i),
+		Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) },
+		Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error { return next(ctx) },
+		Outgoing: func(ctx context.Context, _ *bus.Outgoing, next bus.Next) error { return next(ctx) },
+	}
+}
+
+func noops(n int) []bus.Plugin {
+	ps := make([]bus.Plugin, n)
+	for i := range ps {
+		ps[i] = noop(i)
+	}
+	return ps
+}
+
+// BenchmarkSendHandle measures send → receive → decode → handle → ack over
+// the memory transport, with 0 and 3 no-op middleware on every stage.
+func BenchmarkSendHandle(b *testing.B) {
+	for _, layers := range []int{0, 3} {
+		b.Run(fmt.Sprintf("middleware=%d", layers), func(b *testing.B) {
+			var handled atomic.Int64
+			done := make(chan struct{})
+			target := int64(b.N)
+			bs, err := bus.New(bus.WithEndpoint("bench"), bus.WithLogger(discard()), bus.WithConcurrency(4),
+				bus.WithMiddleware(noops(layers)...),
+				bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+					if handled.Add(1) == target {
+						close(done)
+					}
+					return nil
+				}))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := bs.Start(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			msg := orderPlaced{ID: "o-1", Total: 42}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if err := bs.Send(ctx, msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+			<-done
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+			if err := bs.Stop(ctx); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
+
+// BenchmarkIncomingChain measures the incoming stage alone with N no-op
+// layers: the difference between N and N+1 is the cost of one layer.
+func BenchmarkIncomingChain(b *testing.B) {
+	for _, layers := range []int{0, 1, 2, 4, 8, 16} {
+		b.Run(fmt.Sprintf("layers=%d", layers), func(b *testing.B) {
+			bs, err := bus.New(bus.WithEndpoint("bench"), bus.WithLogger(discard()), bus.WithMiddleware(noops(layers)...))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer bs.Stop(context.Background())
+			d := bustest.Delivery(unhandled{}, bus.Attributes{})
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := bs.Deliver(ctx, d); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// nullTransport accepts every message and does nothing: it isolates the
+// outgoing pipeline's cost.
+type nullTransport struct{ bus.Transport }
+
+func (nullTransport) Send(context.Context, *bus.Envelope, bus.SendOptions) error    { return nil }
+func (nullTransport) Publish(context.Context, *bus.Envelope, bus.SendOptions) error { return nil }
+func (nullTransport) Close(context.Context) error                                   { return nil }
+
+// BenchmarkOutgoingChain measures Publish with N no-op outgoing layers to a
+// transport that does nothing.
+func BenchmarkOutgoingChain(b *testing.B) {
+	for _, layers := range []int{0, 1, 2, 4, 8, 16} {
+		b.Run(fmt.Sprintf("layers=%d", layers), func(b *testing.B) {
+			bs, err := bus.New(bus.WithLogger(discard()), bus.WithTransport(nullTransport{}), bus.WithMiddleware(noops(layers)...))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer bs.Stop(context.Background())
+			ctx := context.Background()
+			msg := unhandled{}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := bs.Publish(ctx, msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

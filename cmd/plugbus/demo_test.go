@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func TestDemo(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(t.Context(), []string{"demo", "-orders", "2"}, &out); err != nil {
+		t.Fatalf("demo: %v\n%s", err, out.String())
+	}
+	got := out.String()
+	for _, want := range []string{
+		"frontend  outgoing  send    shop.place_order     → orders, to the transport now",
+		"orders    outgoing  publish shop.order_placed    → subscribers, buffered until the handler succeeds",
+		"billing   handler   charge-card                  ok in",
+		"shipping  incoming  shop.payment_taken           ok in",
+		"orders    handler   close-order                  ok in",
+		"send shop.place_order [producer]",
+		"└─ process shop.place_order [consumer]",
+		"close-order [internal]",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("demo output lacks %q", want)
+		}
+	}
+	if n := strings.Count(got, "close-order [internal]"); n != 2 {
+		t.Errorf("%d orders closed in the trace, want 2\n%s", n, got)
+	}
+	if t.Failed() {
+		t.Log(got)
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(t.Context(), []string{"nope"}, &out); err == nil {
+		t.Fatal("unknown command accepted")
+	}
+}
