@@ -128,8 +128,14 @@ type session struct {
 	s      *server
 	stream pluginproto.Plugin_InvokeServer
 	ctx    context.Context
-	sendq  chan *pluginproto.PluginFrame
 	work   chan *pcall
+	cancel context.CancelFunc
+
+	smu     sync.Mutex // guards the fields below
+	sending bool
+	pending []*pluginproto.PluginFrame
+	batch   pluginproto.PluginBatch
+	serr    error
 
 	mu    sync.Mutex
 	calls map[uint64]*pcall
@@ -139,9 +145,7 @@ type session struct {
 // Invoke serves one long-lived stream of multiplexed stage invocations.
 func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
 	ctx, cancel := context.WithCancel(stream.Context())
-	ss := &session{s: s, stream: stream, ctx: ctx, sendq: make(chan *pluginproto.PluginFrame, 1024), work: make(chan *pcall), calls: make(map[uint64]*pcall)}
-	werr := make(chan error, 1)
-	go func() { werr <- ss.writeLoop() }()
+	ss := &session{s: s, stream: stream, ctx: ctx, cancel: cancel, work: make(chan *pcall), calls: make(map[uint64]*pcall)}
 	err := ss.readLoop()
 	cancel()
 	ss.mu.Lock()
@@ -150,43 +154,40 @@ func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
 	}
 	ss.mu.Unlock()
 	ss.wg.Wait()
-	if werr := <-werr; err == nil && werr != nil && !errors.Is(werr, context.Canceled) {
-		err = werr
+	ss.smu.Lock()
+	if err == nil {
+		err = ss.serr
 	}
+	ss.smu.Unlock()
 	return err
 }
 
-func (ss *session) writeLoop() error {
-	b := &pluginproto.PluginBatch{}
-	for {
-		var f *pluginproto.PluginFrame
-		select {
-		case f = <-ss.sendq:
-		case <-ss.ctx.Done():
-			return ss.ctx.Err()
-		}
-		b.Frames = append(b.Frames[:0], f)
-	drain:
-		for len(b.Frames) < 256 {
-			select {
-			case f = <-ss.sendq:
-				b.Frames = append(b.Frames, f)
-			default:
-				break drain
-			}
-		}
-		if err := ss.stream.Send(b); err != nil {
-			return err
-		}
-		clear(b.Frames)
-	}
-}
-
+// send queues f for the host. The first caller to find no send in
+// progress becomes the sender and writes, in one gRPC message per round,
+// everything queued meanwhile: frames batch under load without a writer
+// goroutine hop.
 func (ss *session) send(f *pluginproto.PluginFrame) {
-	select {
-	case ss.sendq <- f:
-	case <-ss.ctx.Done():
+	ss.smu.Lock()
+	ss.pending = append(ss.pending, f)
+	if ss.sending || ss.serr != nil {
+		ss.smu.Unlock()
+		return
 	}
+	ss.sending = true
+	for len(ss.pending) > 0 {
+		ss.batch.Frames, ss.pending = ss.pending, ss.batch.Frames[:0]
+		ss.smu.Unlock()
+		err := ss.stream.Send(&ss.batch)
+		clear(ss.batch.Frames)
+		ss.smu.Lock()
+		if err != nil {
+			ss.serr = err
+			ss.pending = nil
+			ss.cancel()
+		}
+	}
+	ss.sending = false
+	ss.smu.Unlock()
 }
 
 func (ss *session) readLoop() error {
