@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/plugbus/plugbus/bus"
@@ -84,7 +87,9 @@ func LambdaLogger(l *slog.Logger) LambdaOption { return func(o *lambdaOptions) {
 // cannot be decoded, or that failed on its last attempt, is sent to the
 // endpoint's dead-letter queue with its failure and reported as handled;
 // otherwise it is reported as failed and the queue's redrive policy
-// dead-letters it. Records left when ctx ends are reported as failed.
+// dead-letters it. A failed record is made visible again after the
+// transport's retry back-off ([WithRetryBackoff]) rather than the queue's
+// visibility timeout. Records left when ctx ends are reported as failed.
 func NewLambdaHandler(b *bus.Bus, opts ...LambdaOption) LambdaHandler {
 	o := lambdaOptions{maxAttempts: 5}
 	for _, opt := range opts {
@@ -126,6 +131,9 @@ func deliverRecord(ctx context.Context, b *bus.Bus, tr *Transport, maxAttempts i
 	final := errors.Is(err, bus.ErrDecode) || d.Attempt >= maxAttempts
 	if !final || errors.Is(err, bus.ErrClosed) {
 		log.WarnContext(ctx, "record failed; Lambda will retry it", attrs...)
+		if tr != nil {
+			tr.delayRecord(ctx, rec, d.Attempt, log)
+		}
 		return false
 	}
 	if tr == nil {
@@ -168,6 +176,30 @@ func (r EventRecord) Message() sqstypes.Message {
 		}
 	}
 	return m
+}
+
+// delayRecord applies the retry back-off to a failed record, which would
+// otherwise come back after the queue's visibility timeout.
+func (t *Transport) delayRecord(ctx context.Context, rec EventRecord, attempt int, log *slog.Logger) {
+	delay := t.backoff(attempt)
+	if delay <= 0 || rec.ReceiptHandle == "" {
+		return
+	}
+	// arn:aws:sqs:region:account:name
+	parts := strings.Split(rec.EventSourceARN, ":")
+	if len(parts) != 6 {
+		log.WarnContext(ctx, "record has no queue ARN; it comes back after the queue's visibility timeout", slog.String("event_source_arn", rec.EventSourceARN))
+		return
+	}
+	url, err := t.queueURLByName(ctx, parts[5])
+	if err == nil {
+		_, err = t.sqs.ChangeMessageVisibility(context.WithoutCancel(ctx), &awssqs.ChangeMessageVisibilityInput{
+			QueueUrl: &url, ReceiptHandle: aws.String(rec.ReceiptHandle), VisibilityTimeout: int32((delay + time.Second/2) / time.Second),
+		})
+	}
+	if err != nil {
+		log.WarnContext(ctx, "delaying a failed record failed; it comes back after the queue's visibility timeout", slog.String("sqs_message_id", rec.MessageID), slog.Any("error", err))
+	}
 }
 
 // queueURLByName looks a queue up by name, once.

@@ -167,3 +167,45 @@ func TestLambdaHandlerReportsFailedRecords(t *testing.T) {
 		t.Fatalf("with a cancelled context: %d failures, want %d", len(resp.BatchItemFailures), len(ev.Records))
 	}
 }
+
+// A failed record comes back after the transport's retry back-off, not
+// after the queue's (longer) visibility timeout.
+func TestLambdaHandlerBacksOffFailedRecords(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// Queue visibility timeout 20s; back-off 1s.
+	tr := sqs.New(cfg, fastOptions(prefix, sqs.WithVisibilityTimeout(20*time.Second), sqs.WithRetryBackoff(time.Second, time.Second))...)
+	defer tr.Close(context.Background())
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "retrying", MaxAttempts: 5, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := bus.New(bus.WithEndpoint("retrying"), bus.WithTransport(tr),
+		bus.WithHandler(func(context.Context, job, bus.Attributes) error { return errors.New("not yet") }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(ctx, job{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	url, err := tr.SQS().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(tr.QueueName("retrying"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := lambdaEvent(ctx, t, tr.SQS(), *url.QueueUrl, 1)
+	ev.Records[0].EventSourceARN = "arn:aws:sqs:us-east-1:000000000000:" + tr.QueueName("retrying")
+	resp, err := sqs.NewLambdaHandler(b)(ctx, ev)
+	if err != nil || len(resp.BatchItemFailures) != 1 {
+		t.Fatalf("failures %v, err %v", resp.BatchItemFailures, err)
+	}
+	wait, stop := context.WithTimeout(ctx, 5*time.Second) // well under the 20s visibility timeout
+	defer stop()
+	again := lambdaEvent(wait, t, tr.SQS(), *url.QueueUrl, 1)
+	if len(again.Records) != 1 || again.Records[0].MessageID != ev.Records[0].MessageID {
+		t.Fatalf("the failed record did not come back after the back-off: %d records", len(again.Records))
+	}
+	if got := again.Records[0].Attributes["ApproximateReceiveCount"]; got != "2" {
+		t.Errorf("receive count = %s, want 2", got)
+	}
+}
