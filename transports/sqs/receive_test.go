@@ -113,3 +113,38 @@ func TestReceiveBeforeSetup(t *testing.T) {
 		t.Fatalf("Receive before Setup: %v", err)
 	}
 }
+
+// Bodies SQS cannot carry as text (binary, empty) survive Send and Publish.
+func TestBinaryBodiesThroughSQSAndSNS(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	tr := sqs.New(cfg, fastOptions(prefix)...)
+	defer tr.Close(context.Background())
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "bin", Handles: []string{"test.blob"}, MaxAttempts: 5, Concurrency: 4}); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range [][]byte{{0x00, 0xff, 0x10, 0x80}, {}} {
+		env := &bus.Envelope{Name: "test.blob", ContentType: "application/x-protobuf", Body: body, Headers: bus.Headers{"x-h": "1"},
+			Attributes: bus.NewAttributes("blob", "c", time.Now(), nil, nil)}
+		if err := tr.Send(ctx, env, bus.SendOptions{Destination: "bin"}); err != nil {
+			t.Fatalf("Send %x: %v", body, err)
+		}
+		if err := tr.Publish(ctx, env, bus.SendOptions{}); err != nil {
+			t.Fatalf("Publish %x: %v", body, err)
+		}
+		for range 2 {
+			d, err := tr.Receive(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Err != nil || string(d.Body) != string(body) || d.Headers["x-h"] != "1" || d.ContentType != "application/x-protobuf" {
+				t.Fatalf("sent %x, received %x (err %v, headers %v)", body, d.Body, d.Err, d.Headers)
+			}
+			if err := tr.Delete(ctx, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
