@@ -1,0 +1,22 @@
+# plugbus — the two commands a fresh machine needs:
+#   make demo   runs the demo on the embedded defaults
+#   make test   starts the services the tests need, then runs every test
+
+GO ?= go
+
+.PHONY: demo test services vet bench
+
+demo:
+	$(GO) run ./cmd/plugbus demo
+
+test: services vet
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+services:
+	scripts/services.sh
+
+vet:
+	$(GO) vet ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./bus/
