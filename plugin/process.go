@@ -91,9 +91,14 @@ func (proc *process) checkHung() {
 // stream is one long-lived Invoke stream; frames for many calls are
 // multiplexed over it, correlated by call id.
 type stream struct {
-	proc  *process
-	s     pluginproto.Plugin_InvokeClient
-	sendq chan *pluginproto.HostFrame
+	proc *process
+	s    pluginproto.Plugin_InvokeClient
+
+	smu     sync.Mutex // guards the fields below
+	sending bool
+	pending []*pluginproto.HostFrame
+	batch   pluginproto.HostBatch
+	serr    error
 
 	mu    sync.Mutex
 	calls map[uint64]*hcall
@@ -112,10 +117,9 @@ func (proc *process) openStream() error {
 	if err != nil {
 		return err
 	}
-	st := &stream{proc: proc, s: s, sendq: make(chan *pluginproto.HostFrame, 1024), calls: make(map[uint64]*hcall)}
+	st := &stream{proc: proc, s: s, calls: make(map[uint64]*hcall)}
 	proc.streams = append(proc.streams, st)
 	proc.wg.Go(st.readLoop)
-	proc.wg.Go(st.writeLoop)
 	return nil
 }
 
@@ -139,40 +143,40 @@ func (st *stream) readLoop() {
 	}
 }
 
-func (st *stream) writeLoop() {
-	b := &pluginproto.HostBatch{}
-	for {
-		var f *pluginproto.HostFrame
-		select {
-		case f = <-st.sendq:
-		case <-st.proc.ctx.Done():
-			return
-		}
-		b.Frames = append(b.Frames[:0], f)
-	drain:
-		for len(b.Frames) < 256 {
-			select {
-			case f = <-st.sendq:
-				b.Frames = append(b.Frames, f)
-			default:
-				break drain
-			}
-		}
-		if err := st.s.Send(b); err != nil {
-			st.proc.fail(err)
-			return
-		}
-		clear(b.Frames)
-	}
-}
-
+// send queues f for the plugin and reports false when the process is
+// dead. The first caller to find no send in progress becomes the sender
+// and writes everything queued meanwhile in one gRPC message per round, so
+// frames batch under load without a writer goroutine hop. Only the sender
+// can block (on flow control, if the plugin stops reading); hang detection
+// then kills the process, which ends the send.
 func (st *stream) send(f *pluginproto.HostFrame) bool {
-	select {
-	case st.sendq <- f:
-		return true
-	case <-st.proc.dead:
+	st.smu.Lock()
+	if st.serr != nil {
+		st.smu.Unlock()
 		return false
 	}
+	st.pending = append(st.pending, f)
+	if st.sending {
+		st.smu.Unlock()
+		return true
+	}
+	st.sending = true
+	for len(st.pending) > 0 {
+		st.batch.Frames, st.pending = st.pending, st.batch.Frames[:0]
+		st.smu.Unlock()
+		err := st.s.Send(&st.batch)
+		clear(st.batch.Frames)
+		st.smu.Lock()
+		if err != nil {
+			st.serr = err
+			st.pending = nil
+			st.proc.fail(err)
+		}
+	}
+	st.sending = false
+	ok := st.serr == nil
+	st.smu.Unlock()
+	return ok
 }
 
 func (st *stream) newCall() *hcall {
