@@ -28,7 +28,7 @@ const (
 	benchConcurrency = 8
 	benchPrefetch    = 2 * benchConcurrency
 	benchPublishers  = 2
-	benchRound       = 4000
+	benchRound       = 1000
 )
 
 type benchMsg struct {
