@@ -37,6 +37,7 @@ type Bus struct {
 	handles        []string
 	routes         map[string]string
 	mws            []Middleware
+	instance       bool // a middleware needs an instance queue
 
 	in  *pipe[Incoming]
 	hd  *pipe[Handling]
@@ -105,6 +106,12 @@ func New(opts ...Option) (*Bus, error) {
 			return nil, fmt.Errorf("bus: plugin %d (%T) returned a middleware without a name", i, p)
 		}
 		b.mws = append(b.mws, m)
+		if m.InstanceQueue {
+			if _, ok := b.t.(InstanceQueuer); !ok {
+				return nil, fmt.Errorf("bus: middleware %q needs a queue of this bus instance, which the %T transport cannot give (it does not implement bus.InstanceQueuer)", m.Name, b.t)
+			}
+			b.instance = true
+		}
 		if m.Incoming != nil {
 			b.in.add(m.Name, m.Incoming, b.logger)
 		}
@@ -130,9 +137,17 @@ func (b *Bus) Endpoint() string { return b.endpoint }
 // Transport returns the bus's transport.
 func (b *Bus) Transport() Transport { return b.t }
 
+// Running reports whether the bus was started and not yet stopped.
+func (b *Bus) Running() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state == stateRunning
+}
+
 // Start declares the endpoint's topology, runs the middleware Start hooks
 // in registration order and starts receiving. A bus without an endpoint
-// only runs the hooks. Send and Publish do not need Start.
+// (and without a middleware that needs an instance queue) only runs the
+// hooks. Send and Publish do not need Start.
 func (b *Bus) Start(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -142,8 +157,9 @@ func (b *Bus) Start(ctx context.Context) error {
 	case stateStopping, stateClosed:
 		return ErrClosed
 	}
-	if b.endpoint != "" {
-		topo := Topology{Endpoint: b.endpoint, Handles: slices.Clone(b.handles), MaxAttempts: b.maxAttempts, Concurrency: b.concurrency}
+	receives := b.endpoint != "" || b.instance
+	if receives {
+		topo := Topology{Endpoint: b.endpoint, Handles: slices.Clone(b.handles), MaxAttempts: b.maxAttempts, Concurrency: b.concurrency, Instance: b.instance}
 		if err := b.t.Setup(ctx, topo); err != nil {
 			return fmt.Errorf("bus: setting up endpoint %q: %w", b.endpoint, err)
 		}
@@ -162,7 +178,7 @@ func (b *Bus) Start(ctx context.Context) error {
 	pctx, pcancel := context.WithCancel(context.WithoutCancel(ctx))
 	b.rcancel, b.pcancel = rcancel, pcancel
 	b.state = stateRunning
-	if b.endpoint != "" {
+	if receives {
 		for range b.concurrency {
 			b.workers.Go(func() { b.receiveLoop(rctx, pctx) })
 		}

@@ -480,3 +480,33 @@ func TestContextWithOutbox(t *testing.T) {
 type collect []bus.Outbound
 
 func (c *collect) Add(_ context.Context, m bus.Outbound) error { *c = append(*c, m); return nil }
+
+func TestInstanceQueue(t *testing.T) {
+	got := make(chan string, 1)
+	needs := bus.Middleware{Name: "replies", InstanceQueue: true,
+		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			got <- in.Name()
+			return nil
+		}}
+	if _, err := bus.New(bus.WithTransport(nullTransport{}), bus.WithMiddleware(needs)); err == nil || !strings.Contains(err.Error(), "InstanceQueuer") {
+		t.Fatalf("New with a transport lacking instance queues: %v", err)
+	}
+	broker := memory.NewBroker()
+	tr := memory.New(memory.WithBroker(broker))
+	b, err := bus.New(bus.WithTransport(tr), bus.WithLogger(discard()), bus.WithMiddleware(needs)) // no endpoint
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(context.Background())
+	other, _ := bus.New(bus.WithTransport(memory.New(memory.WithBroker(broker))), bus.WithLogger(discard()))
+	defer other.Stop(context.Background())
+	if err := other.Send(t.Context(), chargeCard{}, bus.To(tr.InstanceAddress())); err != nil {
+		t.Fatal(err)
+	}
+	if name := recv(t, got); name != "shop.charge_card" {
+		t.Fatalf("instance received %s", name)
+	}
+}

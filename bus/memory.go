@@ -65,6 +65,7 @@ func (br *MemoryBroker) Depth(endpoint string) int {
 type memItem struct {
 	env     Envelope
 	attempt int
+	q       *memQueue // where it came from
 }
 
 // memQueue is an unbounded FIFO with a one-token wake-up signal passed on
@@ -88,6 +89,13 @@ func (q *memQueue) push(it *memItem, front bool) {
 	}
 	q.mu.Unlock()
 	q.wake()
+}
+
+func (q *memQueue) popOrNil() *memItem {
+	if q == nil {
+		return nil
+	}
+	return q.pop()
 }
 
 func (q *memQueue) pop() *memItem {
@@ -124,7 +132,9 @@ type MemoryTransport struct {
 
 	mu       sync.Mutex
 	endpoint string
-	q        *memQueue
+	q        *memQueue // the endpoint's queue
+	iq       *memQueue // this instance's queue
+	iaddr    string
 	inflight map[*memItem]struct{}
 	closed   chan struct{}
 	isClosed bool
@@ -141,8 +151,22 @@ func (t *MemoryTransport) Broker() *MemoryBroker { return t.broker }
 // Setup binds the transport to the endpoint's queue and subscribes it to
 // the published messages it handles.
 func (t *MemoryTransport) Setup(_ context.Context, topo Topology) error {
-	if topo.Endpoint == "" {
+	if topo.Endpoint == "" && !topo.Instance {
 		return errors.New("memory: Setup: empty endpoint")
+	}
+	if topo.Instance {
+		t.mu.Lock()
+		if t.iq == nil {
+			t.iaddr = "instance." + newID()
+			if topo.Endpoint != "" {
+				t.iaddr = topo.Endpoint + "." + t.iaddr
+			}
+			t.iq = t.broker.queue(t.iaddr)
+		}
+		t.mu.Unlock()
+	}
+	if topo.Endpoint == "" {
+		return nil
 	}
 	q := t.broker.queue(topo.Endpoint)
 	t.broker.mu.Lock()
@@ -189,7 +213,8 @@ func (t *MemoryTransport) Send(ctx context.Context, env *Envelope, opts SendOpti
 	if opts.Destination == "" {
 		return fmt.Errorf("memory: send %s: %w: no destination", env.Name, ErrNoRoute)
 	}
-	t.broker.queue(opts.Destination).push(&memItem{env: copyEnvelope(env), attempt: 1}, false)
+	q := t.broker.queue(opts.Destination)
+	q.push(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, false)
 	return nil
 }
 
@@ -206,28 +231,49 @@ func (t *MemoryTransport) Publish(ctx context.Context, env *Envelope, _ SendOpti
 	}
 	t.broker.mu.Unlock()
 	for _, e := range dests {
-		t.broker.queue(e).push(&memItem{env: copyEnvelope(env), attempt: 1}, false)
+		q := t.broker.queue(e)
+		q.push(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, false)
 	}
 	return nil
 }
 
-// Receive takes the next message of the endpoint's queue.
+// InstanceAddress returns the destination of this transport's own queue,
+// made by Setup with Topology.Instance.
+func (t *MemoryTransport) InstanceAddress() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.iaddr
+}
+
+// Receive takes the next message of the endpoint's queue or of the
+// instance's queue.
 func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
 	t.mu.Lock()
-	q := t.q
+	q, iq := t.q, t.iq
 	t.mu.Unlock()
-	if q == nil {
+	if q == nil && iq == nil {
 		return nil, errors.New("memory: Receive before Setup")
+	}
+	var qsig, isig chan struct{} // nil: never ready
+	if q != nil {
+		qsig = q.signal
+	}
+	if iq != nil {
+		isig = iq.signal
 	}
 	for {
 		if err := t.check(ctx); err != nil {
 			return nil, err
 		}
-		if it := q.pop(); it != nil {
+		it := iq.popOrNil()
+		if it == nil {
+			it = q.popOrNil()
+		}
+		if it != nil {
 			t.mu.Lock()
 			if t.isClosed {
 				t.mu.Unlock()
-				q.push(it, true)
+				it.q.push(it, true)
 				return nil, ErrClosed
 			}
 			t.inflight[it] = struct{}{}
@@ -235,7 +281,8 @@ func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
 			return &Delivery{Envelope: it.env, Attempt: it.attempt, Raw: it, Token: it}, nil
 		}
 		select {
-		case <-q.signal:
+		case <-qsig:
+		case <-isig:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-t.closed:
@@ -268,7 +315,7 @@ func (t *MemoryTransport) Return(_ context.Context, d *Delivery, _ error) error 
 	if err != nil {
 		return err
 	}
-	t.q.push(&memItem{env: it.env, attempt: it.attempt + 1}, false)
+	it.q.push(&memItem{env: it.env, attempt: it.attempt + 1, q: it.q}, false)
 	return nil
 }
 
@@ -298,13 +345,21 @@ func (t *MemoryTransport) Close(context.Context) error {
 	t.isClosed = true
 	close(t.closed)
 	for it := range t.inflight {
-		t.q.push(it, true)
+		it.q.push(it, true)
 	}
 	clear(t.inflight)
 	if t.q != nil {
 		t.q.wake()
 	}
+	if t.iq != nil {
+		t.broker.mu.Lock()
+		delete(t.broker.queues, t.iaddr)
+		t.broker.mu.Unlock()
+	}
 	return nil
 }
 
-var _ Transport = (*MemoryTransport)(nil)
+var (
+	_ Transport      = (*MemoryTransport)(nil)
+	_ InstanceQueuer = (*MemoryTransport)(nil)
+)

@@ -97,6 +97,11 @@ type Middleware struct {
 	// Stop, when set, runs at bus Stop after in-flight messages drained, in
 	// reverse registration order.
 	Stop func(ctx context.Context) error
+
+	// InstanceQueue asks the bus for a queue of this bus instance alone
+	// (see [InstanceQueuer]); New fails when the transport cannot give one.
+	// The bus then receives even without an endpoint, once started.
+	InstanceQueue bool
 }
 
 // Instantiate returns m itself: a Middleware is a stateless plugin.

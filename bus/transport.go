@@ -56,6 +56,21 @@ type Topology struct {
 	// Concurrency is the number of messages the bus processes at once; a
 	// transport may size its prefetch from it.
 	Concurrency int
+	// Instance asks for a queue of this transport instance alone, received
+	// through the same Receive, whose address [InstanceQueuer] returns. The
+	// bus sets it when a middleware needs it (request/reply); Endpoint may
+	// then be empty.
+	Instance bool
+}
+
+// InstanceQueuer is implemented by transports that can give one bus
+// instance a queue of its own, so that a reply reaches the instance that
+// asked even when several instances share an endpoint. The queue lives as
+// long as the transport: it is removed at Close.
+type InstanceQueuer interface {
+	// InstanceAddress returns the Destination that reaches this instance's
+	// queue. It is valid after Setup with Topology.Instance.
+	InstanceAddress() string
 }
 
 // Failure describes why a message was dead-lettered. Transports store it

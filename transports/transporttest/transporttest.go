@@ -81,6 +81,12 @@ func Run(t *testing.T, newTransport New, f Features) {
 	if f.ReservedHeader != "" {
 		t.Run("ReservedHeaderRefused", s.reservedHeader)
 	}
+	probe := newTransport(t)
+	_, instances := probe.(bus.InstanceQueuer)
+	_ = probe.Close(context.Background())
+	if instances {
+		t.Run("InstanceQueue", s.instanceQueue)
+	}
 	if f.Ordered {
 		t.Run("Ordered", s.ordered)
 	}
@@ -579,5 +585,50 @@ func (s *suite) concurrentClose(t *testing.T) {
 	case <-done:
 	case <-ctx.Done():
 		t.Fatal("receivers still blocked after their transports closed")
+	}
+}
+
+// instanceQueue checks that a message sent to one instance's address
+// reaches that instance only, although several share the endpoint, and that
+// an instance without an endpoint receives too.
+func (s *suite) instanceQueue(t *testing.T) {
+	ep, name := Name("tt-inst"), Name("tt.msg")
+	ctx := s.ctx(t)
+	open := func(endpoint string) bus.Transport {
+		tr := s.newT(t)
+		topo := bus.Topology{Endpoint: endpoint, Handles: []string{name}, MaxAttempts: 5, Concurrency: 2, Instance: true}
+		if endpoint == "" {
+			topo.Handles = nil
+		}
+		if err := tr.Setup(ctx, topo); err != nil {
+			t.Fatalf("Setup with an instance queue: %v", err)
+		}
+		t.Cleanup(func() { _ = tr.Close(context.Background()) })
+		return tr
+	}
+	a, b, lone := open(ep), open(ep), open("")
+	addrs := map[string]bool{}
+	for _, tr := range []bus.Transport{a, b, lone} {
+		addr := tr.(bus.InstanceQueuer).InstanceAddress()
+		if addr == "" || addrs[addr] {
+			t.Fatalf("instance address %q empty or shared", addr)
+		}
+		addrs[addr] = true
+	}
+	for _, tr := range []bus.Transport{a, b, lone} {
+		env := envelope(name, `{"to":"`+tr.(bus.InstanceQueuer).InstanceAddress()+`"}`)
+		if err := a.Send(ctx, env, bus.SendOptions{Destination: tr.(bus.InstanceQueuer).InstanceAddress()}); err != nil {
+			t.Fatalf("Send to an instance: %v", err)
+		}
+		d := s.receive(t, tr)
+		if d.Attributes.MessageID != env.Attributes.MessageID {
+			t.Fatalf("instance received %s, want %s", d.Attributes.MessageID, env.Attributes.MessageID)
+		}
+		if err := tr.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tr := range []bus.Transport{a, b, lone} {
+		s.expectNothing(t, tr)
 	}
 }
