@@ -52,7 +52,7 @@ func q(db storetest.DB, s string) string {
 	return b.String()
 }
 
-func exec(t testing.TB, db *sql.DB, query string, args ...any) {
+func execSQL(t testing.TB, db *sql.DB, query string, args ...any) {
 	t.Helper()
 	if _, err := db.ExecContext(context.Background(), query, args...); err != nil {
 		t.Fatalf("%s: %v", query, err)
@@ -119,7 +119,7 @@ func TestHandlerTransaction(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
 		st := db.Open(t)
 		data := db.Table("data")
-		exec(t, st.DB(), "CREATE TABLE "+data+" (n INTEGER NOT NULL)")
+		execSQL(t, st.DB(), "CREATE TABLE "+data+" (n INTEGER NOT NULL)")
 		broker := memory.NewBroker()
 		got := sink(t, broker)
 		var attempts atomic.Int32
@@ -177,7 +177,7 @@ func TestWithin(t *testing.T) {
 		ctx := context.Background()
 		st := db.Open(t)
 		orders := db.Table("orders")
-		exec(t, st.DB(), "CREATE TABLE "+orders+" (id INTEGER NOT NULL)")
+		execSQL(t, st.DB(), "CREATE TABLE "+orders+" (id INTEGER NOT NULL)")
 		broker := memory.NewBroker()
 		got := sink(t, broker)
 		b, err := bus.New(bus.WithName("api"), bus.WithTransport(memory.New(memory.WithBroker(broker))),
@@ -268,7 +268,7 @@ func TestSeveralInstances(t *testing.T) {
 		ctx := context.Background()
 		producer := db.Open(t)
 		broker := memory.NewBroker()
-		exec(t, producer.DB(), "SELECT 1")
+		execSQL(t, producer.DB(), "SELECT 1")
 		if err := producer.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}
