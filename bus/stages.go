@@ -108,6 +108,15 @@ func (h *Handling) Attributes() Attributes { return h.r.d.Attributes }
 // Attempt returns the delivery attempt, 1 the first time.
 func (h *Handling) Attempt() int { return h.r.d.Attempt }
 
+// Body returns the encoded message as received. It must not be modified.
+func (h *Handling) Body() []byte { return h.r.d.Body }
+
+// Header returns the native header named key, as the transport read it.
+func (h *Handling) Header(key string) (string, bool) {
+	v, ok := h.r.d.Headers[key]
+	return v, ok
+}
+
 // Raw returns the transport-native message.
 func (h *Handling) Raw() any { return h.r.d.Raw }
 
@@ -182,6 +191,12 @@ func (o *Outgoing) Kind() Kind { return o.r.kind }
 
 // Destination returns the endpoint a sent message goes to; empty for a publish.
 func (o *Outgoing) Destination() string { return o.r.dest }
+
+// MessageID returns the message id.
+func (o *Outgoing) MessageID() string { return o.r.attrs.MessageID }
+
+// CorrelationID returns the correlation id as it is now.
+func (o *Outgoing) CorrelationID() string { return o.r.attrs.CorrelationID }
 
 // InHandler reports whether the message is sent from inside a handler, in
 // which case it is buffered in that handler's outbox.
