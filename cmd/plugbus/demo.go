@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/tracetree"
+	"github.com/plugbus/plugbus/plugin"
 	"github.com/plugbus/plugbus/plugins/otel"
 	"github.com/plugbus/plugbus/transports/memory"
 )
@@ -59,6 +62,13 @@ func (OrderShipped) MessageName() string { return "shop.order_shipped" }
 type printer struct {
 	mu sync.Mutex
 	w  io.Writer
+}
+
+// Write lets the logger share the printer's lock.
+func (p *printer) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.w.Write(b)
 }
 
 func (p *printer) printf(format string, args ...any) {
@@ -122,6 +132,21 @@ func timing(p *printer, service string) bus.Middleware {
 	}
 }
 
+// reportFailures tells the demo when a message is dead-lettered.
+type reportFailures struct {
+	bus.Transport
+	failed chan<- bus.Failure
+}
+
+func (r *reportFailures) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
+	err := r.Transport.Fail(ctx, d, f)
+	select {
+	case r.failed <- f:
+	default:
+	}
+	return err
+}
+
 func orDash(s, alt string) string {
 	if s == "" {
 		return alt
@@ -142,29 +167,54 @@ func runDemo(ctx context.Context, w io.Writer, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(w)
 	orders := fs.Int("orders", 1, "how many orders to place")
+	external := fs.Bool("external", true, "build and load the example out-of-process plugin (examples/tenancy-plugin; needs the Go toolchain)")
 	verbose := fs.Bool("v", false, "print the bus's own debug logs")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	p := &printer{w: w}
-	level := slog.LevelWarn
+	level := slog.LevelError
 	if *verbose {
 		level = slog.LevelDebug
 	}
-	logger := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	logger := slog.New(slog.NewTextHandler(p, &slog.HandlerOptions{Level: level}))
 
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	defer tp.Shutdown(context.WithoutCancel(ctx))
 
+	// The out-of-process tenancy plugin: built from examples/tenancy-plugin,
+	// pinned to its checksum and loaded like any other plugin. It stamps
+	// x-tenant on outgoing messages and rejects incoming ones without it.
+	var plugins []bus.Plugin
+	if *external {
+		dir, err := os.MkdirTemp("", "plugbus-demo-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		tenancy, err := plugin.BuildAndLoad(ctx, "github.com/plugbus/plugbus/examples/tenancy-plugin", filepath.Join(dir, "tenancy-plugin"),
+			plugin.WithConfig([]byte(`{"tenant":"acme"}`)), plugin.WithLogger(logger))
+		if err != nil {
+			p.printf("external plugin not loaded (%v); run with -external=false to skip it\n", err)
+		} else {
+			defer tenancy.Close()
+			d := tenancy.Describe()
+			p.printf("loaded external plugin %s %s (pid %d, stages %v)\n", d.Name, d.Version, tenancy.PID(), d.Stages)
+			plugins = append(plugins, tenancy)
+		}
+	}
+
 	broker := memory.NewBroker()
+	deadLettered := make(chan bus.Failure, 1)
 	var wg sync.WaitGroup
 	wg.Add(*orders)
 	newService := func(name string, opts ...bus.Option) (*bus.Bus, error) {
 		base := []bus.Option{
-			bus.WithEndpoint(name), bus.WithLogger(logger),
-			bus.WithTransport(memory.New(memory.WithBroker(broker))),
+			bus.WithEndpoint(name), bus.WithLogger(logger), bus.WithMaxAttempts(3),
+			bus.WithTransport(&reportFailures{Transport: memory.New(memory.WithBroker(broker)), failed: deadLettered}),
 			bus.WithMiddleware(otel.New(otel.WithTracerProvider(tp)), logging(p, name), timing(p, name)),
+			bus.WithMiddleware(plugins...),
 		}
 		return bus.New(append(base, opts...)...)
 	}
@@ -218,7 +268,8 @@ func runDemo(ctx context.Context, w io.Writer, args []string) error {
 	// A front end sends the command from outside any handler.
 	front, err := bus.New(bus.WithLogger(logger), bus.WithTransport(memory.New(memory.WithBroker(broker))),
 		bus.WithRoute("orders", PlaceOrder{}),
-		bus.WithMiddleware(otel.New(otel.WithTracerProvider(tp)), logging(p, "frontend"), timing(p, "frontend")))
+		bus.WithMiddleware(otel.New(otel.WithTracerProvider(tp)), logging(p, "frontend"), timing(p, "frontend")),
+		bus.WithMiddleware(plugins...))
 	if err != nil {
 		return err
 	}
@@ -237,10 +288,30 @@ func runDemo(ctx context.Context, w io.Writer, args []string) error {
 	case <-ctx.Done():
 		return errors.Join(ctx.Err(), stopAll())
 	}
+	if len(plugins) > 0 {
+		// A legacy sender without the tenancy plugin: its message has no
+		// tenant, the plugin in the orders service rejects it on every
+		// attempt, and it ends in the dead-letter queue with the reason.
+		legacy, err := bus.New(bus.WithLogger(logger), bus.WithTransport(memory.New(memory.WithBroker(broker))), bus.WithRoute("orders", PlaceOrder{}))
+		if err != nil {
+			return errors.Join(err, stopAll())
+		}
+		svcs = append(svcs, legacy)
+		p.printf("\nlegacy  sends PlaceOrder without a tenant:\n")
+		if err := legacy.Send(ctx, PlaceOrder{OrderID: "legacy-1"}); err != nil {
+			return errors.Join(err, stopAll())
+		}
+		select {
+		case f := <-deadLettered:
+			p.printf("→ dead-lettered by %s after %d attempts: %s\n", f.Endpoint, f.Attempts, f.Reason)
+		case <-time.After(10 * time.Second):
+			return errors.Join(errors.New("demo: the legacy message was not dead-lettered within 10s"), stopAll())
+		}
+	}
 	if err := stopAll(); err != nil {
 		return err
 	}
 	p.printf("\ntrace recorded by the otel plugin:\n")
-	tracetree.Print(w, spans.Ended())
+	tracetree.Print(p, spans.Ended())
 	return nil
 }

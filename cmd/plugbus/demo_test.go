@@ -21,6 +21,8 @@ func TestDemo(t *testing.T) {
 		"send shop.place_order [producer]",
 		"└─ process shop.place_order [consumer]",
 		"close-order [internal]",
+		"loaded external plugin tenancy",
+		"→ dead-lettered by orders after 3 attempts: plugin \"tenancy\" (incoming stage): tenancy: message has no tenant",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("demo output lacks %q", want)
