@@ -84,7 +84,10 @@ func createQueue(ctx context.Context, db *sql.DB, d storetest.DB) error {
 	return err
 }
 
-func (s *sqlQueue) Setup(_ context.Context, topo bus.Topology) error { s.endpoint = topo.Endpoint; return nil }
+func (s *sqlQueue) Setup(_ context.Context, topo bus.Topology) error {
+	s.endpoint = topo.Endpoint
+	return nil
+}
 
 func (s *sqlQueue) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
 	_, err := s.db.ExecContext(ctx, s.q("INSERT INTO "+s.table+" (endpoint, name, body, message_id, correlation_id) VALUES (?, ?, ?, ?, ?)"),
@@ -112,9 +115,9 @@ func (s *sqlQueue) Receive(ctx context.Context) (*bus.Delivery, error) {
 	for {
 		now := time.Now()
 		var (
-			id                  int64
+			id                   int64
 			name, body, mid, cid string
-			attempt             int
+			attempt              int
 		)
 		err := s.db.QueryRowContext(ctx, claim, now.Add(s.lease).UnixNano(), s.endpoint, now.UnixNano()).Scan(&id, &name, &body, &mid, &cid, &attempt)
 		if err == nil {
