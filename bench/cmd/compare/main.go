@@ -1,0 +1,301 @@
+// Command compare runs the plugbus benchmark workload side by side with
+// Watermill and the raw amqp091-go client, in one process and one run, and
+// prints a table of messages/s, ns/message, bytes and allocations per
+// message and the ratios, followed by the targets and whether they are met.
+//
+//	cd bench && go run ./cmd/compare              # every suite
+//	go run ./cmd/compare -suites memory,depth     # without RabbitMQ
+//	go run ./cmd/compare -markdown > table.md     # for the README
+//
+// Sides alternate round by round so that the load of a shared machine
+// falls on all of them; figures are medians of the rounds. RabbitMQ is
+// read from PLUGBUS_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/);
+// when it is not reachable the suite is skipped with a message, or fails
+// under CI=true.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/plugbus/plugbus/bench"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "compare:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	suites                []string
+	rounds, n             int
+	amqpRounds, amqpN     int
+	depthReps, depthIters int
+	concurrency           int
+	amqpURL               string
+	markdown              bool
+	cpuProfile            string
+}
+
+func run() error {
+	var c config
+	suites := flag.String("suites", "memory,amqp,depth", "comma-separated suites to run: memory, amqp, depth")
+	flag.IntVar(&c.rounds, "rounds", 9, "rounds of each side in the memory suites")
+	flag.IntVar(&c.n, "n", 20000, "messages per round in the memory suites")
+	flag.IntVar(&c.amqpRounds, "amqp-rounds", 7, "rounds of each side in the RabbitMQ suite")
+	flag.IntVar(&c.amqpN, "amqp-n", 2000, "messages per round in the RabbitMQ suite")
+	flag.IntVar(&c.depthReps, "depth-reps", 9, "passes over the depths in the depth suite")
+	flag.IntVar(&c.depthIters, "depth-iters", 20000, "operations per sample in the depth suite")
+	flag.IntVar(&c.concurrency, "concurrency", 1, "plugbus workers in the memory suites (Watermill's GoChannel hands a subscriber one message at a time)")
+	flag.StringVar(&c.amqpURL, "amqp-url", getenv("PLUGBUS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	flag.BoolVar(&c.markdown, "markdown", false, "print Markdown tables")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.Parse()
+	c.suites = strings.Split(*suites, ",")
+
+	if c.cpuProfile != "" {
+		f, err := os.Create(c.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	ctx := context.Background()
+	w := os.Stdout
+	fmt.Fprintf(w, "%s %s/%s, GOMAXPROCS=%d, %s\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), time.Now().UTC().Format(time.RFC3339))
+	var checks []check
+	for _, s := range c.suites {
+		var cs []check
+		var err error
+		switch strings.TrimSpace(s) {
+		case "memory":
+			cs, err = memorySuite(ctx, w, c)
+		case "amqp":
+			cs, err = amqpSuite(ctx, w, c)
+		case "depth":
+			cs, err = depthSuite(w, c)
+		default:
+			err = fmt.Errorf("unknown suite %q: use memory, amqp or depth", s)
+		}
+		if err != nil {
+			return err
+		}
+		checks = append(checks, cs...)
+	}
+	return writeChecks(w, checks, c.markdown)
+}
+
+// check is one target and the figure measured for it.
+type check struct {
+	target   string
+	measured string
+	met      bool
+}
+
+func memorySuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
+	var checks []check
+	for _, layers := range []int{0, 3} {
+		sides, err := open(ctx,
+			func() (bench.Side, error) { return bench.NewPlugbusMemory(ctx, layers, c.concurrency) },
+			func() (bench.Side, error) { return bench.NewWatermillGoChannel(ctx, bench.CQRS, layers) },
+			func() (bench.Side, error) { return bench.NewWatermillGoChannel(ctx, bench.Router, layers) },
+		)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := bench.Compare(ctx, sides, c.rounds, c.n)
+		err = errors.Join(err, closeAll(ctx, sides))
+		if err != nil {
+			return nil, err
+		}
+		t := bench.Table{
+			Title: fmt.Sprintf("in memory, %d no-op middleware per stage", layers),
+			Note: fmt.Sprintf("send → decode → typed handler → ack; plugbus memory transport (%d worker) vs Watermill router on GoChannel, %d handler middleware; medians of %d alternating rounds of %d messages",
+				c.concurrency, layers, c.rounds, c.n),
+			Results: rs,
+		}
+		if err := t.Write(w, c.markdown); err != nil {
+			return nil, err
+		}
+		pb := rs[0]
+		best := bestPeer(rs[1:])
+		checks = append(checks,
+			check{fmt.Sprintf("memory, %d mw: plugbus msgs/s >= 3x Watermill's best", layers),
+				fmt.Sprintf("%.2fx (%s)", pb.MsgsPerSec/best.throughput.MsgsPerSec, best.throughput.Side), pb.MsgsPerSec >= 3*best.throughput.MsgsPerSec},
+			check{fmt.Sprintf("memory, %d mw: plugbus allocs/msg <= 1/3 of Watermill's fewest", layers),
+				fmt.Sprintf("%.2fx (%.1f vs %.1f, %s)", pb.AllocsPerMsg/best.allocs.AllocsPerMsg, pb.AllocsPerMsg, best.allocs.AllocsPerMsg, best.allocs.Side), 3*pb.AllocsPerMsg <= best.allocs.AllocsPerMsg},
+		)
+	}
+	return checks, nil
+}
+
+type peers struct{ throughput, allocs bench.Result }
+
+// bestPeer picks the fastest and the least allocating of the peers, so that
+// plugbus is compared with Watermill at its best on each count.
+func bestPeer(rs []bench.Result) peers {
+	p := peers{rs[0], rs[0]}
+	for _, r := range rs[1:] {
+		if r.MsgsPerSec > p.throughput.MsgsPerSec {
+			p.throughput = r
+		}
+		if r.AllocsPerMsg < p.allocs.AllocsPerMsg {
+			p.allocs = r
+		}
+	}
+	return p
+}
+
+func amqpSuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
+	if err := reachable(c.amqpURL); err != nil {
+		msg := fmt.Sprintf("RabbitMQ is not reachable (%v); start it with `rabbitmq-server -detached` (or scripts/services.sh) or set PLUGBUS_AMQP_URL", err)
+		if os.Getenv("CI") == "true" {
+			return nil, errors.New(msg)
+		}
+		fmt.Fprintf(w, "== RabbitMQ: skipped: %s\n\n", msg)
+		return nil, nil
+	}
+	cfg := bench.DefaultAMQPConfig(c.amqpURL)
+	sides, err := open(ctx,
+		func() (bench.Side, error) { return bench.NewPlugbusRabbitMQ(ctx, cfg) },
+		func() (bench.Side, error) { return bench.NewRawAMQP(ctx, cfg) },
+		func() (bench.Side, error) { return bench.NewWatermillAMQP(ctx, cfg, bench.Router) },
+	)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	rs, err := bench.Compare(rctx, sides, c.amqpRounds, c.amqpN)
+	err = errors.Join(err, closeAll(ctx, sides))
+	if err != nil {
+		return nil, err
+	}
+	t := bench.Table{
+		Title: "RabbitMQ, persistent, confirmed publish → consume → ack",
+		Note: fmt.Sprintf("%d senders each waiting for its confirm, mandatory, persistent; %d handlers, prefetch %d in all; plugbus and amqp091-go share %d confirm channels, watermill-amqp pools %d (one per sender); medians of %d alternating rounds of %d messages",
+			cfg.Senders, cfg.Concurrency, cfg.Prefetch, cfg.PublisherChannels, cfg.Senders, c.amqpRounds, c.amqpN),
+		Results: rs,
+	}
+	if err := t.Write(w, c.markdown); err != nil {
+		return nil, err
+	}
+	pb, raw, wm := rs[0], rs[1], rs[2]
+	return []check{
+		{"RabbitMQ: plugbus msgs/s >= 95% of amqp091-go", fmt.Sprintf("%.1f%%", 100*pb.MsgsPerSec/raw.MsgsPerSec), pb.MsgsPerSec >= 0.95*raw.MsgsPerSec},
+		{"RabbitMQ: plugbus msgs/s >= 2x watermill-amqp", fmt.Sprintf("%.2fx", pb.MsgsPerSec/wm.MsgsPerSec), pb.MsgsPerSec >= 2*wm.MsgsPerSec},
+	}, nil
+}
+
+func depthSuite(w io.Writer, c config) ([]check, error) {
+	rs, err := bench.Depth(bench.DepthChains(), bench.DepthLayers, c.depthReps, c.depthIters)
+	if err != nil {
+		return nil, err
+	}
+	note := fmt.Sprintf("one synchronous operation per op (plugbus: Bus.Deliver or Bus.Publish; Watermill: the composed handler function); per layer = least-squares slope; medians of %d passes of %d ops", c.depthReps, c.depthIters)
+	if err := bench.WriteDepth(w, "middleware depth: cost of one more no-op layer", note, rs, c.markdown); err != nil {
+		return nil, err
+	}
+	var checks []check
+	for _, r := range rs {
+		if !strings.HasPrefix(r.Chain, "plugbus") {
+			continue
+		}
+		checks = append(checks, check{
+			r.Chain + ": <= 20 ns and 0 allocs per layer",
+			fmt.Sprintf("%.1f ns, %.2f allocs", r.NsPerLayer, r.AllocsPerLayer),
+			r.NsPerLayer <= 20 && r.AllocsPerLayer < 0.01 && r.Points[len(r.Points)-1].AllocsPerOp <= r.Points[0].AllocsPerOp,
+		})
+	}
+	return checks, nil
+}
+
+func writeChecks(w io.Writer, cs []check, markdown bool) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	if markdown {
+		fmt.Fprintf(w, "#### targets\n\n| target | measured | met |\n|---|---|---|\n")
+		for _, c := range cs {
+			fmt.Fprintf(w, "| %s | %s | %s |\n", c.target, c.measured, yes(c.met))
+		}
+		return nil
+	}
+	fmt.Fprintln(w, "== targets")
+	for _, c := range cs {
+		fmt.Fprintf(w, "   %-4s %-62s %s\n", yes(c.met), c.target, c.measured)
+	}
+	return nil
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
+}
+
+func open(ctx context.Context, makers ...func() (bench.Side, error)) ([]bench.Side, error) {
+	var sides []bench.Side
+	for _, mk := range makers {
+		s, err := mk()
+		if err != nil {
+			return nil, errors.Join(err, closeAll(ctx, sides))
+		}
+		sides = append(sides, s)
+	}
+	return sides, nil
+}
+
+func closeAll(ctx context.Context, sides []bench.Side) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	var errs []error
+	for _, s := range slices.Backward(sides) {
+		if err := s.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("closing %s: %w", s.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func reachable(amqpURL string) error {
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		return err
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "5672")
+	}
+	c, err := net.DialTimeout("tcp", host, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+func getenv(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

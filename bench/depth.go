@@ -1,0 +1,250 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// DepthLayers are the middleware depths [Depth] measures.
+var DepthLayers = []int{0, 1, 2, 4, 8, 16}
+
+// Chain is one middleware chain measured at several depths: Build returns
+// the operation to time with layers no-op layers.
+type Chain struct {
+	Name  string
+	Build func(layers int) (op func() error, err error)
+}
+
+// DepthChains are the chains [Depth] measures. Each operation runs
+// synchronously on the calling goroutine, so that the difference between
+// depths is the chain and not scheduling:
+//
+//   - plugbus incoming / handler: Bus.Deliver of an encoded OrderPlaced —
+//     incoming stage, decode, handler stage, typed handler — with the
+//     layers on that stage only;
+//   - plugbus outgoing: Bus.Publish of an OrderPlaced (outgoing stage,
+//     encode) to a transport that drops it, with the layers on the
+//     outgoing stage;
+//   - watermill handler: a router handler function that decodes the
+//     payload for a typed handler, wrapped in the layers the way
+//     message.Router composes handler middleware, called with a message.
+func DepthChains() []Chain {
+	return []Chain{
+		{"plugbus incoming", func(n int) (func() error, error) { return plugbusDeliver(n, bus.StageIncoming) }},
+		{"plugbus handler", func(n int) (func() error, error) { return plugbusDeliver(n, bus.StageHandler) }},
+		{"plugbus outgoing", plugbusPublish},
+		{"watermill handler", watermillChain},
+	}
+}
+
+func stageNoops(n int, stage bus.Stage) []bus.Plugin {
+	ps := make([]bus.Plugin, n)
+	for i := range ps {
+		m := NoopMiddleware(i)
+		if stage != bus.StageIncoming {
+			m.Incoming = nil
+		}
+		if stage != bus.StageHandler {
+			m.Handling = nil
+		}
+		if stage != bus.StageOutgoing {
+			m.Outgoing = nil
+		}
+		ps[i] = m
+	}
+	return ps
+}
+
+func plugbusDeliver(layers int, stage bus.Stage) (func() error, error) {
+	c := newCounter()
+	b, err := bus.New(bus.WithEndpoint("depth"), bus.WithLogger(quiet), bus.WithMiddleware(stageNoops(layers, stage)...),
+		bus.WithHandler(func(_ context.Context, m OrderPlaced, _ bus.Attributes) error { return c.handle(&m) }))
+	if err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(order(1))
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	d := &bus.Delivery{Envelope: bus.Envelope{Name: OrderPlaced{}.MessageName(), ContentType: "application/json", Body: body,
+		Attributes: bus.NewAttributes("depth-message", "depth-message", now, nil, nil)}, Attempt: 1}
+	ctx := context.Background()
+	return func() error { return b.Deliver(ctx, d) }, nil
+}
+
+// dropTransport accepts every message and drops it.
+type dropTransport struct{}
+
+func (dropTransport) Setup(context.Context, bus.Topology) error                     { return nil }
+func (dropTransport) Send(context.Context, *bus.Envelope, bus.SendOptions) error    { return nil }
+func (dropTransport) Publish(context.Context, *bus.Envelope, bus.SendOptions) error { return nil }
+func (dropTransport) Receive(ctx context.Context) (*bus.Delivery, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+func (dropTransport) Delete(context.Context, *bus.Delivery) error            { return nil }
+func (dropTransport) Return(context.Context, *bus.Delivery, error) error     { return nil }
+func (dropTransport) Fail(context.Context, *bus.Delivery, bus.Failure) error { return nil }
+func (dropTransport) Close(context.Context) error                            { return nil }
+
+var _ bus.Transport = dropTransport{}
+
+func plugbusPublish(layers int) (func() error, error) {
+	b, err := bus.New(bus.WithLogger(quiet), bus.WithTransport(dropTransport{}), bus.WithMiddleware(stageNoops(layers, bus.StageOutgoing)...))
+	if err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	m := order(1)
+	return func() error { return b.Publish(ctx, m) }, nil
+}
+
+func watermillChain(layers int) (func() error, error) {
+	c := newCounter()
+	var h message.HandlerFunc = func(msg *message.Message) ([]*message.Message, error) {
+		var m OrderPlaced
+		if err := json.Unmarshal(msg.Payload, &m); err != nil {
+			return nil, err
+		}
+		return nil, c.handle(&m)
+	}
+	// message.Router composes the same way: the first added is outermost.
+	for range layers {
+		h = NoopHandlerMiddleware(h)
+	}
+	body, err := json.Marshal(order(1))
+	if err != nil {
+		return nil, err
+	}
+	msg := message.NewMessage(watermill.NewUUID(), body)
+	return func() error { _, err := h(msg); return err }, nil
+}
+
+// DepthPoint is the median cost of one operation at one depth.
+type DepthPoint struct {
+	Layers      int
+	NsPerOp     float64
+	AllocsPerOp float64
+}
+
+// DepthResult is one chain's cost by depth and per layer.
+type DepthResult struct {
+	Chain  string
+	Points []DepthPoint
+	// NsPerLayer and AllocsPerLayer are the least-squares slopes of the
+	// points: what one more layer costs.
+	NsPerLayer, AllocsPerLayer float64
+}
+
+// Depth measures every chain at every depth of layers: reps passes, each
+// going through the depths and chains in a rotated order and timing iters
+// operations per sample; the points are medians of the passes.
+func Depth(chains []Chain, layers []int, reps, iters int) ([]DepthResult, error) {
+	ops := make([][]func() error, len(chains))
+	for c, ch := range chains {
+		for _, n := range layers {
+			op, err := ch.Build(n)
+			if err != nil {
+				return nil, fmt.Errorf("bench: %s with %d layers: %w", ch.Name, n, err)
+			}
+			for range iters / 10 { // warm up: pools, caches
+				if err := op(); err != nil {
+					return nil, fmt.Errorf("bench: %s with %d layers: %w", ch.Name, n, err)
+				}
+			}
+			ops[c] = append(ops[c], op)
+		}
+	}
+	ns := make([][][]float64, len(chains))
+	allocs := make([][][]float64, len(chains))
+	for c := range chains {
+		ns[c] = make([][]float64, len(layers))
+		allocs[c] = make([][]float64, len(layers))
+	}
+	for r := range reps {
+		for k := range layers {
+			l := (r + k) % len(layers)
+			for j := range chains {
+				c := (r + j) % len(chains)
+				op := ops[c][l]
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				start := time.Now()
+				for range iters {
+					if err := op(); err != nil {
+						return nil, fmt.Errorf("bench: %s with %d layers: %w", chains[c].Name, layers[l], err)
+					}
+				}
+				elapsed := time.Since(start)
+				runtime.ReadMemStats(&after)
+				ns[c][l] = append(ns[c][l], float64(elapsed.Nanoseconds())/float64(iters))
+				allocs[c][l] = append(allocs[c][l], float64(after.Mallocs-before.Mallocs)/float64(iters))
+			}
+		}
+	}
+	out := make([]DepthResult, len(chains))
+	for c, ch := range chains {
+		res := DepthResult{Chain: ch.Name}
+		xs, ys, as := make([]float64, len(layers)), make([]float64, len(layers)), make([]float64, len(layers))
+		for l, n := range layers {
+			p := DepthPoint{Layers: n, NsPerOp: Median(ns[c][l]), AllocsPerOp: Median(allocs[c][l])}
+			res.Points = append(res.Points, p)
+			xs[l], ys[l], as[l] = float64(n), p.NsPerOp, p.AllocsPerOp
+		}
+		res.NsPerLayer, res.AllocsPerLayer = Slope(xs, ys), Slope(xs, as)
+		out[c] = res
+	}
+	return out, nil
+}
+
+// Slope returns the least-squares slope of ys over xs.
+func Slope(xs, ys []float64) float64 {
+	n := float64(len(xs))
+	var sx, sy, sxx, sxy float64
+	for i := range xs {
+		sx += xs[i]
+		sy += ys[i]
+		sxx += xs[i] * xs[i]
+		sxy += xs[i] * ys[i]
+	}
+	d := n*sxx - sx*sx
+	if d == 0 {
+		return 0
+	}
+	return (n*sxy - sx*sy) / d
+}
+
+// WriteDepth prints depth results: ns/op at each depth, then the cost of
+// one layer in ns and allocations.
+func WriteDepth(w io.Writer, title, note string, rs []DepthResult, markdown bool) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	header := []string{"chain"}
+	for _, p := range rs[0].Points {
+		header = append(header, "ns/op @"+strconv.Itoa(p.Layers))
+	}
+	header = append(header, "allocs/op @0", fmt.Sprintf("allocs/op @%d", rs[0].Points[len(rs[0].Points)-1].Layers), "ns/layer", "allocs/layer")
+	rows := [][]string{header}
+	for _, r := range rs {
+		row := []string{r.Chain}
+		for _, p := range r.Points {
+			row = append(row, fmt.Sprintf("%.0f", p.NsPerOp))
+		}
+		row = append(row, fmt.Sprintf("%.1f", r.Points[0].AllocsPerOp), fmt.Sprintf("%.1f", r.Points[len(r.Points)-1].AllocsPerOp),
+			fmt.Sprintf("%.1f", r.NsPerLayer), fmt.Sprintf("%.2f", r.AllocsPerLayer))
+		rows = append(rows, row)
+	}
+	return writeRows(w, title, note, rows, markdown)
+}
