@@ -25,9 +25,8 @@ type AMQPConfig struct {
 	Prefetch    int
 	// PublisherChannels is how many confirm channels plugbus and the raw
 	// client share among the senders (publishes are pipelined on each).
-	// Watermill's publisher holds a channel for the whole round trip of
-	// one publish, so it gets one channel per sender instead: its best
-	// configuration.
+	// Watermill's publisher holds a pooled channel for the whole round
+	// trip of one publish, so [NewWatermillAMQP] takes its pool size apart.
 	PublisherChannels int
 }
 
@@ -102,21 +101,22 @@ func (s *plugbusAMQPSide) Close(ctx context.Context) error {
 }
 
 // NewWatermillAMQP starts a Watermill router over watermill-amqp with a
-// durable queue: persistent messages, confirmed publishes (one pooled
-// channel per sender), cfg.Concurrency handlers, each its own
-// subscription with an equal share of the prefetch.
-func NewWatermillAMQP(ctx context.Context, cfg AMQPConfig, api WatermillAPI) (Side, error) {
+// durable queue: persistent, mandatory messages, confirmed publishes on a
+// pool of pool channels (each held by one publish until its confirmation
+// arrives), cfg.Concurrency handlers, each its own subscription with an
+// equal share of cfg.Prefetch.
+func NewWatermillAMQP(ctx context.Context, cfg AMQPConfig, api WatermillAPI, pool int) (Side, error) {
 	queue := "bench-watermill-" + watermill.NewShortUUID()
 	c := wamqp.NewDurableQueueConfig(cfg.URL)
 	c.Publish.ConfirmDelivery = true
 	c.Publish.Mandatory = true
-	c.Publish.ChannelPoolSize = cfg.Senders
+	c.Publish.ChannelPoolSize = pool
 	c.Consume.Qos.PrefetchCount = max(cfg.Prefetch/cfg.Concurrency, 1)
 	conn, err := wamqp.NewConnection(c.Connection, watermill.NopLogger{})
 	if err != nil {
 		return nil, err
 	}
-	s := &watermillSide{name: "watermill-amqp " + api.String(), senders: cfg.Senders}
+	s := &watermillSide{name: fmt.Sprintf("watermill-amqp %s pool=%d", api, pool), senders: cfg.Senders}
 	s.closers = append(s.closers, func() error { return broker{cfg.URL}.cleanup([]string{queue}, nil) }, conn.Close)
 	pub, err := wamqp.NewPublisherWithConnection(c, watermill.NopLogger{}, conn)
 	if err != nil {

@@ -9,6 +9,7 @@ require (
 	github.com/ThreeDotsLabs/watermill-amqp/v3 v3.0.2
 	github.com/plugbus/plugbus v0.0.0-00010101000000-000000000000
 	github.com/rabbitmq/amqp091-go v1.16.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (
