@@ -1,0 +1,195 @@
+package requestreply_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/plugins/requestreply"
+	"github.com/plugbus/plugbus/transports/memory"
+)
+
+// httpTransport is shared by the SQS tests' AWS clients, so that TestMain
+// can close its idle connections before looking for leaked goroutines.
+var httpTransport = &http.Transport{MaxIdleConns: 128, MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	httpTransport.CloseIdleConnections()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			slog.Error("goroutines leaked", slog.Any("error", err))
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func memoryTransports() func(testing.TB) bus.Transport {
+	broker := memory.NewBroker()
+	return func(testing.TB) bus.Transport { return memory.New(memory.WithBroker(broker)) }
+}
+
+func TestMemory(t *testing.T) { runScenarios(t, memoryTransports()) }
+
+// pair is one responder and one requester on a memory broker.
+func pair(t *testing.T, opts ...requestreply.Option) (responder, requester *bus.Bus, p *requestreply.Plugin, release chan struct{}) {
+	t.Helper()
+	newT := memoryTransports()
+	release = make(chan struct{})
+	quiet := slog.New(slog.DiscardHandler)
+	responder = start(t, requestreply.New(), bus.WithEndpoint("calc"), bus.WithTransport(newT(t)), bus.WithLogger(quiet),
+		bus.WithHandler(func(ctx context.Context, m add, _ bus.Attributes) error {
+			return requestreply.Reply(ctx, sum{Seq: m.Seq, Value: m.A + m.B})
+		}),
+		bus.WithHandler(func(ctx context.Context, m slow, _ bus.Attributes) error {
+			<-release
+			return requestreply.Reply(ctx, sum{Seq: m.Seq})
+		}),
+		bus.WithHandler(func(ctx context.Context, m lookup, _ bus.Attributes) error {
+			return requestreply.Reply(ctx, lookup{Key: "wrong type"})
+		}),
+	)
+	p = requestreply.New(opts...)
+	requester = start(t, p, bus.WithTransport(newT(t)), bus.WithLogger(quiet), bus.WithRoute("calc", add{}, slow{}, lookup{}))
+	t.Cleanup(func() { // before the buses stop: a handler still waiting would hold up Stop
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	return responder, requester, p, release
+}
+
+func TestPointerResponseAndRoute(t *testing.T) {
+	_, rb, p, _ := pair(t)
+	got, err := requestreply.Request[*sum](t.Context(), rb, add{A: 2, B: 3}) // routed by bus.WithRoute
+	if err != nil || got == nil || got.Value != 5 {
+		t.Fatalf("Request[*sum] = %+v, %v", got, err)
+	}
+	if st := p.Stats(rb); st.Pending != 0 || st.Address == "" {
+		t.Fatalf("Stats = %+v", st)
+	}
+}
+
+func TestNotStarted(t *testing.T) {
+	b, err := bus.New(bus.WithMiddleware(requestreply.New()), bus.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := requestreply.Request[sum](t.Context(), b, add{}, requestreply.To("calc")); !errors.Is(err, bus.ErrNotStarted) {
+		t.Fatalf("Request on a bus not started: %v", err)
+	}
+}
+
+func TestPendingLimit(t *testing.T) {
+	_, rb, p, release := pair(t, requestreply.WithMaxPending(1))
+	first := make(chan error, 1)
+	go func() {
+		_, err := requestreply.Request[sum](t.Context(), rb, slow{Seq: 1})
+		first <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for p.Stats(rb).Pending != 1 { // no signal to wait for: poll briefly
+		if time.Now().After(deadline) {
+			t.Fatal("first request never became pending")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_, err := requestreply.Request[sum](t.Context(), rb, add{})
+	var pe *requestreply.PendingLimitError
+	if !errors.As(err, &pe) || pe.Limit != 1 || !errors.Is(err, requestreply.ErrTooManyPending) {
+		t.Fatalf("request beyond the limit: %v", err)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := requestreply.Request[sum](t.Context(), rb, add{A: 1}); err != nil {
+		t.Fatalf("request after the table emptied: %v", err)
+	}
+}
+
+func TestDefaultTimeout(t *testing.T) {
+	_, rb, p, _ := pair(t, requestreply.WithDefaultTimeout(100*time.Millisecond))
+	if _, err := requestreply.Request[sum](context.Background(), rb, slow{}); !errors.Is(err, requestreply.ErrTimeout) {
+		t.Fatalf("Request without a deadline: %v, want the default timeout", err)
+	}
+	if n := p.Stats(rb).Pending; n != 0 {
+		t.Fatalf("%d pending", n)
+	}
+}
+
+func TestStopEndsPendingRequests(t *testing.T) {
+	_, rb, p, _ := pair(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := requestreply.Request[sum](t.Context(), rb, slow{})
+		done <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); p.Stats(rb).Pending != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("request never became pending")
+		}
+	}
+	if err := rb.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, bus.ErrClosed) {
+		t.Fatalf("Request when its bus stopped: %v, want bus.ErrClosed", err)
+	}
+	if _, err := requestreply.Request[sum](t.Context(), rb, add{}); !errors.Is(err, bus.ErrNotStarted) {
+		t.Fatalf("Request on a stopped bus: %v", err)
+	}
+}
+
+func TestReplyOfAnotherType(t *testing.T) {
+	_, rb, _, _ := pair(t)
+	_, err := requestreply.Request[sum](t.Context(), rb, lookup{})
+	var rte *requestreply.ReplyTypeError
+	if !errors.As(err, &rte) || rte.Got != "rrtest.lookup" || rte.Want != "rrtest.sum" {
+		t.Fatalf("reply of another type: %v", err)
+	}
+}
+
+func TestMisuse(t *testing.T) {
+	if err := requestreply.Reply(t.Context(), sum{}); !errors.Is(err, requestreply.ErrNoHandlerContext) {
+		t.Errorf("Reply outside a handler: %v", err)
+	}
+	newT := memoryTransports()
+	quiet := slog.New(slog.DiscardHandler)
+	replyErr := make(chan error, 1)
+	inHandler := make(chan error, 1)
+	var self *bus.Bus
+	self = start(t, requestreply.New(), bus.WithEndpoint("self"), bus.WithTransport(newT(t)), bus.WithLogger(quiet),
+		bus.WithHandler(func(ctx context.Context, m add, _ bus.Attributes) error {
+			replyErr <- requestreply.Reply(ctx, sum{}) // m was sent with bus.Send
+			_, err := requestreply.Request[sum](ctx, self, never{}, requestreply.To("self"))
+			inHandler <- err
+			return nil
+		}))
+	if err := self.Send(t.Context(), add{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-replyErr; !errors.Is(err, requestreply.ErrNotRequest) {
+		t.Errorf("Reply to a message that is not a request: %v", err)
+	}
+	if err := <-inHandler; !errors.Is(err, requestreply.ErrInHandler) {
+		t.Errorf("Request from a handler of the same bus: %v", err)
+	}
+	plain := start(t, nil, bus.WithTransport(newT(t)), bus.WithLogger(quiet))
+	if _, err := requestreply.Request[sum](t.Context(), plain, never{}, requestreply.To("self")); !errors.Is(err, requestreply.ErrNoPlugin) {
+		t.Errorf("Request on a bus without the plugin: %v", err)
+	}
+	if _, err := bus.New(bus.WithMiddleware(requestreply.New(requestreply.WithMaxPending(0)))); err == nil {
+		t.Error("WithMaxPending(0) accepted")
+	}
+}
