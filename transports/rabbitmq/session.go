@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -28,9 +31,10 @@ type session struct {
 
 	mu         sync.Mutex // serialises setup
 	declared   map[string]bool
-	cons       *amqp.Channel
-	deliveries <-chan amqp.Delivery
-	consuming  chan struct{} // closed once the consumer runs
+	cons           *amqp.Channel
+	deliveries     <-chan amqp.Delivery // of the endpoint's queue; nil without an endpoint
+	instDeliveries <-chan amqp.Delivery // of the instance queue; nil without one
+	consuming      chan struct{}        // closed once the consumers run
 }
 
 // publisher is one channel in confirm mode. Returned (unroutable) messages
@@ -122,7 +126,8 @@ func (s *session) close() {
 }
 
 // setup declares topo's queues and bindings on a channel of its own (a
-// failed declaration closes its channel) and starts the consumer once.
+// failed declaration closes its channel) and starts the consumers once: of
+// the endpoint's queue and, with topo.Instance, of the instance queue.
 func (s *session) setup(topo *bus.Topology) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -132,7 +137,11 @@ func (s *session) setup(topo *bus.Topology) error {
 	}
 	defer ch.Close()
 	args := s.t.o.queueArgs
-	for _, q := range []string{topo.Endpoint, DeadLetterQueue(topo.Endpoint)} {
+	var queues []string
+	if topo.Endpoint != "" {
+		queues = []string{topo.Endpoint, DeadLetterQueue(topo.Endpoint)}
+	}
+	for _, q := range queues {
 		if s.declared["q:"+q] {
 			continue
 		}
@@ -150,29 +159,59 @@ func (s *session) setup(topo *bus.Topology) error {
 		}
 		s.declared["b:"+name] = true
 	}
-	if s.cons != nil {
-		return nil
+	inst := ""
+	if topo.Instance {
+		inst = s.t.instanceQueue()
 	}
-	cons, err := s.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("opening the consumer channel: %w", err)
+	if inst != "" && !s.declared["q:"+inst] {
+		// Exclusive: it lives and dies with this connection, and no other
+		// connection may consume from it. Classic and non-durable, whatever
+		// the endpoint's queue arguments: exclusive queues cannot be quorum.
+		if _, err := ch.QueueDeclare(inst, false, true, true, false, nil); err != nil {
+			return fmt.Errorf("declaring the instance queue %q: %w (RESOURCE_LOCKED means the broker has not yet noticed that the previous connection is gone; the transport retries)", inst, err)
+		}
+		s.declared["q:"+inst] = true
 	}
-	prefetch := s.t.o.prefetch
-	if prefetch == 0 {
-		prefetch = 2 * max(topo.Concurrency, 1)
+	if s.cons == nil {
+		cons, err := s.conn.Channel()
+		if err != nil {
+			return fmt.Errorf("opening the consumer channel: %w", err)
+		}
+		prefetch := s.t.o.prefetch
+		if prefetch == 0 {
+			prefetch = 2 * max(topo.Concurrency, 1)
+		}
+		if err := cons.Qos(prefetch, 0, false); err != nil {
+			return fmt.Errorf("setting prefetch %d: %w", prefetch, err)
+		}
+		s.watch(cons.NotifyClose(make(chan *amqp.Error, 1)))
+		s.cons = cons
 	}
-	if err := cons.Qos(prefetch, 0, false); err != nil {
-		return fmt.Errorf("setting prefetch %d: %w", prefetch, err)
+	if topo.Endpoint != "" && s.deliveries == nil {
+		dl, err := s.cons.Consume(topo.Endpoint, "", false, false, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("consuming from queue %q: %w", topo.Endpoint, err)
+		}
+		s.deliveries = dl
 	}
-	dl, err := cons.Consume(topo.Endpoint, "", false, false, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consuming from queue %q: %w", topo.Endpoint, err)
+	if inst != "" && s.instDeliveries == nil {
+		dl, err := s.cons.Consume(inst, instanceConsumer, false, true, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("consuming from the instance queue %q: %w", inst, err)
+		}
+		s.instDeliveries = dl
 	}
-	s.watch(cons.NotifyClose(make(chan *amqp.Error, 1)))
-	s.cons, s.deliveries = cons, dl
-	close(s.consuming)
+	select {
+	case <-s.consuming:
+	default:
+		close(s.consuming)
+	}
 	return nil
 }
+
+// instanceConsumer is the consumer tag of the instance queue's consumer,
+// which tells its deliveries from the endpoint queue's.
+const instanceConsumer = "plugbus-instance"
 
 // errRetry reports a publish that failed because its session died: the
 // caller publishes it again on the next session.
@@ -193,7 +232,10 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, mandatory
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if p.ch.IsClosed() {
+		// A write that failed because the connection broke (reset, broken
+		// pipe, EOF) can be seen before amqp091 marks the channel closed:
+		// both mean the session is gone and the message was not stored.
+		if p.ch.IsClosed() || connectionBroken(err) {
 			p.s.fail(err)
 			return errRetry
 		}
@@ -248,4 +290,12 @@ func (p *publisher) wasReturned(k returnKey) bool {
 		p.returned[k] = n - 1
 	}
 	return true
+}
+
+// connectionBroken reports whether err comes from a connection that broke
+// under a write, rather than from the message.
+func connectionBroken(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, amqp.ErrClosed) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
