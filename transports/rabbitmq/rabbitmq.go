@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/plugbus/plugbus/bus"
@@ -21,6 +22,10 @@ import (
 // DefaultExchange is the topic exchange published messages go through
 // unless [WithExchange] names another.
 const DefaultExchange = "plugbus.events"
+
+// InstanceQueuePrefix starts the name of every instance queue (see
+// [Transport.InstanceAddress]). An endpoint cannot start with it.
+const InstanceQueuePrefix = "plugbus.instance."
 
 // DeadLetterQueue returns the name of endpoint's dead-letter queue.
 func DeadLetterQueue(endpoint string) string { return endpoint + ".dlq" }
@@ -93,6 +98,7 @@ type Transport struct {
 	live atomic.Pointer[session] // sess, read without the lock
 
 	mu      sync.Mutex
+	inst    string // the instance queue's name, fixed by the first Setup asking for it
 	topo    *bus.Topology
 	sess    *session      // the live session, nil while (re)connecting
 	changed chan struct{} // closed and replaced whenever sess changes
@@ -153,10 +159,13 @@ func (t *Transport) Endpoint() string {
 
 func validateTopology(topo bus.Topology) error {
 	if topo.Endpoint == "" {
+		if topo.Instance {
+			return nil
+		}
 		return errors.New("rabbitmq: Setup: empty endpoint name")
 	}
-	if len(DeadLetterQueue(topo.Endpoint)) > maxShortString || strings.HasPrefix(topo.Endpoint, "amq.") {
-		return fmt.Errorf("rabbitmq: Setup: endpoint %.40q cannot name a queue: at most %d bytes, not starting with \"amq.\"", topo.Endpoint, maxShortString-len(".dlq"))
+	if len(DeadLetterQueue(topo.Endpoint)) > maxShortString || strings.HasPrefix(topo.Endpoint, "amq.") || strings.HasPrefix(topo.Endpoint, InstanceQueuePrefix) {
+		return fmt.Errorf("rabbitmq: Setup: endpoint %.40q cannot name a queue: at most %d bytes, not starting with \"amq.\" or %q", topo.Endpoint, maxShortString-len(".dlq"), InstanceQueuePrefix)
 	}
 	for _, name := range topo.Handles {
 		if name == "" || len(name) > maxShortString {
@@ -171,9 +180,11 @@ func validateTopology(topo bus.Topology) error {
 
 // Setup declares the endpoint's queue, its dead-letter queue and the
 // bindings of the queue to the exchange for each handled message name, then
-// starts consuming with manual acknowledgements. It waits for the broker
-// until ctx ends. Calling it again with the same endpoint is harmless; a
-// transport serves one endpoint.
+// starts consuming with manual acknowledgements. With topo.Instance it also
+// declares the transport's instance queue and consumes from it (see
+// [Transport.InstanceAddress]); the endpoint may then be empty. It waits
+// for the broker until ctx ends. Calling it again with the same endpoint is
+// harmless; a transport serves one endpoint.
 func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 	if err := validateTopology(topo); err != nil {
 		return err
@@ -187,6 +198,10 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 	}
 	if t.topo != nil {
 		topo.Handles = mergeSorted(t.topo.Handles, topo.Handles)
+		topo.Instance = topo.Instance || t.topo.Instance
+	}
+	if topo.Instance && t.inst == "" {
+		t.inst = instanceQueueName(topo.Endpoint)
 	}
 	t.mu.Unlock()
 	// Declare on the live session, then record the topology so that every
@@ -212,6 +227,39 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 		t.mu.Unlock()
 		done = s
 	}
+}
+
+// instanceQueueName returns a new instance queue name: the prefix, the
+// endpoint when it fits, and 16 random hex digits.
+func instanceQueueName(endpoint string) string {
+	id := strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
+	if endpoint == "" || len(InstanceQueuePrefix)+len(endpoint)+1+len(id) > maxShortString {
+		return InstanceQueuePrefix + id
+	}
+	return InstanceQueuePrefix + endpoint + "." + id
+}
+
+// InstanceAddress returns the name of the transport's instance queue, made
+// by Setup with Topology.Instance; empty before. Send it as the Destination
+// of a message for this transport instance alone.
+//
+// The queue is exclusive to the transport's connection and auto-deleted:
+// it disappears when the transport closes or its connection drops, and is
+// declared again under the same name when the transport reconnects. A
+// message sent to it while it does not exist (its instance stopped, or is
+// reconnecting) is dropped: Send logs a warning and returns nil, since no
+// one could ever receive it. Instance queues carry replies, which their
+// requester stops waiting for after a timeout.
+func (t *Transport) InstanceAddress() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.inst
+}
+
+func (t *Transport) instanceQueue() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.inst
 }
 
 func mergeSorted(a, b []string) []string {
@@ -390,4 +438,5 @@ func (t *Transport) isClosed() bool {
 var (
 	_ bus.Transport       = (*Transport)(nil)
 	_ bus.HeaderValidator = (*Transport)(nil)
+	_ bus.InstanceQueuer  = (*Transport)(nil)
 )

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -13,7 +15,8 @@ import (
 
 // Send publishes env to the queue of the endpoint opts.Destination through
 // the default exchange and returns once the broker confirmed it. A missing
-// queue is an [*UnroutableError]. While the connection is down, Send waits
+// queue is an [*UnroutableError], except for an instance queue
+// ([Transport.InstanceAddress]): that message is dropped with a warning. While the connection is down, Send waits
 // for the next one (bounded by ctx) and publishes again.
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
 	if opts.Destination == "" {
@@ -22,7 +25,15 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOp
 	if len(opts.Destination) > maxShortString {
 		return fmt.Errorf("rabbitmq: send %s: destination %.40q is longer than %d bytes", env.Name, opts.Destination, maxShortString)
 	}
-	return t.emit(ctx, env, "", opts.Destination, true)
+	err := t.emit(ctx, env, "", opts.Destination, true)
+	if err != nil && strings.HasPrefix(opts.Destination, InstanceQueuePrefix) && errors.Is(err, ErrUnroutable) {
+		// An instance queue is gone for good (its instance stopped) or
+		// until its instance reconnects: no one can receive this message.
+		t.log.WarnContext(ctx, "message to an instance queue that does not exist dropped: its instance stopped or is reconnecting",
+			slog.String("queue", opts.Destination), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
+		return nil
+	}
+	return err
 }
 
 // Publish publishes env to the topic exchange with its name as routing key:
@@ -72,8 +83,8 @@ func describe(exchange, key, name string) string {
 	return "publish of " + name
 }
 
-// Receive returns the next message of the endpoint's queue. While the
-// connection is down it waits for the next one. A message it cannot read
+// Receive returns the next message of the endpoint's queue or of the
+// instance queue. While the connection is down it waits for the next one. A message it cannot read
 // is returned with Delivery.Err set, for the bus to dead-letter. Raw is the
 // amqp091.Delivery.
 func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
@@ -107,19 +118,11 @@ func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
 				return nil, bus.ErrClosed
 			}
 		}
+		var m amqp.Delivery
+		var ok bool
 		select {
-		case m, ok := <-s.deliveries:
-			if t.isClosed() {
-				return nil, bus.ErrClosed // m goes back to the queue with its channel
-			}
-			if !ok {
-				s.fail(errors.New("rabbitmq: the broker cancelled the consumer (queue deleted?)"))
-				continue
-			}
-			if s.isDead() {
-				continue // its channel is gone: the broker redelivers it
-			}
-			return delivery(s, &m), nil
+		case m, ok = <-s.deliveries:
+		case m, ok = <-s.instDeliveries:
 		case <-s.dead:
 			continue
 		case <-ctx.Done():
@@ -127,6 +130,17 @@ func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
 		case <-t.done:
 			return nil, bus.ErrClosed
 		}
+		if t.isClosed() {
+			return nil, bus.ErrClosed // m goes back to the queue with its channel
+		}
+		if !ok {
+			s.fail(errors.New("rabbitmq: the broker cancelled the consumer (queue deleted?)"))
+			continue
+		}
+		if s.isDead() {
+			continue // its channel is gone: the broker redelivers it
+		}
+		return delivery(s, &m), nil
 	}
 }
 
@@ -178,7 +192,11 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error 
 	}
 	msg, h := republishing(&m, 1)
 	h[HeaderAttempt] = int32(d.Attempt + 1)
-	if err := t.resend(ctx, s, d, t.topology().Endpoint, &msg); err != nil {
+	queue := t.topology().Endpoint
+	if m.ConsumerTag == instanceConsumer {
+		queue = t.instanceQueue()
+	}
+	if err := t.resend(ctx, s, d, queue, &msg); err != nil {
 		return err
 	}
 	return t.ack(s, d, &m)
@@ -186,11 +204,19 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error 
 
 // Fail publishes a copy of d to the endpoint's dead-letter queue with f in
 // headers ([HeaderFailureReason] and the others) and, once the broker
-// confirmed it, acknowledges d.
+// confirmed it, acknowledges d. A transport without an endpoint (an
+// instance queue alone) has no dead-letter queue: it logs the message and
+// its failure at error level and acknowledges it.
 func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
 	s, m, err := t.settling(d)
 	if err != nil {
 		return err
+	}
+	if t.topology().Endpoint == "" {
+		t.log.ErrorContext(ctx, "message of the instance queue failed and there is no endpoint dead-letter queue: dropped",
+			slog.String("queue", t.instanceQueue()), slog.String("message_name", d.Name), slog.String("message_id", d.Attributes.MessageID),
+			slog.String("reason", f.Reason), slog.Int("attempts", f.Attempts), slog.String("body", string(m.Body)))
+		return t.ack(s, d, &m)
 	}
 	endpoint := f.Endpoint
 	if endpoint == "" {
