@@ -18,7 +18,10 @@ import (
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/tracetree"
 	"github.com/plugbus/plugbus/plugin"
+	"github.com/plugbus/plugbus/plugins/inbox"
 	"github.com/plugbus/plugbus/plugins/otel"
+	"github.com/plugbus/plugbus/plugins/outbox"
+	"github.com/plugbus/plugbus/store/sqlite"
 	"github.com/plugbus/plugbus/transports/memory"
 )
 
@@ -132,10 +135,23 @@ func timing(p *printer, service string) bus.Middleware {
 	}
 }
 
-// reportFailures tells the demo when a message is dead-lettered.
+// reportFailures tells the demo when a message is dead-lettered, and when
+// one is deleted (handled).
 type reportFailures struct {
 	bus.Transport
-	failed chan<- bus.Failure
+	failed  chan<- bus.Failure
+	deleted chan<- string // message ids
+}
+
+func (r *reportFailures) Delete(ctx context.Context, d *bus.Delivery) error {
+	err := r.Transport.Delete(ctx, d)
+	if r.deleted != nil {
+		select {
+		case r.deleted <- d.Attributes.MessageID:
+		default:
+		}
+	}
+	return err
 }
 
 func (r *reportFailures) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
@@ -209,10 +225,15 @@ func runDemo(ctx context.Context, w io.Writer, args []string) error {
 	deadLettered := make(chan bus.Failure, 1)
 	var wg sync.WaitGroup
 	wg.Add(*orders)
+	billingDeleted := make(chan string, 64)
 	newService := func(name string, opts ...bus.Option) (*bus.Bus, error) {
+		rep := &reportFailures{Transport: memory.New(memory.WithBroker(broker)), failed: deadLettered}
+		if name == "billing" {
+			rep.deleted = billingDeleted
+		}
 		base := []bus.Option{
 			bus.WithEndpoint(name), bus.WithLogger(logger), bus.WithMaxAttempts(3),
-			bus.WithTransport(&reportFailures{Transport: memory.New(memory.WithBroker(broker)), failed: deadLettered}),
+			bus.WithTransport(rep),
 			bus.WithMiddleware(otel.New(otel.WithTracerProvider(tp)), logging(p, name), timing(p, name)),
 			bus.WithMiddleware(plugins...),
 		}
@@ -232,10 +253,40 @@ func runDemo(ctx context.Context, w io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	// Billing keeps its payments in SQLite, the embedded store: each
+	// handler runs in a transaction that also holds what it publishes (the
+	// outbox) and the record that it processed the message (the inbox).
+	dbDir, err := os.MkdirTemp("", "plugbus-demo-db-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dbDir)
+	st, err := sqlite.Open(filepath.Join(dbDir, "billing.db"))
+	if err != nil {
+		return err
+	}
+	defer st.DB().Close()
+	if _, err := st.DB().ExecContext(ctx, `CREATE TABLE payments (order_id TEXT PRIMARY KEY, amount_cents INTEGER NOT NULL)`); err != nil {
+		return err
+	}
+	var firstPlaced struct {
+		sync.Mutex
+		id  string
+		msg OrderPlaced
+	}
 	billing, err := newService("billing",
+		bus.WithMiddleware(outbox.New(st), inbox.New(st)),
 		bus.WithHandler(func(ctx context.Context, m OrderPlaced, a bus.Attributes) error {
+			firstPlaced.Lock()
+			if firstPlaced.id == "" {
+				firstPlaced.id, firstPlaced.msg = a.MessageID, m
+			}
+			firstPlaced.Unlock()
+			if _, err := outbox.Tx(ctx).ExecContext(ctx, `INSERT INTO payments (order_id, amount_cents) VALUES (?, ?)`, m.OrderID, m.Amount); err != nil {
+				return err
+			}
 			b, _, _ := bus.MessageContext(ctx)
-			return b.Publish(ctx, PaymentTaken{OrderID: m.OrderID})
+			return b.Publish(ctx, PaymentTaken{OrderID: m.OrderID}) // stored in the same transaction
 		}, bus.HandlerName("charge-card")))
 	if err != nil {
 		return err
@@ -264,7 +315,7 @@ func runDemo(ctx context.Context, w io.Writer, args []string) error {
 		return errors.Join(errs...)
 	}
 
-	p.printf("plugbus demo: orders → billing → shipping on the in-memory transport\n\n")
+	p.printf("plugbus demo: orders → billing → shipping on the in-memory transport, billing on SQLite\n\n")
 	// A front end sends the command from outside any handler.
 	front, err := bus.New(bus.WithLogger(logger), bus.WithTransport(memory.New(memory.WithBroker(broker))),
 		bus.WithRoute("orders", PlaceOrder{}),
@@ -288,6 +339,32 @@ func runDemo(ctx context.Context, w io.Writer, args []string) error {
 	case <-ctx.Done():
 		return errors.Join(ctx.Err(), stopAll())
 	}
+	// Replay the first OrderPlaced with its original message id, as a broker
+	// would after a lost acknowledgement: billing's inbox skips it.
+	firstPlaced.Lock()
+	dupID, dupMsg := firstPlaced.id, firstPlaced.msg
+	firstPlaced.Unlock()
+	for len(billingDeleted) > 0 {
+		<-billingDeleted
+	}
+	p.printf("\nreplaying OrderPlaced %s with its message id …%s:\n", dupMsg.OrderID, short(dupID))
+	if err := front.Publish(ctx, dupMsg, bus.WithMessageID(dupID)); err != nil {
+		return errors.Join(err, stopAll())
+	}
+	for id := range billingDeleted {
+		if id == dupID {
+			break
+		}
+	}
+	var payments int
+	if err := st.DB().QueryRowContext(ctx, `SELECT count(*) FROM payments`).Scan(&payments); err != nil {
+		return errors.Join(err, stopAll())
+	}
+	if payments != *orders {
+		return errors.Join(fmt.Errorf("demo: billing.db holds %d payments for %d orders: the duplicate was applied", payments, *orders), stopAll())
+	}
+	p.printf("→ billing.db holds %d payment(s) for %d order(s): the duplicate was skipped by the inbox\n", payments, *orders)
+
 	if len(plugins) > 0 {
 		// A legacy sender without the tenancy plugin: its message has no
 		// tenant, the plugin in the orders service rejects it on every

@@ -22,6 +22,7 @@ func TestDemo(t *testing.T) {
 		"└─ process shop.place_order [consumer]",
 		"close-order [internal]",
 		"loaded external plugin tenancy",
+		"→ billing.db holds 2 payment(s) for 2 order(s): the duplicate was skipped by the inbox",
 		"→ dead-lettered by orders after 3 attempts: plugin \"tenancy\" (incoming stage): tenancy: message has no tenant",
 	} {
 		if !strings.Contains(got, want) {
