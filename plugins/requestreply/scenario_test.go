@@ -150,6 +150,10 @@ func start(t *testing.T, p *requestreply.Plugin, opts ...bus.Option) *bus.Bus {
 	return b
 }
 
+// openAllOnCleanup opens every gate when t ends, before the buses t
+// started since stop.
+func (w *world) openAllOnCleanup(t *testing.T) { t.Cleanup(w.openAll) }
+
 func (w *world) gate(seq int) chan struct{} {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -244,7 +248,7 @@ func (h *lateHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *lateHandler) WithGroup(string) slog.Handler      { return h }
 
 // runScenarios runs every request/reply scenario on one world.
-func runScenarios(t *testing.T, newT func(testing.TB) bus.Transport) {
+func runScenarios(t *testing.T, newT func(testing.TB) bus.Transport) *world {
 	w := newWorld(t, newT)
 	t.Run("ConcurrentRequestsReachTheirInstance", func(t *testing.T) { concurrent(t, w, 300) })
 	t.Run("Timeout", func(t *testing.T) { timeout(t, w) })
@@ -252,6 +256,7 @@ func runScenarios(t *testing.T, newT func(testing.TB) bus.Transport) {
 	t.Run("ResponderError", func(t *testing.T) { responderError(t, w) })
 	t.Run("HandlerFailureIsRetried", func(t *testing.T) { handlerFailure(t, w) })
 	t.Run("ReplyAfterTimeoutDropped", func(t *testing.T) { lateReply(t, w) })
+	return w
 }
 
 func concurrent(t *testing.T, w *world, n int) {

@@ -1,0 +1,176 @@
+package requestreply_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/plugins/requestreply"
+	"github.com/plugbus/plugbus/transports/rabbitmq"
+)
+
+func rabbitTransports(t *testing.T) func(testing.TB) bus.Transport {
+	url := testenv.RabbitMQ(t)
+	quiet := slog.New(slog.DiscardHandler)
+	return func(tb testing.TB) bus.Transport {
+		tr, err := rabbitmq.New(url, rabbitmq.WithLogger(quiet), rabbitmq.WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return tr
+	}
+}
+
+func TestRabbitMQ(t *testing.T) {
+	newT := rabbitTransports(t)
+	// The responders' endpoint queues are durable: remove them.
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(testenv.RabbitMQ(t))
+		if err != nil {
+			t.Errorf("cleanup: %v", err)
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Errorf("cleanup: %v", err)
+			return
+		}
+		for _, q := range rabbitQueues {
+			_, _ = ch.QueueDelete(q, false, false, false)
+		}
+	})
+	w := runScenarios(t, newT)
+	rabbitQueues = append(rabbitQueues, w.endpoint, rabbitmq.DeadLetterQueue(w.endpoint))
+}
+
+// rabbitQueues lists the durable queues the RabbitMQ tests declared.
+var rabbitQueues []string
+
+// TestRabbitMQReconnect: a requester whose connection drops declares its
+// instance queue again under the same address and keeps receiving replies;
+// a reply sent while the queue is gone is dropped and the request times out.
+func TestRabbitMQReconnect(t *testing.T) {
+	newT := rabbitTransports(t)
+	w := newWorld(t, newT)
+	rabbitQueues = append(rabbitQueues, w.endpoint, rabbitmq.DeadLetterQueue(w.endpoint))
+	// The requester reaches the broker through a proxy that can cut its connection.
+	px := newProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
+	tr, err := rabbitmq.New("amqp://guest:guest@"+px.addr()+"/", rabbitmq.WithLogger(slog.New(slog.DiscardHandler)),
+		rabbitmq.WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := requestreply.New()
+	rb := start(t, p, bus.WithName("cut-requester"), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)))
+	w.openAllOnCleanup(t)
+	addr := p.Stats(rb).Address
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if _, err := requestreply.Request[sum](ctx, rb, add{A: 1}, requestreply.To(w.endpoint)); err != nil {
+		t.Fatal(err)
+	}
+	// Hold a request at a responder, cut the requester's connection (its
+	// exclusive queue goes with it), then let the responder reply.
+	const seq = 3003
+	done := make(chan error, 1)
+	go func() {
+		_, err := requestreply.Request[sum](ctx, rb, slow{Seq: seq}, requestreply.To(w.endpoint), requestreply.WithTimeout(2*time.Second))
+		done <- err
+	}()
+	w.waitStarted(t, seq)
+	px.cut()
+	w.open(seq) // the reply is dropped, or received after the reconnection
+	if err := <-done; err != nil && !errors.Is(err, requestreply.ErrTimeout) {
+		t.Fatalf("request across the reconnection: %v, want its reply or a clean timeout", err)
+	}
+	if n := p.Stats(rb).Pending; n != 0 {
+		t.Fatalf("%d pending after the reconnection", n)
+	}
+	// Once reconnected, the same address serves again.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := requestreply.Request[sum](ctx, rb, add{A: 2}, requestreply.To(w.endpoint), requestreply.WithTimeout(time.Second))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, requestreply.ErrTimeout) || time.Now().After(deadline) {
+			t.Fatalf("request after the reconnection: %v", err)
+		}
+	}
+	if got := p.Stats(rb).Address; got != addr {
+		t.Fatalf("reply address changed from %s to %s", addr, got)
+	}
+	if n := p.Stats(rb).Pending; n != 0 {
+		t.Fatalf("%d pending", n)
+	}
+}
+
+// proxy forwards TCP connections to a server until cut closes them all.
+type proxy struct {
+	ln    net.Listener
+	to    string
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newProxy(t *testing.T, to string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, to: to}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.to)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+		}
+		p.wg.Go(func() { pipe(s, c) })
+		p.wg.Go(func() { pipe(c, s) })
+	}
+}
+
+// cut closes every connection made so far.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
