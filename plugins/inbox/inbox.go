@@ -196,24 +196,9 @@ func (m *middleware) stop(context.Context) error {
 }
 
 func (m *middleware) cleanupLoop(ctx context.Context) {
-	t := time.NewTicker(m.cfg.cleanup)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		n, err := m.s.PurgeProcessed(ctx, time.Now().Add(-m.cfg.retention))
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			m.logger.WarnContext(ctx, "inbox cleanup failed; retrying at the next interval", slog.Any("error", err))
-		case n > 0:
-			m.logger.DebugContext(ctx, "inbox cleanup", slog.Int64("deleted", n))
-		}
-	}
+	store.RunPurge(ctx, m.cfg.cleanup, m.logger, "inbox cleanup", func(ctx context.Context) (int64, error) {
+		return m.s.PurgeProcessed(ctx, time.Now().Add(-m.cfg.retention))
+	})
 }
 
 var _ bus.Plugin = (*Plugin)(nil)

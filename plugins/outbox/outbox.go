@@ -236,24 +236,9 @@ func (r *relay) loop(ctx context.Context) {
 }
 
 func (r *relay) cleanupLoop(ctx context.Context) {
-	t := time.NewTicker(r.cfg.cleanup)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		n, err := r.s.PurgeDispatched(ctx, time.Now().Add(-r.cfg.retention))
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			r.logger.WarnContext(ctx, "outbox cleanup failed; retrying at the next interval", slog.Any("error", err))
-		case n > 0:
-			r.logger.DebugContext(ctx, "outbox cleanup", slog.Int64("deleted", n))
-		}
-	}
+	store.RunPurge(ctx, r.cfg.cleanup, r.logger, "outbox cleanup", func(ctx context.Context) (int64, error) {
+		return r.s.PurgeDispatched(ctx, time.Now().Add(-r.cfg.retention))
+	})
 }
 
 func (r *relay) listen(ctx context.Context, n store.Notifier) {
