@@ -38,7 +38,9 @@ func memoryMakers(layers int) []maker {
 
 func amqpMakers(cfg bench.AMQPConfig) []maker {
 	wm := func(pool int) func(ctx context.Context) (bench.Side, error) {
-		return func(ctx context.Context) (bench.Side, error) { return bench.NewWatermillAMQP(ctx, cfg, bench.Router, pool) }
+		return func(ctx context.Context) (bench.Side, error) {
+			return bench.NewWatermillAMQP(ctx, cfg, bench.Router, pool)
+		}
 	}
 	return []maker{
 		{"plugbus", func(ctx context.Context) (bench.Side, error) { return bench.NewPlugbusRabbitMQ(ctx, cfg) }},

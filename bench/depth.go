@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strconv"
 	"time"
 
@@ -149,7 +150,10 @@ type DepthResult struct {
 
 // Depth measures every chain at every depth of layers: reps passes, each
 // going through the depths and chains in a rotated order and timing iters
-// operations per sample; the points are medians of the passes.
+// operations per sample. A point is the fastest of its samples (and the
+// median of their allocations): on a shared machine interference only
+// ever adds time, so the minimum is the steadiest estimate of a cost of
+// tens of nanoseconds.
 func Depth(chains []Chain, layers []int, reps, iters int) ([]DepthResult, error) {
 	ops := make([][]func() error, len(chains))
 	for c, ch := range chains {
@@ -198,7 +202,7 @@ func Depth(chains []Chain, layers []int, reps, iters int) ([]DepthResult, error)
 		res := DepthResult{Chain: ch.Name}
 		xs, ys, as := make([]float64, len(layers)), make([]float64, len(layers)), make([]float64, len(layers))
 		for l, n := range layers {
-			p := DepthPoint{Layers: n, NsPerOp: Median(ns[c][l]), AllocsPerOp: Median(allocs[c][l])}
+			p := DepthPoint{Layers: n, NsPerOp: slices.Min(ns[c][l]), AllocsPerOp: Median(allocs[c][l])}
 			res.Points = append(res.Points, p)
 			xs[l], ys[l], as[l] = float64(n), p.NsPerOp, p.AllocsPerOp
 		}

@@ -57,8 +57,8 @@ func run() error {
 	flag.IntVar(&c.n, "n", 20000, "messages per round in the memory suites")
 	flag.IntVar(&c.amqpRounds, "amqp-rounds", 7, "rounds of each side in the RabbitMQ suite")
 	flag.IntVar(&c.amqpN, "amqp-n", 2000, "messages per round in the RabbitMQ suite")
-	flag.IntVar(&c.depthReps, "depth-reps", 9, "passes over the depths in the depth suite")
-	flag.IntVar(&c.depthIters, "depth-iters", 20000, "operations per sample in the depth suite")
+	flag.IntVar(&c.depthReps, "depth-reps", 25, "passes over the depths in the depth suite")
+	flag.IntVar(&c.depthIters, "depth-iters", 5000, "operations per sample in the depth suite")
 	flag.IntVar(&c.concurrency, "concurrency", 1, "plugbus workers in the memory suites (Watermill's GoChannel hands a subscriber one message at a time)")
 	flag.StringVar(&c.amqpURL, "amqp-url", getenv("PLUGBUS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.BoolVar(&c.markdown, "markdown", false, "print Markdown tables")
@@ -177,7 +177,9 @@ func amqpSuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
 	sides, err := open(ctx,
 		func() (bench.Side, error) { return bench.NewPlugbusRabbitMQ(ctx, cfg) },
 		func() (bench.Side, error) { return bench.NewRawAMQP(ctx, cfg) },
-		func() (bench.Side, error) { return bench.NewWatermillAMQP(ctx, cfg, bench.Router, cfg.PublisherChannels) },
+		func() (bench.Side, error) {
+			return bench.NewWatermillAMQP(ctx, cfg, bench.Router, cfg.PublisherChannels)
+		},
 		func() (bench.Side, error) { return bench.NewWatermillAMQP(ctx, cfg, bench.Router, cfg.Senders) },
 	)
 	if err != nil {
@@ -212,7 +214,7 @@ func depthSuite(w io.Writer, c config) ([]check, error) {
 	if err != nil {
 		return nil, err
 	}
-	note := fmt.Sprintf("one synchronous operation per op (plugbus: Bus.Deliver or Bus.Publish; Watermill: the composed handler function); per layer = least-squares slope; medians of %d passes of %d ops", c.depthReps, c.depthIters)
+	note := fmt.Sprintf("one synchronous operation per op (plugbus: Bus.Deliver or Bus.Publish; Watermill: the composed handler function); per layer = least-squares slope; fastest of %d passes of %d ops", c.depthReps, c.depthIters)
 	if err := bench.WriteDepth(w, "middleware depth: cost of one more no-op layer", note, rs, c.markdown); err != nil {
 		return nil, err
 	}
@@ -224,7 +226,9 @@ func depthSuite(w io.Writer, c config) ([]check, error) {
 		checks = append(checks, check{
 			r.Chain + ": <= 20 ns and 0 allocs per layer",
 			fmt.Sprintf("%.1f ns, %.2f allocs", r.NsPerLayer, r.AllocsPerLayer),
-			r.NsPerLayer <= 20 && r.AllocsPerLayer < 0.01 && r.Points[len(r.Points)-1].AllocsPerOp <= r.Points[0].AllocsPerOp,
+			// Allocations are counted process-wide: allow for a stray one
+			// of another goroutine in a sample.
+			r.NsPerLayer <= 20 && r.AllocsPerLayer < 0.01 && r.Points[len(r.Points)-1].AllocsPerOp < r.Points[0].AllocsPerOp+0.05,
 		})
 	}
 	return checks, nil
