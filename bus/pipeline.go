@@ -13,10 +13,6 @@ type pipe[C any] struct {
 	base  []*slog.Logger // bus logger scoped with stage and middleware
 }
 
-func newPipe[C any](stage Stage, logger *slog.Logger) *pipe[C] {
-	return &pipe[C]{stage: stage}
-}
-
 func (p *pipe[C]) add(name string, fn func(context.Context, *C, Next) error, logger *slog.Logger) {
 	p.names = append(p.names, name)
 	p.fns = append(p.fns, fn)
@@ -61,7 +57,34 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 	r.short = short
 	for i := range n {
 		r.ctxs[i] = mk(i)
-		r.nexts[i] = func(ctx context.Context) error { return r.next(ctx, i) }
+	}
+	fns := p.fns
+	for i := range n {
+		// next of layer i runs layer i+1 itself: one frame per hop besides
+		// the middleware's own, so deep chains stay cheap.
+		j := i + 1
+		if j >= len(fns) {
+			r.nexts[i] = func(ctx context.Context) error {
+				if err := r.check(i); err != nil {
+					return err
+				}
+				return r.terminal(ctx)
+			}
+			continue
+		}
+		fn, sc := fns[j], &r.ctxs[j]
+		r.nexts[i] = func(ctx context.Context) error {
+			if err := r.check(i); err != nil {
+				return err
+			}
+			r.state[j] = hopRunning
+			err := fn(ctx, sc, r.nexts[j])
+			if r.state[j] == hopRunning && err == nil {
+				r.shortCircuited(ctx, j)
+			}
+			r.state[j] = hopDone
+			return err
+		}
 	}
 }
 
@@ -77,26 +100,31 @@ func (r *run[C]) start(ctx context.Context) error {
 func (r *run[C]) enter(ctx context.Context, i int) error {
 	r.state[i] = hopRunning
 	err := r.p.fns[i](ctx, &r.ctxs[i], r.nexts[i])
-	if r.state[i] == hopRunning && err == nil && r.p.base[i].Enabled(ctx, slog.LevelDebug) {
-		r.logger(i).DebugContext(ctx, r.short)
+	if r.state[i] == hopRunning && err == nil {
+		r.shortCircuited(ctx, i)
 	}
 	r.state[i] = hopDone
 	return err
 }
 
-func (r *run[C]) next(ctx context.Context, i int) error {
+// check records that layer i called next, refusing a second call and a
+// call after layer i returned.
+func (r *run[C]) check(i int) error {
 	switch r.state[i] {
 	case hopRunning:
 		r.state[i] = hopNext
+		return nil
 	case hopNext:
 		return &NextCalledTwiceError{Stage: r.p.stage, Middleware: r.p.names[i]}
-	default:
-		return &NextCalledTwiceError{Stage: r.p.stage, Middleware: r.p.names[i], AfterReturn: true}
 	}
-	if i+1 < len(r.p.fns) {
-		return r.enter(ctx, i+1)
+	return &NextCalledTwiceError{Stage: r.p.stage, Middleware: r.p.names[i], AfterReturn: true}
+}
+
+// shortCircuited logs that layer i returned without calling next.
+func (r *run[C]) shortCircuited(ctx context.Context, i int) {
+	if r.p.base[i].Enabled(ctx, slog.LevelDebug) {
+		r.logger(i).DebugContext(ctx, r.short)
 	}
-	return r.terminal(ctx)
 }
 
 // logger returns the logger of layer i scoped with the message, made on
