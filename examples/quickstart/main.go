@@ -1,0 +1,46 @@
+// Command quickstart is the README's quick start: one bus, one typed
+// handler, one middleware, on the default in-memory transport.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/plugins/otel"
+)
+
+type OrderPlaced struct{ OrderID string }
+
+func (OrderPlaced) MessageName() string { return "shop.order_placed" }
+
+func main() {
+	ctx := context.Background()
+	done := make(chan struct{})
+	logging := bus.Middleware{Name: "logging",
+		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			in.Logger().Info("received")
+			return next(ctx)
+		}}
+	b, err := bus.New(
+		bus.WithEndpoint("orders"),
+		bus.WithMiddleware(otel.New(), logging), // first registered = outermost
+		bus.WithHandler(func(ctx context.Context, m OrderPlaced, a bus.Attributes) error {
+			fmt.Println("order", m.OrderID, "correlation", a.CorrelationID)
+			close(done)
+			return nil
+		}),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := b.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer b.Stop(ctx)
+	if err := b.Publish(ctx, OrderPlaced{OrderID: "o-1"}); err != nil {
+		log.Fatal(err)
+	}
+	<-done
+}

@@ -1,0 +1,6 @@
+package main
+
+import "testing"
+
+// TestQuickstart runs the README's quick start.
+func TestQuickstart(t *testing.T) { main() }
