@@ -145,6 +145,11 @@ func TestMedianSlope(t *testing.T) {
 	if got := bench.Median([]float64{4, 1, 2, 3}); got != 2.5 {
 		t.Errorf("Median = %v, want 2.5", got)
 	}
+	a := bench.Result{Samples: []bench.Sample{{Messages: 10, Elapsed: time.Second}, {Messages: 10, Elapsed: 2 * time.Second}}}
+	b := bench.Result{Samples: []bench.Sample{{Messages: 10, Elapsed: 2 * time.Second}, {Messages: 10, Elapsed: 4 * time.Second}}}
+	if got := bench.PairedRatio(a, b); got != 2 {
+		t.Errorf("PairedRatio = %v, want 2", got)
+	}
 	if got := bench.Slope([]float64{0, 1, 2, 4}, []float64{10, 12, 14, 18}); got != 2 {
 		t.Errorf("Slope = %v, want 2", got)
 	}
@@ -190,7 +195,7 @@ func compare(b *testing.B, ms []maker, n int) {
 		b.ReportMetric(r.MsgsPerSec, name+"-msgs/s")
 		b.ReportMetric(r.AllocsPerMsg, name+"-allocs/msg")
 		if i > 0 {
-			b.ReportMetric(rs[0].MsgsPerSec/r.MsgsPerSec, "speed-vs-"+name)
+			b.ReportMetric(bench.PairedRatio(rs[0], r), "speed-vs-"+name)
 		}
 	}
 }

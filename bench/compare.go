@@ -88,6 +88,19 @@ func summarize(name string, ss []Sample) Result {
 	}
 }
 
+// PairedRatio returns the median over rounds of a's throughput divided by
+// b's in the same round. Compare runs the sides of a round back to back,
+// so each pair saw about the same machine load: the ratio is steadier than
+// the ratio of the medians. Both must come from one Compare.
+func PairedRatio(a, b Result) float64 {
+	n := min(len(a.Samples), len(b.Samples))
+	v := make([]float64, n)
+	for i := range n {
+		v[i] = b.Samples[i].Elapsed.Seconds() / float64(b.Samples[i].Messages) * float64(a.Samples[i].Messages) / a.Samples[i].Elapsed.Seconds()
+	}
+	return Median(v)
+}
+
 // Median returns the median of v (the mean of the middle two when len(v)
 // is even), 0 for none. It does not change v.
 func Median(v []float64) float64 {
@@ -117,7 +130,7 @@ type Table struct {
 // Write prints t, aligned for a terminal, or as a Markdown table.
 func (t Table) Write(w io.Writer, markdown bool) error {
 	base := t.Results[t.Baseline]
-	header := []string{"side", "msgs/s", "ns/msg", "B/msg", "allocs/msg", "msgs/s vs " + base.Side, "allocs vs " + base.Side}
+	header := []string{"side", "msgs/s", "ns/msg", "B/msg", "allocs/msg", "msgs/s vs " + base.Side + " (paired)", "allocs vs " + base.Side}
 	rows := [][]string{header}
 	for _, r := range t.Results {
 		rows = append(rows, []string{
@@ -126,7 +139,7 @@ func (t Table) Write(w io.Writer, markdown bool) error {
 			fmt.Sprintf("%.0f", r.NsPerMsg),
 			fmt.Sprintf("%.0f", r.BytesPerMsg),
 			fmt.Sprintf("%.1f", r.AllocsPerMsg),
-			ratio(r.MsgsPerSec, base.MsgsPerSec),
+			fmt.Sprintf("%.2fx", PairedRatio(r, base)),
 			ratio(r.AllocsPerMsg, base.AllocsPerMsg),
 		})
 	}

@@ -139,7 +139,7 @@ func memorySuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
 		best := bestPeer(rs[1:])
 		checks = append(checks,
 			check{fmt.Sprintf("memory, %d mw: plugbus msgs/s >= 3x Watermill's best", layers),
-				fmt.Sprintf("%.2fx (%s)", pb.MsgsPerSec/best.throughput.MsgsPerSec, best.throughput.Side), pb.MsgsPerSec >= 3*best.throughput.MsgsPerSec},
+				fmt.Sprintf("%.2fx (%s)", bench.PairedRatio(pb, best.throughput), best.throughput.Side), bench.PairedRatio(pb, best.throughput) >= 3},
 			check{fmt.Sprintf("memory, %d mw: plugbus allocs/msg <= 1/3 of Watermill's fewest", layers),
 				fmt.Sprintf("%.2fx (%.1f vs %.1f, %s)", pb.AllocsPerMsg/best.allocs.AllocsPerMsg, pb.AllocsPerMsg, best.allocs.AllocsPerMsg, best.allocs.Side), 3*pb.AllocsPerMsg <= best.allocs.AllocsPerMsg},
 		)
@@ -202,9 +202,11 @@ func amqpSuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
 		return nil, err
 	}
 	pb, raw := rs[0], rs[1]
-	checks := []check{{"RabbitMQ: plugbus msgs/s >= 95% of amqp091-go", fmt.Sprintf("%.1f%%", 100*pb.MsgsPerSec/raw.MsgsPerSec), pb.MsgsPerSec >= 0.95*raw.MsgsPerSec}}
+	vsRaw := bench.PairedRatio(pb, raw)
+	checks := []check{{"RabbitMQ: plugbus msgs/s >= 95% of amqp091-go", fmt.Sprintf("%.1f%%", 100*vsRaw), vsRaw >= 0.95}}
 	for _, wm := range rs[2:] {
-		checks = append(checks, check{"RabbitMQ: plugbus msgs/s >= 2x " + wm.Side, fmt.Sprintf("%.2fx", pb.MsgsPerSec/wm.MsgsPerSec), pb.MsgsPerSec >= 2*wm.MsgsPerSec})
+		r := bench.PairedRatio(pb, wm)
+		checks = append(checks, check{"RabbitMQ: plugbus msgs/s >= 2x " + wm.Side, fmt.Sprintf("%.2fx", r), r >= 2})
 	}
 	return checks, nil
 }
