@@ -21,6 +21,8 @@ const maxBatch = 10
 
 // entry is one received message, tracked until it is settled.
 type entry struct {
+	queue    string // URL of the queue it came from
+	lane     int    // laneEndpoint or laneInstance
 	msg      sqstypes.Message
 	handle   string
 	deadline time.Time // when its visibility timeout ends; guarded by Transport.mu
@@ -32,6 +34,15 @@ type deleteReq struct {
 	done chan error // buffered: the flusher never blocks on it
 }
 
+// The endpoint's queue and the instance queue are received in separate
+// lanes, each holding at most the bus's concurrency of messages, so that
+// a busy endpoint never keeps replies waiting in the instance queue.
+const (
+	laneEndpoint = iota
+	laneInstance
+	lanes
+)
+
 // start starts the pollers, the heartbeat and the delete flushers once.
 // Called with t.mu held.
 func (t *Transport) start() {
@@ -39,13 +50,18 @@ func (t *Transport) start() {
 		return
 	}
 	t.running = true
-	t.buf = make(chan *entry, t.capacity)
+	t.buf = make(chan *entry, lanes*t.capacity)
 	t.pollCtx, t.pollCancel = context.WithCancel(context.Background())
 	t.hbStop = make(chan struct{})
-	t.deletes = make(chan *deleteReq, t.capacity)
-	pollers := min(max((t.capacity+maxBatch-1)/maxBatch, 1), 8)
-	for range pollers {
-		t.pollers.Go(t.poll)
+	t.deletes = make(chan *deleteReq, lanes*t.capacity)
+	if t.queueURL != "" {
+		pollers := min(max((t.capacity+maxBatch-1)/maxBatch, 1), 8)
+		for range pollers {
+			t.pollers.Go(func() { t.poll(t.queueURL, laneEndpoint) })
+		}
+	}
+	if t.instURL != "" {
+		t.pollers.Go(func() { t.poll(t.instURL, laneInstance) })
 	}
 	t.workers.Go(t.heartbeat)
 	for range t.o.deleteFlushers {
@@ -53,7 +69,8 @@ func (t *Transport) start() {
 	}
 }
 
-// Receive returns the next message of the endpoint's queue. Messages are
+// Receive returns the next message of the endpoint's queue or of the
+// instance queue. Messages are
 // fetched by long polling in batches of up to 10; no more are held at once
 // (buffered or being handled) than the bus's concurrency. A message the
 // transport cannot read comes back with Delivery.Err set.
@@ -63,7 +80,7 @@ func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
 	case t.closed:
 		t.mu.Unlock()
 		return nil, bus.ErrClosed
-	case t.queueURL == "":
+	case t.queueURL == "" && t.instURL == "":
 		t.mu.Unlock()
 		return nil, ErrNotSetUp
 	}
@@ -92,32 +109,32 @@ func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
 	}
 }
 
-// reserve waits for free slots and reserves up to maxBatch of them. It
-// returns 0 when the transport closes.
-func (t *Transport) reserve() int {
+// reserve waits for free slots of lane and reserves up to maxBatch of
+// them. It returns 0 when the transport closes.
+func (t *Transport) reserve(lane int) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for !t.closed && t.capacity-len(t.tracked)-t.reserved <= 0 {
+	for !t.closed && t.capacity-t.held[lane]-t.reserved[lane] <= 0 {
 		t.cond.Wait()
 	}
 	if t.closed {
 		return 0
 	}
-	n := min(t.capacity-len(t.tracked)-t.reserved, maxBatch)
-	t.reserved += n
+	n := min(t.capacity-t.held[lane]-t.reserved[lane], maxBatch)
+	t.reserved[lane] += n
 	return n
 }
 
-// poll receives messages while the transport is open.
-func (t *Transport) poll() {
+// poll receives messages of the queue at url while the transport is open.
+func (t *Transport) poll(url string, lane int) {
 	backoff := time.Duration(0)
 	for {
-		n := t.reserve()
+		n := t.reserve(lane)
 		if n == 0 {
 			return
 		}
 		out, err := t.sqs.ReceiveMessage(t.pollCtx, &awssqs.ReceiveMessageInput{
-			QueueUrl:                    &t.queueURL,
+			QueueUrl:                    &url,
 			MaxNumberOfMessages:         int32(n),
 			WaitTimeSeconds:             int32(t.o.wait / time.Second),
 			MessageAttributeNames:       []string{"All"},
@@ -125,11 +142,12 @@ func (t *Transport) poll() {
 		})
 		now := time.Now()
 		t.mu.Lock()
-		t.reserved -= n
+		t.reserved[lane] -= n
 		if err == nil {
 			for _, m := range out.Messages {
-				e := &entry{msg: m, handle: aws.ToString(m.ReceiptHandle), deadline: now.Add(t.o.visibility)}
+				e := &entry{queue: url, lane: lane, msg: m, handle: aws.ToString(m.ReceiptHandle), deadline: now.Add(t.o.visibility)}
 				t.tracked[e] = struct{}{}
+				t.held[lane]++
 				t.buf <- e // never blocks: tracked messages never exceed the capacity of buf
 			}
 		}
@@ -144,7 +162,7 @@ func (t *Transport) poll() {
 			return
 		}
 		backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
-		t.log.Warn("receiving from SQS failed; retrying", slog.String("queue_url", t.queueURL), slog.Any("error", err), slog.Duration("backoff", backoff))
+		t.log.Warn("receiving from SQS failed; retrying", slog.String("queue_url", url), slog.Any("error", err), slog.Duration("backoff", backoff))
 		timer := time.NewTimer(backoff)
 		select {
 		case <-timer.C:
@@ -184,6 +202,46 @@ func (t *Transport) extend() {
 	}
 	t.mu.Unlock()
 	secs := int32(t.o.visibility / time.Second)
+	for _, due := range byQueue(due, func(e *entry) string { return e.queue }) {
+		t.extendQueue(due, now, secs)
+	}
+}
+
+// byQueue splits items by the queue URL key returns, keeping their order.
+func byQueue[T any](items []T, key func(T) string) [][]T {
+	if len(items) == 0 {
+		return nil
+	}
+	first := key(items[0])
+	same := true
+	for _, it := range items[1:] {
+		if key(it) != first {
+			same = false
+			break
+		}
+	}
+	if same {
+		return [][]T{items}
+	}
+	var order []string
+	groups := map[string][]T{}
+	for _, it := range items {
+		k := key(it)
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], it)
+	}
+	out := make([][]T, len(order))
+	for i, k := range order {
+		out[i] = groups[k]
+	}
+	return out
+}
+
+// extendQueue extends the visibility of due, entries of one queue.
+func (t *Transport) extendQueue(due []*entry, now time.Time, secs int32) {
+	url := due[0].queue
 	for len(due) > 0 {
 		n := min(len(due), maxBatch)
 		batch := due[:n]
@@ -193,7 +251,7 @@ func (t *Transport) extend() {
 			entries[i] = sqstypes.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(e.handle), VisibilityTimeout: secs}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), t.o.visibility/2)
-		out, err := t.sqs.ChangeMessageVisibilityBatch(ctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: &t.queueURL, Entries: entries})
+		out, err := t.sqs.ChangeMessageVisibilityBatch(ctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: &url, Entries: entries})
 		cancel()
 		if err != nil {
 			t.log.Warn("extending the visibility of messages being handled failed; they may be delivered again", slog.Int("messages", n), slog.Any("error", err))
@@ -232,6 +290,7 @@ func (t *Transport) settle(d *bus.Delivery, op string) (*entry, error) {
 		return nil, fmt.Errorf("sqs: %s %s (id %s): the delivery is not in flight on this transport (settled twice?)", op, d.Name, d.Attributes.MessageID)
 	}
 	delete(t.tracked, e)
+	t.held[e.lane]--
 	t.ops.Add(1)
 	t.cond.Broadcast()
 	return e, nil
@@ -283,14 +342,22 @@ func (t *Transport) flushDeletes() {
 }
 
 func (t *Transport) deleteBatch(batch []*deleteReq) {
+	for _, b := range byQueue(batch, func(r *deleteReq) string { return r.e.queue }) {
+		t.deleteQueueBatch(b)
+	}
+}
+
+// deleteQueueBatch deletes a batch of messages of one queue.
+func (t *Transport) deleteQueueBatch(batch []*deleteReq) {
 	defer t.ops.Add(-len(batch))
+	url := batch[0].e.queue
 	entries := make([]sqstypes.DeleteMessageBatchRequestEntry, len(batch))
 	for i, r := range batch {
 		entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r.e.handle)}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out, err := t.sqs.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: &t.queueURL, Entries: entries})
+	out, err := t.sqs.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: &url, Entries: entries})
 	if err != nil {
 		for _, r := range batch {
 			r.done <- err
@@ -333,7 +400,7 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, cause error) er
 	secs := int32((delay + time.Second/2) / time.Second)
 	t.hbMu.RLock()
 	_, err = t.sqs.ChangeMessageVisibility(context.WithoutCancel(ctx), &awssqs.ChangeMessageVisibilityInput{
-		QueueUrl: &t.queueURL, ReceiptHandle: &e.handle, VisibilityTimeout: secs,
+		QueueUrl: &e.queue, ReceiptHandle: &e.handle, VisibilityTimeout: secs,
 	})
 	t.hbMu.RUnlock()
 	if err != nil {
@@ -355,6 +422,16 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 	e, err := t.settle(d, "fail")
 	if err != nil {
 		return err
+	}
+	if t.dlqURL == "" || e.queue != t.queueURL {
+		// A message of the instance queue: with no dead-letter queue of its
+		// own (it is deleted with its instance), record it in the log.
+		t.log.ErrorContext(ctx, "message of the instance queue failed: dropped (instance queues have no dead-letter queue)",
+			slog.String("queue_url", e.queue), slog.String("message_name", d.Name), slog.String("message_id", d.Attributes.MessageID),
+			slog.String("reason", f.Reason), slog.Int("attempts", f.Attempts), slog.String("body", aws.ToString(e.msg.Body)))
+		req := &deleteReq{e: e, done: make(chan error, 1)}
+		t.deletes <- req
+		return <-req.done
 	}
 	if err := t.deadLetter(context.WithoutCancel(ctx), t.dlqURL, e.msg, f); err != nil {
 		t.ops.Done()
@@ -383,11 +460,19 @@ func (t *Transport) Close(ctx context.Context) error {
 	close(t.closedCh)
 	t.cond.Broadcast()
 	running := t.running
+	inst := t.instURL
 	t.mu.Unlock()
+	var errs []error
+	if inst != "" {
+		defer func() {
+			if err := t.deleteQueue(context.WithoutCancel(ctx), inst); err != nil {
+				t.log.Warn("deleting the instance queue failed", slog.Any("error", err))
+			}
+		}()
+	}
 	if !running {
 		return nil
 	}
-	var errs []error
 	if !waitCtx(ctx, &t.pollers) {
 		t.pollCancel()
 		t.pollers.Wait()
@@ -401,9 +486,12 @@ func (t *Transport) Close(ctx context.Context) error {
 	t.mu.Lock()
 	var back []*entry
 	for e := range t.tracked {
-		back = append(back, e)
+		if e.queue != inst { // the instance queue is about to go
+			back = append(back, e)
+		}
 	}
 	clear(t.tracked)
+	t.held = [lanes]int{}
 	t.mu.Unlock()
 	if err := t.release(context.WithoutCancel(ctx), back); err != nil {
 		errs = append(errs, err)

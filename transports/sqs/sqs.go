@@ -37,6 +37,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,7 @@ import (
 	snstypes "github.com/aws/aws-sdk-go-v2/service/sns/types"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/google/uuid"
 
 	"github.com/plugbus/plugbus/bus"
 )
@@ -131,12 +133,14 @@ type Transport struct {
 	endpoint string
 	queueURL string
 	dlqURL   string
+	instURL  string // the instance queue's URL, empty without one
 	capacity int
 	running  bool // pollers started
 	closed   bool
 	closedCh chan struct{}
 	tracked  map[*entry]struct{} // received and not settled
-	reserved int                 // slots reserved by receive requests in progress
+	held     [lanes]int          // tracked entries per lane
+	reserved [lanes]int          // slots reserved by receive requests in progress, per lane
 	buf      chan *entry
 
 	pollCtx    context.Context
@@ -209,10 +213,12 @@ func (t *Transport) ValidateHeaders(h bus.Headers) error { return validateHeader
 // with a redrive policy to the dead-letter queue after topo.MaxAttempts
 // receives, a topic for each handled message name, a queue policy that
 // lets those topics deliver, and a raw-delivery subscription of the queue
-// to each topic. Every step is idempotent. Subscriptions to names the
+// to each topic. With topo.Instance it also creates the transport's
+// instance queue ([Transport.InstanceAddress]); the endpoint may then be
+// empty. Every step is idempotent. Subscriptions to names the
 // endpoint no longer handles are left in place: remove them by hand.
 func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
-	if topo.Endpoint == "" {
+	if topo.Endpoint == "" && !topo.Instance {
 		return errors.New("sqs: Setup: empty endpoint")
 	}
 	t.mu.Lock()
@@ -224,8 +230,21 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 		t.mu.Unlock()
 		return fmt.Errorf("sqs: Setup: transport already set up for endpoint %q, not %q: use one transport per endpoint", t.endpoint, topo.Endpoint)
 	}
+	needInstance := topo.Instance && t.instURL == ""
 	t.mu.Unlock()
-
+	if needInstance {
+		if err := t.setupInstance(ctx, topo); err != nil {
+			return err
+		}
+	}
+	if topo.Endpoint == "" {
+		t.mu.Lock()
+		if !t.running {
+			t.capacity = max(topo.Concurrency, 1)
+		}
+		t.mu.Unlock()
+		return nil
+	}
 	maxAttempts := max(topo.MaxAttempts, 1)
 	dlqURL, err := t.createQueue(ctx, t.DeadLetterQueueName(topo.Endpoint), map[string]string{
 		"MessageRetentionPeriod": strconv.Itoa(int(t.o.dlqRetention / time.Second)),
@@ -289,6 +308,69 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 	t.log.DebugContext(ctx, "topology declared", slog.String("endpoint", topo.Endpoint), slog.String("queue", qname),
 		slog.Int("topics", len(topicARNs)), slog.Int("max_receive_count", maxAttempts))
 	return nil
+}
+
+// instanceMarker is part of every instance queue's name.
+const instanceMarker = "instance-"
+
+// setupInstance creates the transport's instance queue.
+func (t *Transport) setupInstance(ctx context.Context, topo bus.Topology) error {
+	id := strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
+	base := instanceMarker + id
+	if topo.Endpoint != "" {
+		base = topo.Endpoint + "-" + base
+	}
+	name := resourceName(t.o.prefix+base, maxQueueName)
+	url, err := t.createQueue(ctx, name, map[string]string{
+		"VisibilityTimeout": strconv.Itoa(int(t.o.visibility / time.Second)),
+		// Replies are worthless once their requester gave up: keep them a minute.
+		"MessageRetentionPeriod": "60",
+	})
+	if err != nil {
+		return fmt.Errorf("sqs: creating the instance queue: %w", err)
+	}
+	t.cacheMu.Lock()
+	delete(t.urls, name) // addressed by URL, never by name
+	t.cacheMu.Unlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || t.instURL != "" {
+		// Closed meanwhile, or a concurrent Setup won: this queue is surplus.
+		go t.deleteQueue(context.WithoutCancel(ctx), url)
+		if t.closed {
+			return bus.ErrClosed
+		}
+		return nil
+	}
+	t.instURL = url
+	t.log.DebugContext(ctx, "instance queue created", slog.String("queue_url", url))
+	return nil
+}
+
+func (t *Transport) deleteQueue(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := t.sqs.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: &url}); err != nil {
+		return fmt.Errorf("sqs: deleting the instance queue %s failed; delete it by hand: %w", url, err)
+	}
+	return nil
+}
+
+// InstanceAddress returns the URL of the transport's instance queue,
+// created by Setup with Topology.Instance; empty before. Send takes a
+// queue URL as Destination, so this address reaches this transport
+// instance alone, whatever the sender's prefix.
+//
+// The queue is deleted by Close. Its messages are kept 60 seconds at most.
+// A message sent to an instance queue that no longer exists (its instance
+// stopped) is dropped: Send logs a warning and returns nil, since no one
+// could ever receive it. An instance that crashes leaves its queue behind:
+// queues whose name contains "instance-" after the transport's prefix can
+// be deleted once their instance is gone.
+func (t *Transport) InstanceAddress() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.instURL
 }
 
 // queuePolicy lets the SNS topics send to the queue, and nothing else.
@@ -412,7 +494,10 @@ func (t *Transport) checkOpen(ctx context.Context) error {
 }
 
 // Send puts env on the queue of the endpoint opts.Destination. The queue
-// must exist: the receiving endpoint declares it in its Setup.
+// must exist: the receiving endpoint declares it in its Setup. A
+// Destination that is a queue URL (an instance address,
+// [Transport.InstanceAddress]) is used as it is, and a message to such a
+// queue that no longer exists is dropped with a warning.
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
 	if err := t.checkOpen(ctx); err != nil {
 		return err
@@ -424,13 +509,22 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOp
 	if err != nil {
 		return fmt.Errorf("sqs: send %s: %w", env.Name, err)
 	}
-	url, err := t.queueURLOf(ctx, opts.Destination)
-	if err != nil {
-		return fmt.Errorf("sqs: send %s: %w", env.Name, err)
+	byURL := isQueueURL(opts.Destination)
+	url := opts.Destination
+	if !byURL {
+		url, err = t.queueURLOf(ctx, opts.Destination)
+		if err != nil {
+			return fmt.Errorf("sqs: send %s: %w", env.Name, err)
+		}
 	}
 	_, err = t.sqs.SendMessage(ctx, &awssqs.SendMessageInput{QueueUrl: &url, MessageBody: &e.body, MessageAttributes: e.sqsAttributes()})
 	if err != nil {
 		var nq *sqstypes.QueueDoesNotExist
+		if errors.As(err, &nq) && byURL {
+			t.log.WarnContext(ctx, "message to an instance queue that no longer exists dropped: its instance stopped",
+				slog.String("queue_url", url), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
+			return nil
+		}
 		if errors.As(err, &nq) {
 			t.forgetQueue(opts.Destination)
 			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: opts.Destination, Queue: t.QueueName(opts.Destination), Err: err})
@@ -466,7 +560,14 @@ func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, _ bus.SendOp
 	return nil
 }
 
+// isQueueURL reports whether a destination is a queue URL rather than an
+// endpoint name.
+func isQueueURL(dest string) bool {
+	return strings.HasPrefix(dest, "https://") || strings.HasPrefix(dest, "http://")
+}
+
 var (
 	_ bus.Transport       = (*Transport)(nil)
 	_ bus.HeaderValidator = (*Transport)(nil)
+	_ bus.InstanceQueuer  = (*Transport)(nil)
 )
