@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -247,6 +248,7 @@ func (b *Bus) Stop(ctx context.Context) error {
 }
 
 func (b *Bus) receiveLoop(rctx, pctx context.Context) {
+	sctx := context.WithoutCancel(pctx) // settles what was processed, even while stopping
 	backoff := time.Duration(0)
 	for {
 		d, err := b.t.Receive(rctx)
@@ -266,14 +268,13 @@ func (b *Bus) receiveLoop(rctx, pctx context.Context) {
 			continue
 		}
 		backoff = 0
-		b.process(pctx, d)
+		b.process(pctx, sctx, d)
 	}
 }
 
 // process runs one polled delivery and settles it with the transport.
-func (b *Bus) process(ctx context.Context, d *Delivery) {
+func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 	err := b.handle(ctx, d)
-	sctx := context.WithoutCancel(ctx)
 	var serr error
 	switch {
 	case err == nil:
@@ -419,8 +420,8 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 		return fmt.Errorf("bus: %s: nil message", kind)
 	}
 	var o sendConfig
-	for _, opt := range opts {
-		opt(&o)
+	if len(opts) > 0 {
+		o = applySendOptions(opts)
 	}
 	name := msg.MessageName()
 	scope := scopeFrom(ctx, b)
@@ -519,4 +520,25 @@ func (b *Bus) transmit(ctx context.Context, m Outbound) error {
 // middleware. An outbox relay uses it to send what a handler stored.
 func (b *Bus) Dispatch(ctx context.Context, m Outbound) error { return b.transmit(ctx, m) }
 
-func newID() string { return uuid.Must(uuid.NewV7()).String() }
+// applySendOptions is apart from emit so that a send without options does
+// not move its config to the heap.
+func applySendOptions(opts []SendOption) sendConfig {
+	var o sendConfig
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// newID returns a UUIDv7 (RFC 9562: Unix milliseconds, then random bits),
+// allocating only its string. uuid.NewV7 reads its random bits through an
+// io.Reader, which moves them to the heap.
+func newID() string {
+	var u uuid.UUID
+	_, _ = rand.Read(u[:]) // never fails (crypto/rand)
+	ms := uint64(time.Now().UnixMilli())
+	u[0], u[1], u[2], u[3], u[4], u[5] = byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms)
+	u[6] = u[6]&0x0f | 0x70 // version 7
+	u[8] = u[8]&0x3f | 0x80 // variant RFC 9562
+	return u.String()
+}
