@@ -65,18 +65,20 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 		j := i + 1
 		if j >= len(fns) {
 			r.nexts[i] = func(ctx context.Context) error {
-				if err := r.check(i); err != nil {
-					return err
+				if r.state[i] != hopRunning {
+					return r.badNext(i)
 				}
+				r.state[i] = hopNext
 				return r.terminal(ctx)
 			}
 			continue
 		}
 		fn, sc := fns[j], &r.ctxs[j]
 		r.nexts[i] = func(ctx context.Context) error {
-			if err := r.check(i); err != nil {
-				return err
+			if r.state[i] != hopRunning {
+				return r.badNext(i)
 			}
+			r.state[i] = hopNext
 			r.state[j] = hopRunning
 			err := fn(ctx, sc, r.nexts[j])
 			if r.state[j] == hopRunning && err == nil {
@@ -107,17 +109,10 @@ func (r *run[C]) enter(ctx context.Context, i int) error {
 	return err
 }
 
-// check records that layer i called next, refusing a second call and a
-// call after layer i returned.
-func (r *run[C]) check(i int) error {
-	switch r.state[i] {
-	case hopRunning:
-		r.state[i] = hopNext
-		return nil
-	case hopNext:
-		return &NextCalledTwiceError{Stage: r.p.stage, Middleware: r.p.names[i]}
-	}
-	return &NextCalledTwiceError{Stage: r.p.stage, Middleware: r.p.names[i], AfterReturn: true}
+// badNext is the error of a next called while layer i is not running:
+// a second call, or a call after layer i returned.
+func (r *run[C]) badNext(i int) error {
+	return &NextCalledTwiceError{Stage: r.p.stage, Middleware: r.p.names[i], AfterReturn: r.state[i] != hopNext}
 }
 
 // shortCircuited logs that layer i returned without calling next.
