@@ -29,8 +29,8 @@ type session struct {
 	dead     chan struct{}
 	err      error // why the session died; written before dead is closed
 
-	mu         sync.Mutex // serialises setup
-	declared   map[string]bool
+	mu             sync.Mutex // serialises setup
+	declared       map[string]bool
 	cons           *amqp.Channel
 	deliveries     <-chan amqp.Delivery // of the endpoint's queue; nil without an endpoint
 	instDeliveries <-chan amqp.Delivery // of the instance queue; nil without one
