@@ -14,6 +14,11 @@
 // the destination endpoint's queue through the default exchange. Setup
 // declares all of it; every declaration is idempotent.
 //
+// With Topology.Instance (request/reply) Setup also declares an exclusive,
+// auto-delete instance queue of this transport ([Transport.InstanceAddress]),
+// declared again under the same name after a reconnection; a message sent
+// to it while it does not exist is dropped with a warning.
+//
 // # Delivery guarantees
 //
 // Every message is persistent and published with the mandatory flag on a

@@ -24,6 +24,10 @@
 //	...
 //	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), ...)
 //
+// With Topology.Instance (request/reply) Setup also creates a queue of
+// this transport instance alone, addressed by its URL and deleted by Close
+// ([Transport.InstanceAddress]).
+//
 // On AWS Lambda, [NewLambdaHandler] runs the records of an SQS event
 // through a bus and reports the records that failed. docs/transports/sqs.md
 // describes the topology, the limits and the IAM permissions needed.
