@@ -326,8 +326,10 @@ func (b *Bus) handle(ctx context.Context, d *Delivery) (err error) {
 		if p := recover(); p != nil {
 			err = &PanicError{Value: p, Stack: debug.Stack()}
 		}
-		r.d = nil
-		b.inPool.Put(r)
+		if r.reusable() { // else a next may still run on another goroutine: leave the run to it
+			r.d = nil
+			b.inPool.Put(r)
+		}
 	}()
 	return r.start(ctx)
 }
@@ -381,8 +383,10 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg Message, d *Delive
 		}()
 		return r.start(hctx)
 	}()
-	r.h, r.msg, r.d, r.scope = nil, nil, nil, nil
-	b.hdPool.Put(r)
+	if r.reusable() {
+		r.h, r.msg, r.d, r.scope = nil, nil, nil, nil
+		b.hdPool.Put(r)
+	}
 	buf := scope.close()
 	if err != nil {
 		return err
@@ -474,8 +478,10 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 		if p := recover(); p != nil {
 			err = &PanicError{Value: p, Stack: debug.Stack()}
 		}
-		r.reset()
-		b.outPool.Put(r)
+		if r.reusable() {
+			r.reset()
+			b.outPool.Put(r)
+		}
 	}()
 	return r.start(ctx)
 }

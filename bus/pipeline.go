@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 )
 
 // pipe is one stage's chain, composed once when the bus is built.
@@ -19,23 +20,29 @@ func (p *pipe[C]) add(name string, fn func(context.Context, *C, Next) error, log
 	p.base = append(p.base, logger.With(slog.String("stage", p.stage.String()), slog.String("middleware", name)))
 }
 
-type hop uint8
-
+// Each layer's state is an epoch (the invocation's number) and a phase.
+// A layer is set to (epoch, next) by a compare-and-swap when it calls next,
+// and to (epoch, done) when it returns, so that one hop costs two atomic
+// operations and works when next runs on another goroutine.
 const (
-	hopIdle hop = iota
-	hopRunning
-	hopNext
-	hopDone
+	phaseNext uint64 = 1
+	phaseDone uint64 = 2
 )
+
+func phase(epoch, p uint64) uint64 { return epoch<<2 | p }
 
 // run is the reusable state of one invocation of a stage. It is pooled:
 // every closure and stage context in it is made once, so running a chain
-// allocates nothing per layer.
+// allocates nothing per layer. A run goes back to its pool only when it
+// ended clean (every layer called next once and returned after it), so a
+// next still running on another goroutine never sees its run reused.
 type run[C any] struct {
 	p        *pipe[C]
 	ctxs     []C
 	nexts    []Next
-	state    []hop
+	state    []atomic.Uint64 // phase of each layer in the current epoch
+	epoch    atomic.Uint64   // the current invocation
+	unclean  atomic.Bool     // a layer returned without calling next first
 	loggers  []*slog.Logger
 	terminal func(context.Context) error
 	describe func() []any // message fields for scoped loggers
@@ -50,13 +57,14 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 	r.p = p
 	r.ctxs = make([]C, n)
 	r.nexts = make([]Next, n)
-	r.state = make([]hop, n)
+	r.state = make([]atomic.Uint64, n)
 	r.loggers = make([]*slog.Logger, n)
 	r.terminal = terminal
 	r.describe = describe
 	r.short = short
 	for i := range n {
 		r.ctxs[i] = mk(i)
+		r.state[i].Store(phase(0, phaseDone))
 	}
 	fns := p.fns
 	for i := range n {
@@ -65,54 +73,72 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 		j := i + 1
 		if j >= len(fns) {
 			r.nexts[i] = func(ctx context.Context) error {
-				if r.state[i] != hopRunning {
+				e := r.epoch.Load()
+				if !r.state[i].CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
 					return r.badNext(i)
 				}
-				r.state[i] = hopNext
 				return r.terminal(ctx)
 			}
 			continue
 		}
 		fn, sc := fns[j], &r.ctxs[j]
 		r.nexts[i] = func(ctx context.Context) error {
-			if r.state[i] != hopRunning {
+			e := r.epoch.Load()
+			if !r.state[i].CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
 				return r.badNext(i)
 			}
-			r.state[i] = hopNext
-			r.state[j] = hopRunning
 			err := fn(ctx, sc, r.nexts[j])
-			if r.state[j] == hopRunning && err == nil {
-				r.shortCircuited(ctx, j)
-			}
-			r.state[j] = hopDone
+			r.leave(ctx, e, j, err)
 			return err
 		}
 	}
 }
 
+// start runs the chain as a new epoch.
 func (r *run[C]) start(ctx context.Context) error {
 	if len(r.p.fns) == 0 {
 		return r.terminal(ctx)
 	}
-	clear(r.state)
 	clear(r.loggers)
-	return r.enter(ctx, 0)
+	e := r.epoch.Load() + 1
+	r.epoch.Store(e)
+	err := r.p.fns[0](ctx, &r.ctxs[0], r.nexts[0])
+	r.leave(ctx, e, 0, err)
+	return err
 }
 
-func (r *run[C]) enter(ctx context.Context, i int) error {
-	r.state[i] = hopRunning
-	err := r.p.fns[i](ctx, &r.ctxs[i], r.nexts[i])
-	if r.state[i] == hopRunning && err == nil {
-		r.shortCircuited(ctx, i)
+// leave marks layer i returned in epoch e. A layer that returns without
+// having called next short-circuited — or handed next to another goroutine
+// that has not called it yet: either way the run is not reused.
+func (r *run[C]) leave(ctx context.Context, e uint64, i int, err error) {
+	if prev := r.state[i].Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
+		r.unclean.Store(true)
+		if err == nil {
+			r.shortCircuited(ctx, i)
+		}
 	}
-	r.state[i] = hopDone
-	return err
+}
+
+// reusable reports whether the run may go back to its pool: every layer
+// called next and returned after it, and no next is still running.
+func (r *run[C]) reusable() bool {
+	if r.unclean.Load() {
+		return false
+	}
+	done := phase(r.epoch.Load(), phaseDone)
+	for i := range r.state {
+		if r.state[i].Load() != done {
+			return false
+		}
+	}
+	return true
 }
 
 // badNext is the error of a next called while layer i is not running:
 // a second call, or a call after layer i returned.
 func (r *run[C]) badNext(i int) error {
-	return &NextCalledTwiceError{Stage: r.p.stage, Middleware: r.p.names[i], AfterReturn: r.state[i] != hopNext}
+	twice := r.state[i].Load() == phase(r.epoch.Load(), phaseNext)
+	return &NextCalledTwiceError{Stage: r.p.stage, Middleware: r.p.names[i], AfterReturn: !twice}
 }
 
 // shortCircuited logs that layer i returned without calling next.
