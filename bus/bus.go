@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -46,13 +47,14 @@ type Bus struct {
 
 	inPool, hdPool, outPool sync.Pool
 
-	mu       sync.Mutex
-	state    int
-	started  int // middleware whose Start ran
-	rcancel  context.CancelFunc
-	pcancel  context.CancelFunc
-	workers  sync.WaitGroup
-	inflight sync.WaitGroup // pushed deliveries
+	lifecycle sync.Mutex   // serialises Start and Stop
+	mu        sync.Mutex   // orders Deliver's inflight.Add before Stop's Wait
+	state     atomic.Int32 // stateNew … stateClosed
+	started   int          // middleware whose Start ran
+	rcancel   context.CancelFunc
+	pcancel   context.CancelFunc
+	workers   sync.WaitGroup
+	inflight  sync.WaitGroup // pushed deliveries
 }
 
 // New builds a bus from options, applied once: nothing can be registered on
@@ -90,6 +92,11 @@ func New(opts ...Option) (*Bus, error) {
 	}
 	b.hv, _ = c.transport.(HeaderValidator)
 	for _, h := range c.handlers {
+		for _, other := range b.handlers[h.msgName] {
+			if other.name == h.name {
+				return nil, fmt.Errorf("bus: two handlers of %s are named %q: give each its own name with bus.HandlerName (names identify handlers in errors, traces and the inbox)", h.msgName, h.name)
+			}
+		}
 		b.handlers[h.msgName] = append(b.handlers[h.msgName], h)
 	}
 	b.handles = slices.Sorted(maps.Keys(b.handlers))
@@ -139,24 +146,24 @@ func (b *Bus) Endpoint() string { return b.endpoint }
 func (b *Bus) Transport() Transport { return b.t }
 
 // Running reports whether the bus was started and not yet stopped.
-func (b *Bus) Running() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.state == stateRunning
-}
+func (b *Bus) Running() bool { return b.state.Load() == stateRunning }
+
+// Serializer returns the bus's body serializer.
+func (b *Bus) Serializer() Serializer { return b.ser }
 
 // Start declares the endpoint's topology, runs the middleware Start hooks
 // in registration order and starts receiving. A bus without an endpoint
 // (and without a middleware that needs an instance queue) only runs the
-// hooks. Send and Publish do not need Start.
+// hooks. Send and Publish work during Start (from a Start hook, say) and
+// without it. A stopped bus cannot start again: build a new one.
 func (b *Bus) Start(ctx context.Context) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	switch b.state {
+	b.lifecycle.Lock()
+	defer b.lifecycle.Unlock()
+	switch b.state.Load() {
 	case stateRunning:
 		return ErrAlreadyStarted
 	case stateStopping, stateClosed:
-		return ErrClosed
+		return fmt.Errorf("%w: a stopped bus cannot start again; build a new one with bus.New", ErrClosed)
 	}
 	receives := b.endpoint != "" || b.instance
 	if receives {
@@ -170,7 +177,7 @@ func (b *Bus) Start(ctx context.Context) error {
 			continue
 		}
 		if err := m.Start(ctx); err != nil {
-			b.stopMiddleware(ctx, i)
+			_ = b.stopMiddleware(ctx, i)
 			return fmt.Errorf("bus: starting middleware %q: %w", m.Name, err)
 		}
 	}
@@ -178,7 +185,7 @@ func (b *Bus) Start(ctx context.Context) error {
 	rctx, rcancel := context.WithCancel(context.WithoutCancel(ctx))
 	pctx, pcancel := context.WithCancel(context.WithoutCancel(ctx))
 	b.rcancel, b.pcancel = rcancel, pcancel
-	b.state = stateRunning
+	b.state.Store(stateRunning)
 	if receives {
 		for range b.concurrency {
 			b.workers.Go(func() { b.receiveLoop(rctx, pctx) })
@@ -203,18 +210,27 @@ func (b *Bus) stopMiddleware(ctx context.Context, n int) error {
 	return errors.Join(errs...)
 }
 
-// Stop stops receiving, waits for in-flight messages to finish (bounded by
-// ctx: when ctx ends first, their contexts are cancelled and Stop returns
-// ctx's error), runs the middleware Stop hooks in reverse order and closes
-// the transport. Stop on a stopped bus returns nil.
+// StopGrace is how long Stop waits for handlers to return after it
+// cancelled their contexts because its own context ended.
+const StopGrace = 5 * time.Second
+
+// Stop stops receiving and waits for in-flight messages to finish, bounded
+// by ctx. When ctx ends first, Stop cancels the handlers' contexts, waits
+// up to [StopGrace] for them to return (their messages are returned for
+// retry) and reports ctx's error. Then it runs the middleware Stop hooks in
+// reverse order and closes the transport. Stop on a stopped bus returns
+// nil. Stop from inside a handler of the same bus waits for that handler,
+// that is until ctx ends.
 func (b *Bus) Stop(ctx context.Context) error {
+	b.lifecycle.Lock()
+	defer b.lifecycle.Unlock()
 	b.mu.Lock()
-	state := b.state
+	state := b.state.Load()
 	if state == stateStopping || state == stateClosed {
 		b.mu.Unlock()
 		return nil
 	}
-	b.state = stateStopping
+	b.state.Store(stateStopping) // under mu: no Deliver adds to inflight after this
 	b.mu.Unlock()
 
 	var errs []error
@@ -231,18 +247,27 @@ func (b *Bus) Stop(ctx context.Context) error {
 		case <-ctx.Done():
 			b.pcancel()
 			errs = append(errs, fmt.Errorf("bus: stop: in-flight messages not drained: %w", ctx.Err()))
+			grace := time.NewTimer(StopGrace)
+			select {
+			case <-drained:
+				grace.Stop()
+			case <-grace.C:
+				errs = append(errs, fmt.Errorf("bus: stop: handlers still running %s after their contexts were cancelled; closing anyway", StopGrace))
+			}
 		}
-		errs = append(errs, b.stopMiddleware(ctx, b.started))
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
+		errs = append(errs, b.stopMiddleware(hctx, b.started))
+		cancel()
 		b.pcancel()
 	} else {
 		b.inflight.Wait()
 	}
-	if err := b.t.Close(ctx); err != nil {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
+	defer cancel()
+	if err := b.t.Close(cctx); err != nil {
 		errs = append(errs, fmt.Errorf("bus: closing transport: %w", err))
 	}
-	b.mu.Lock()
-	b.state = stateClosed
-	b.mu.Unlock()
+	b.state.Store(stateClosed)
 	b.logger.InfoContext(ctx, "bus stopped")
 	return errors.Join(errs...)
 }
@@ -279,7 +304,7 @@ func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 	switch {
 	case err == nil:
 		serr = b.t.Delete(sctx, d)
-	case errors.Is(err, ErrDecode) || d.Attempt >= b.maxAttempts:
+	case isPoison(err) || d.Attempt >= b.maxAttempts:
 		serr = b.t.Fail(sctx, d, Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
 		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
 	default:
@@ -299,7 +324,7 @@ func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 // the message: the caller does. It works on a bus that was not started.
 func (b *Bus) Deliver(ctx context.Context, d *Delivery) error {
 	b.mu.Lock()
-	if b.state >= stateStopping {
+	if b.state.Load() >= stateStopping {
 		b.mu.Unlock()
 		return ErrClosed
 	}
@@ -414,10 +439,7 @@ func (b *Bus) Publish(ctx context.Context, msg Message, opts ...SendOption) erro
 }
 
 func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOption) (err error) {
-	b.mu.Lock()
-	closed := b.state == stateClosed
-	b.mu.Unlock()
-	if closed {
+	if b.state.Load() == stateClosed {
 		return ErrClosed
 	}
 	if msg == nil {
@@ -539,6 +561,30 @@ func applySendOptions(opts []SendOption) sendConfig {
 // newID returns a UUIDv7 (RFC 9562: Unix milliseconds, then random bits),
 // allocating only its string. uuid.NewV7 reads its random bits through an
 // io.Reader, which moves them to the heap.
+// isPoison reports whether err says the message can never be processed: a
+// *DecodeError from the bus itself, possibly wrapped by middleware, but not
+// one a handler returned (a handler's error inside a
+// HandlerDispatchRejectedError is retried like any other).
+func isPoison(err error) bool {
+	for err != nil {
+		switch e := err.(type) {
+		case *DecodeError:
+			return true
+		case *HandlerDispatchRejectedError:
+			return false
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				if isPoison(inner) {
+					return true
+				}
+			}
+			return false
+		}
+		err = errors.Unwrap(err)
+	}
+	return false
+}
+
 func newID() string {
 	var u uuid.UUID
 	_, _ = rand.Read(u[:]) // never fails (crypto/rand)

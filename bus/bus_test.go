@@ -3,7 +3,10 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -508,5 +511,292 @@ func TestInstanceQueue(t *testing.T) {
 	}
 	if name := recv(t, got); name != "shop.charge_card" {
 		t.Fatalf("instance received %s", name)
+	}
+}
+
+// A middleware that calls next on another goroutine and stops waiting
+// (a timeout) must not crash the process nor let its next run another
+// message's chain.
+func TestNextOnAnotherGoroutineOutlivingItsMiddleware(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	inner := make(chan string, 8)
+	lateErr := make(chan error, 1)
+	handled := make(chan string, 8)
+	detached := func(in *bus.Incoming) bool { return in.Attributes().MessageID == "slow" && in.Attempt() == 1 }
+	timeout := bus.Middleware{Name: "timeout", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		if !detached(in) {
+			return next(ctx)
+		}
+		go func() { lateErr <- next(ctx) }() // outlives this middleware
+		<-entered                             // the rest of the chain is running on that goroutine
+		return errors.New("timed out")
+	}}
+	probe := bus.Middleware{Name: "probe", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		if detached(in) {
+			close(entered)
+			<-release
+		}
+		// reads its context after the outer layer returned
+		inner <- fmt.Sprintf("%s/%d", in.Attributes().MessageID, in.Attempt())
+		return next(ctx)
+	}}
+	e := newEnv(t, nil, bus.WithMiddleware(timeout, probe),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			handled <- a.MessageID
+			return nil
+		}))
+	ctx := t.Context()
+	if err := e.bus.Send(ctx, orderPlaced{}, bus.WithMessageID("slow")); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.expect("return"); s.d.Attributes.MessageID != "slow" { // the timeout returned it for retry
+		t.Fatalf("returned %s", s.d.Attributes.MessageID)
+	}
+	// Other messages, and the retry, flow while the detached next is still
+	// waiting inside "probe".
+	if err := e.bus.Send(ctx, orderPlaced{}, bus.WithMessageID("fast")); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"slow/2": true, "fast/1": true}
+	for range 2 {
+		if got := recv(t, inner); !want[got] {
+			t.Fatalf("probe saw %s", got)
+		}
+		e.expect("delete")
+	}
+	close(release)
+	if got := recv(t, inner); got != "slow/1" {
+		t.Fatalf("detached next saw %s, want its own message", got)
+	}
+	if err := recv(t, lateErr); err != nil {
+		t.Fatalf("detached next: %v", err)
+	}
+	counts := map[string]int{}
+	for range 3 {
+		counts[recv(t, handled)]++
+	}
+	if counts["slow"] != 2 || counts["fast"] != 1 {
+		t.Fatalf("handled %v", counts)
+	}
+}
+
+// A next handed to a goroutine that runs only after the middleware
+// returned gets an error instead of running a later message's chain.
+func TestNextCalledAfterReturnOnAnotherGoroutine(t *testing.T) {
+	kept := make(chan bus.Next, 1)
+	ran := make(chan string, 4)
+	e := newEnv(t, nil,
+		bus.WithMiddleware(bus.Middleware{Name: "keeps", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			if in.Attributes().MessageID == "first" {
+				kept <- next
+				return nil // short-circuit; next escapes
+			}
+			return next(ctx)
+		}}),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { ran <- a.MessageID; return nil }))
+	ctx := t.Context()
+	if err := e.bus.Send(ctx, orderPlaced{}, bus.WithMessageID("first")); err != nil {
+		t.Fatal(err)
+	}
+	e.expect("delete")
+	next := recv(t, kept)
+	if err := e.bus.Send(ctx, orderPlaced{}, bus.WithMessageID("second")); err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, ran); got != "second" {
+		t.Fatalf("ran %s", got)
+	}
+	e.expect("delete")
+	err := next(ctx)
+	var nt *bus.NextCalledTwiceError
+	if !errors.As(err, &nt) || !nt.AfterReturn {
+		t.Fatalf("late next: %v", err)
+	}
+	if len(ran) != 0 {
+		t.Fatal("a late next ran a handler")
+	}
+}
+
+func TestStartHookCanSend(t *testing.T) {
+	got := make(chan string, 1)
+	var b *bus.Bus
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()),
+		bus.WithMiddleware(bus.Middleware{Name: "announce", Start: func(ctx context.Context) error {
+			return b.Send(ctx, chargeCard{OrderID: "from-start"}, bus.To("ep"))
+		}}),
+		bus.WithHandler(func(ctx context.Context, m chargeCard, a bus.Attributes) error { got <- m.OrderID; return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- b.Start(t.Context()) }()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Start deadlocked on a hook that sends")
+	}
+	defer b.Stop(context.Background())
+	if id := recv(t, got); id != "from-start" {
+		t.Fatal(id)
+	}
+}
+
+func TestStopTimeoutWaitsForCancelledHandlersBeforeClosing(t *testing.T) {
+	started := make(chan struct{})
+	var handlerDone, hookRan atomic.Bool
+	var hookAfterHandler atomic.Bool
+	broker := memory.NewBroker()
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+		bus.WithMiddleware(bus.Middleware{Name: "store", Stop: func(context.Context) error {
+			hookRan.Store(true)
+			hookAfterHandler.Store(handlerDone.Load())
+			return nil
+		}}),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			close(started)
+			<-ctx.Done()
+			handlerDone.Store(true)
+			return ctx.Err()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(t.Context(), orderPlaced{}); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v", err)
+	}
+	if !hookRan.Load() || !hookAfterHandler.Load() {
+		t.Fatalf("Stop hook ran %v, after the handler returned %v", hookRan.Load(), hookAfterHandler.Load())
+	}
+	if n := broker.Depth("ep"); n != 1 {
+		t.Fatalf("the cancelled message is not back in the queue: depth %d", n)
+	}
+}
+
+func TestManyMessagesConcurrentlyThroughPooledRuns(t *testing.T) {
+	const n = 3000
+	mismatch := make(chan string, 1)
+	check := bus.Middleware{
+		Name: "check",
+		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			return next(context.WithValue(ctx, idKey{}, in.Attributes().MessageID))
+		},
+		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			if ctx.Value(idKey{}) != h.Attributes().MessageID {
+				select {
+				case mismatch <- h.Attributes().MessageID:
+				default:
+				}
+			}
+			return next(ctx)
+		},
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			out.SetValue("sent-as", out.MessageID())
+			return next(ctx)
+		},
+	}
+	var seen sync.Map
+	var count atomic.Int64
+	done := make(chan struct{})
+	b := bustest.Start(t, bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithConcurrency(8), bus.WithMiddleware(check, check2()),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			if v, _ := a.Value("sent-as"); v != a.MessageID || ctx.Value(idKey{}) != a.MessageID {
+				select {
+				case mismatch <- a.MessageID:
+				default:
+				}
+			}
+			if _, dup := seen.LoadOrStore(a.MessageID, true); !dup && count.Add(1) == n {
+				close(done)
+			}
+			return nil
+		}))
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				if err := b.Send(t.Context(), orderPlaced{ID: strconv.Itoa(i)}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-done:
+	case id := <-mismatch:
+		t.Fatalf("message %s saw another message's context", id)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("handled %d of %d", count.Load(), n)
+	}
+	select {
+	case id := <-mismatch:
+		t.Fatalf("message %s saw another message's context", id)
+	default:
+	}
+}
+
+type idKey struct{}
+
+// check2 is a second pass-through layer, so that pooled runs have depth.
+func check2() bus.Middleware {
+	return bus.Middleware{Name: "check2",
+		Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) },
+		Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error { return next(ctx) },
+	}
+}
+
+func TestHandlerErrorWrappingADecodeErrorIsRetried(t *testing.T) {
+	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+		return fmt.Errorf("nested: %w", &bus.DecodeError{Message: "inner", Type: "x", Err: errors.New("bad")})
+	}))
+	if err := e.bus.Send(t.Context(), orderPlaced{}); err != nil {
+		t.Fatal(err)
+	}
+	e.expect("return") // not dead-lettered at once: it is the handler's error
+}
+
+func TestUseOutboxMovesWhatWasAlreadySent(t *testing.T) {
+	var box collect
+	e := newEnv(t, nil,
+		bus.WithMiddleware(bus.Middleware{Name: "late-outbox", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			if err := next(ctx); err != nil {
+				return err
+			}
+			return h.UseOutbox(ctx, &box) // after the handler sent: its buffer moves to box
+		}}),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			return e0bus(ctx).Send(ctx, chargeCard{OrderID: "moved"}, bus.To("elsewhere"))
+		}))
+	if err := e.bus.Send(t.Context(), orderPlaced{}); err != nil {
+		t.Fatal(err)
+	}
+	e.expect("delete")
+	if len(box) != 1 || box[0].Envelope.Name != "shop.charge_card" || box[0].Options.Destination != "elsewhere" {
+		t.Fatalf("outbox got %+v", box)
+	}
+	if n := e.broker.Depth("elsewhere"); n != 0 {
+		t.Fatalf("%d messages reached the transport although they moved to the outbox", n)
+	}
+}
+
+func TestDuplicateHandlerNamesRefused(t *testing.T) {
+	h := func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }
+	_, err := bus.New(bus.WithEndpoint("ep"), bus.WithHandler(h, bus.HandlerName("x")), bus.WithHandler(h, bus.HandlerName("x")))
+	if err == nil || !strings.Contains(err.Error(), "bus.HandlerName") {
+		t.Fatalf("New with two handlers named x: %v", err)
 	}
 }

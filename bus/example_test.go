@@ -112,7 +112,7 @@ func ExampleOutgoingFunc() {
 			if out.Name() == "billing.charge_card" {
 				return errors.New("charges go through the payments API") // reject
 			}
-			out.SetSticky("tenant", "acme")         // copied onto every message sent while handling
+			out.SetSticky("tenant", "acme")        // copied onto every message sent while handling
 			out.Headers()["x-origin"] = "web-shop" // an AMQP header, an SQS message attribute
 			return next(ctx)
 		},
@@ -137,9 +137,9 @@ func ExampleFilterIncoming() {
 	done := make(chan struct{})
 	onlyBig := bus.FilterIncoming("only-big-orders", func(ctx context.Context, in *bus.Incoming) bus.FilterResult {
 		if v, _ := in.Attributes().Value("size"); v != "big" {
-			return bus.Stop
+			return bus.FilterStop
 		}
-		return bus.Continue
+		return bus.FilterContinue
 	})
 	b, _ := bus.New(bus.WithEndpoint("orders"), bus.WithLogger(discard()), bus.WithMiddleware(onlyBig),
 		bus.WithHandler(func(ctx context.Context, m OrderPlaced, a bus.Attributes) error {

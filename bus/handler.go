@@ -141,10 +141,20 @@ func (s *handlerScope) add(ctx context.Context, m Outbound) error {
 	return nil
 }
 
-func (s *handlerScope) setOutbox(o Outbox) {
+// setOutbox makes o the scope's outbox, moving into it what the handler
+// already sent.
+func (s *handlerScope) setOutbox(ctx context.Context, o Outbox) error {
 	s.mu.Lock()
 	s.outbox = o
+	buf := s.buf
+	s.buf = nil
 	s.mu.Unlock()
+	for _, m := range buf {
+		if err := o.Add(ctx, m); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // close ends the scope and returns what was buffered.

@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ type MemoryBroker struct {
 	queues map[string]*memQueue
 	subs   map[string]map[string]struct{} // message name → endpoints
 	dead   map[string][]DeadLetter
+	gone   map[string]struct{} // instance queues of closed transports
 }
 
 // DeadLetter is a message in a memory dead-letter queue.
@@ -32,7 +34,7 @@ type DeadLetter struct {
 
 // NewMemoryBroker returns an empty broker.
 func NewMemoryBroker() *MemoryBroker {
-	return &MemoryBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]DeadLetter{}}
+	return &MemoryBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]DeadLetter{}, gone: map[string]struct{}{}}
 }
 
 func (br *MemoryBroker) queue(endpoint string) *memQueue {
@@ -66,6 +68,7 @@ type memItem struct {
 	env     Envelope
 	attempt int
 	q       *memQueue // where it came from
+	seq     uint64    // receive order, to put in-flight items back in order
 }
 
 // memQueue is an unbounded FIFO with a one-token wake-up signal passed on
@@ -107,12 +110,32 @@ func (q *memQueue) pop() *memItem {
 	it := q.items[q.head]
 	q.items[q.head] = nil
 	q.head++
-	if q.head == len(q.items) {
+	switch {
+	case q.head == len(q.items):
 		q.items, q.head = q.items[:0], 0
-	} else {
+	case q.head >= 1024 && q.head > len(q.items)/2: // a backlog that never drains: compact
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items, q.head = q.items[:n], 0
+		q.wake()
+	default:
 		q.wake()
 	}
 	return it
+}
+
+// wakeIfWaiting passes the wake-up token on when items wait, for a receiver
+// that took it but leaves without popping.
+func (q *memQueue) wakeIfWaiting() {
+	if q == nil {
+		return
+	}
+	q.mu.Lock()
+	waiting := q.head < len(q.items)
+	q.mu.Unlock()
+	if waiting {
+		q.wake()
+	}
 }
 
 func (q *memQueue) wake() {
@@ -136,6 +159,7 @@ type MemoryTransport struct {
 	iq       *memQueue // this instance's queue
 	iaddr    string
 	inflight map[*memItem]struct{}
+	seq      uint64
 	closed   chan struct{}
 	isClosed bool
 }
@@ -213,6 +237,12 @@ func (t *MemoryTransport) Send(ctx context.Context, env *Envelope, opts SendOpti
 	if opts.Destination == "" {
 		return fmt.Errorf("memory: send %s: %w: no destination", env.Name, ErrNoRoute)
 	}
+	t.broker.mu.Lock()
+	_, gone := t.broker.gone[opts.Destination]
+	t.broker.mu.Unlock()
+	if gone {
+		return nil // the instance that asked is gone: like RabbitMQ and SQS, drop it
+	}
 	q := t.broker.queue(opts.Destination)
 	q.push(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, false)
 	return nil
@@ -263,6 +293,8 @@ func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
 	}
 	for {
 		if err := t.check(ctx); err != nil {
+			q.wakeIfWaiting() // the token this receiver may hold goes to another
+			iq.wakeIfWaiting()
 			return nil, err
 		}
 		it := iq.popOrNil()
@@ -276,6 +308,8 @@ func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
 				it.q.push(it, true)
 				return nil, ErrClosed
 			}
+			t.seq++
+			it.seq = t.seq
 			t.inflight[it] = struct{}{}
 			t.mu.Unlock()
 			return &Delivery{Envelope: it.env, Attempt: it.attempt, Raw: it, Token: it}, nil
@@ -284,8 +318,12 @@ func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
 		case <-qsig:
 		case <-isig:
 		case <-ctx.Done():
+			q.wakeIfWaiting()
+			iq.wakeIfWaiting()
 			return nil, ctx.Err()
 		case <-t.closed:
+			q.wakeIfWaiting()
+			iq.wakeIfWaiting()
 			return nil, ErrClosed
 		}
 	}
@@ -297,6 +335,9 @@ func (t *MemoryTransport) settle(d *Delivery) (*memItem, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.inflight[it]; !ok || it == nil {
+		if t.isClosed {
+			return nil, fmt.Errorf("memory: settling %s (id %s): %w; the message was put back and will be delivered again", d.Name, d.Attributes.MessageID, ErrClosed)
+		}
 		return nil, fmt.Errorf("memory: delivery of %s (id %s) is not in flight on this transport", d.Name, d.Attributes.MessageID)
 	}
 	delete(t.inflight, it)
@@ -328,8 +369,12 @@ func (t *MemoryTransport) Fail(_ context.Context, d *Delivery, f Failure) error 
 	if f.Time.IsZero() {
 		f.Time = time.Now().UTC()
 	}
+	key := t.endpoint
+	if it.q == t.iq || key == "" {
+		key = t.iaddr // failed on the instance queue: dead-lettered under its address
+	}
 	t.broker.mu.Lock()
-	t.broker.dead[t.endpoint] = append(t.broker.dead[t.endpoint], DeadLetter{Envelope: it.env, Failure: f})
+	t.broker.dead[key] = append(t.broker.dead[key], DeadLetter{Envelope: it.env, Failure: f})
 	t.broker.mu.Unlock()
 	return nil
 }
@@ -344,7 +389,17 @@ func (t *MemoryTransport) Close(context.Context) error {
 	}
 	t.isClosed = true
 	close(t.closed)
+	// Put what is in flight back at the head, newest first, so the queue
+	// keeps its order. What was in flight from the instance queue goes with
+	// it: nobody can receive it any more.
+	back := make([]*memItem, 0, len(t.inflight))
 	for it := range t.inflight {
+		if it.q != t.iq || t.iq == nil {
+			back = append(back, it)
+		}
+	}
+	slices.SortFunc(back, func(a, b *memItem) int { return cmp.Compare(b.seq, a.seq) })
+	for _, it := range back {
 		it.q.push(it, true)
 	}
 	clear(t.inflight)
@@ -354,6 +409,7 @@ func (t *MemoryTransport) Close(context.Context) error {
 	if t.iq != nil {
 		t.broker.mu.Lock()
 		delete(t.broker.queues, t.iaddr)
+		t.broker.gone[t.iaddr] = struct{}{}
 		t.broker.mu.Unlock()
 	}
 	return nil

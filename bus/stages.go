@@ -128,12 +128,14 @@ func (h *Handling) Middleware() string { return h.r.mwName(h.i) }
 func (h *Handling) Logger() *slog.Logger { return h.r.logger(h.i) }
 
 // UseOutbox makes the messages this handler sends go to o instead of the
-// in-memory buffer that is flushed when the handler succeeds. A durable
-// outbox plugin calls it to store them in the handler's transaction.
-func (h *Handling) UseOutbox(o Outbox) {
-	if h.r.scope != nil {
-		h.r.scope.setOutbox(o)
+// in-memory buffer that is flushed when the handler succeeds; messages the
+// handler already sent move to o, with ctx. A durable outbox plugin calls
+// it to store them in the handler's transaction.
+func (h *Handling) UseOutbox(ctx context.Context, o Outbox) error {
+	if h.r.scope == nil {
+		return nil
 	}
+	return h.r.scope.setOutbox(ctx, o)
 }
 
 // Outgoing is the outgoing stage's view of one message being sent or

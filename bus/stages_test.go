@@ -562,15 +562,15 @@ func TestFilters(t *testing.T) {
 		bus.WithMiddleware(
 			bus.FilterIncoming("needs-tenant", func(ctx context.Context, in *bus.Incoming) bus.FilterResult {
 				if _, ok := in.Attributes().StickyValue("tenant"); !ok {
-					return bus.Stop
+					return bus.FilterStop
 				}
-				return bus.Continue
+				return bus.FilterContinue
 			}),
 			bus.FilterOutgoing("no-test-orders", func(ctx context.Context, out *bus.Outgoing) bus.FilterResult {
 				if m, ok := out.Message().(orderPlaced); ok && m.ID == "test" {
-					return bus.Stop
+					return bus.FilterStop
 				}
-				return bus.Continue
+				return bus.FilterContinue
 			})),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { handled <- m.ID; return nil }))
 	ctx := t.Context()

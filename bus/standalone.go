@@ -124,7 +124,9 @@ func (l *lazyScope) Enabled(ctx context.Context, level slog.Level) bool {
 	return l.base.Handler().Enabled(ctx, level)
 }
 
-func (l *lazyScope) Handle(ctx context.Context, r slog.Record) error { return l.handler().Handle(ctx, r) }
+func (l *lazyScope) Handle(ctx context.Context, r slog.Record) error {
+	return l.handler().Handle(ctx, r)
+}
 
 func (l *lazyScope) WithAttrs(attrs []slog.Attr) slog.Handler { return l.handler().WithAttrs(attrs) }
 

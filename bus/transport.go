@@ -66,7 +66,9 @@ type Topology struct {
 // InstanceQueuer is implemented by transports that can give one bus
 // instance a queue of its own, so that a reply reaches the instance that
 // asked even when several instances share an endpoint. The queue lives as
-// long as the transport: it is removed at Close.
+// long as the transport: it is removed at Close, and a message sent to the
+// address of a removed instance queue is dropped (the instance that waited
+// for it is gone).
 type InstanceQueuer interface {
 	// InstanceAddress returns the Destination that reaches this instance's
 	// queue. It is valid after Setup with Topology.Instance.
@@ -112,7 +114,9 @@ type Transport interface {
 	// Fail moves a delivery to the endpoint's dead-letter queue with f.
 	Fail(ctx context.Context, d *Delivery, f Failure) error
 	// Close releases the transport. Deliveries not yet deleted are given
-	// back to the broker. Receive returns ErrClosed afterwards.
+	// back to the broker (they will be delivered again), so Delete, Return
+	// and Fail after Close return an error wrapping ErrClosed. Receive,
+	// Send and Publish return ErrClosed afterwards.
 	Close(ctx context.Context) error
 }
 

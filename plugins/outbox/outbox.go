@@ -121,7 +121,9 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 		Name: "outbox",
 		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
 			return s.InTx(ctx, func(ctx context.Context, tx *store.Tx) error {
-				h.UseOutbox(tx)
+				if err := h.UseOutbox(ctx, tx); err != nil {
+					return err
+				}
 				return next(ctx)
 			})
 		},
