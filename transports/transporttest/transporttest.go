@@ -76,6 +76,7 @@ func Run(t *testing.T, newTransport New, f Features) {
 	t.Run("CloseWhileReceiving", s.closeWhileReceiving)
 	t.Run("SenderClosedAfterSending", s.senderClosed)
 	t.Run("ConcurrentClose", s.concurrentClose)
+	t.Run("CompetingReceiverLeaves", s.competingReceiverLeaves)
 	t.Run("ContextCancellation", s.contextCancellation)
 	t.Run("SetupIdempotent", s.setupIdempotent)
 	if f.ReservedHeader != "" {
@@ -89,6 +90,7 @@ func Run(t *testing.T, newTransport New, f Features) {
 	}
 	if f.Ordered {
 		t.Run("Ordered", s.ordered)
+		t.Run("CloseKeepsOrder", s.closeKeepsOrder)
 	}
 }
 
@@ -630,5 +632,87 @@ func (s *suite) instanceQueue(t *testing.T) {
 	}
 	for _, tr := range []bus.Transport{a, b, lone} {
 		s.expectNothing(t, tr)
+	}
+}
+
+// competingReceiverLeaves checks that a message arriving while one of two
+// instances of an endpoint stops (its receivers give up, then it closes, as
+// a bus does at Stop) reaches the other instance.
+func (s *suite) competingReceiverLeaves(t *testing.T) {
+	ep, name := Name("tt-leave"), Name("tt.msg")
+	b := s.open(t, ep, name)
+	ctx := s.ctx(t)
+	for trial := range 5 {
+		a := s.open(t, ep, name)
+		actx, cancel := context.WithCancel(ctx)
+		aDone := make(chan *bus.Delivery, 1)
+		go func() {
+			d, _ := a.Receive(actx)
+			aDone <- d
+		}()
+		bGot := make(chan *bus.Delivery, 1)
+		go func() {
+			d, _ := b.Receive(ctx)
+			bGot <- d
+		}()
+		env := envelope(name, strconv.Itoa(trial))
+		if err := a.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if d := <-aDone; d != nil { // a was faster: it handles that one; send b another
+			if err := a.Delete(ctx, d); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Send(ctx, envelope(name, "again"), bus.SendOptions{Destination: ep}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := a.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case d := <-bGot:
+			if d == nil {
+				t.Fatal("Receive failed")
+			}
+			if err := b.Delete(ctx, d); err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("trial %d: the message did not reach the remaining instance", trial)
+		}
+	}
+	s.expectNothing(t, b)
+}
+
+// closeKeepsOrder checks that messages in flight when a transport closes
+// come back ahead of the rest, in their order.
+func (s *suite) closeKeepsOrder(t *testing.T) {
+	ep, name := Name("tt-corder"), Name("tt.msg")
+	ctx := s.ctx(t)
+	tr := s.newT(t)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	for i := range n {
+		if err := tr.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = s.receive(t, tr) // in flight, never settled
+	if err := tr.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	next := s.open(t, ep, name)
+	for i := range n {
+		d := s.receive(t, next)
+		if string(d.Body) != strconv.Itoa(i) {
+			t.Fatalf("after close message %d arrived as %s", i, d.Body)
+		}
+		if err := next.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
