@@ -67,28 +67,33 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 		r.state[i].Store(phase(0, phaseDone))
 	}
 	fns := p.fns
-	for i := range n {
+	// Built from the innermost layer out, so that each next holds the next
+	// layer's function, context, state and next directly.
+	for i := n - 1; i >= 0; i-- {
+		si := &r.state[i]
 		// next of layer i runs layer i+1 itself: one frame per hop besides
 		// the middleware's own, so deep chains stay cheap.
 		j := i + 1
 		if j >= len(fns) {
 			r.nexts[i] = func(ctx context.Context) error {
 				e := r.epoch.Load()
-				if !r.state[i].CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
+				if !si.CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
 					return r.badNext(i)
 				}
 				return r.terminal(ctx)
 			}
 			continue
 		}
-		fn, sc := fns[j], &r.ctxs[j]
+		fn, sc, sj, nj := fns[j], &r.ctxs[j], &r.state[j], r.nexts[j]
 		r.nexts[i] = func(ctx context.Context) error {
 			e := r.epoch.Load()
-			if !r.state[i].CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
+			if !si.CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
 				return r.badNext(i)
 			}
-			err := fn(ctx, sc, r.nexts[j])
-			r.leave(ctx, e, j, err)
+			err := fn(ctx, sc, nj)
+			if prev := sj.Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
+				r.leftEarly(ctx, j, err)
+			}
 			return err
 		}
 	}
@@ -107,15 +112,20 @@ func (r *run[C]) start(ctx context.Context) error {
 	return err
 }
 
-// leave marks layer i returned in epoch e. A layer that returns without
-// having called next short-circuited — or handed next to another goroutine
-// that has not called it yet: either way the run is not reused.
+// leave marks layer i returned in epoch e.
 func (r *run[C]) leave(ctx context.Context, e uint64, i int, err error) {
 	if prev := r.state[i].Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
-		r.unclean.Store(true)
-		if err == nil {
-			r.shortCircuited(ctx, i)
-		}
+		r.leftEarly(ctx, i, err)
+	}
+}
+
+// leftEarly handles layer i returning without having called next: it
+// short-circuited — or handed next to another goroutine that has not
+// called it yet. Either way the run is not reused.
+func (r *run[C]) leftEarly(ctx context.Context, i int, err error) {
+	r.unclean.Store(true)
+	if err == nil {
+		r.shortCircuited(ctx, i)
 	}
 }
 
