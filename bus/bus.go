@@ -2,11 +2,12 @@ package bus
 
 import (
 	"context"
-	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -558,9 +559,22 @@ func applySendOptions(opts []SendOption) sendConfig {
 	return o
 }
 
-// newID returns a UUIDv7 (RFC 9562: Unix milliseconds, then random bits),
-// allocating only its string. uuid.NewV7 reads its random bits through an
-// io.Reader, which moves them to the heap.
+// newID returns a UUIDv7 (RFC 9562): Unix milliseconds, then 74 random
+// bits. The random bits come from math/rand/v2's runtime generator
+// (ChaCha8, seeded by the operating system, per thread): ids need to be
+// unique and unguessable enough to be unforgeable by accident, not secret,
+// and this keeps a system call off every send.
+func newID() string {
+	var u uuid.UUID
+	binary.BigEndian.PutUint64(u[0:8], rand.Uint64())
+	binary.BigEndian.PutUint64(u[8:16], rand.Uint64())
+	ms := uint64(time.Now().UnixMilli())
+	u[0], u[1], u[2], u[3], u[4], u[5] = byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms)
+	u[6] = u[6]&0x0f | 0x70 // version 7
+	u[8] = u[8]&0x3f | 0x80 // variant RFC 9562
+	return u.String()
+}
+
 // isPoison reports whether err says the message can never be processed: a
 // *DecodeError from the bus itself, possibly wrapped by middleware, but not
 // one a handler returned (a handler's error inside a
@@ -583,14 +597,4 @@ func isPoison(err error) bool {
 		err = errors.Unwrap(err)
 	}
 	return false
-}
-
-func newID() string {
-	var u uuid.UUID
-	_, _ = rand.Read(u[:]) // never fails (crypto/rand)
-	ms := uint64(time.Now().UnixMilli())
-	u[0], u[1], u[2], u[3], u[4], u[5] = byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms)
-	u[6] = u[6]&0x0f | 0x70 // version 7
-	u[8] = u[8]&0x3f | 0x80 // variant RFC 9562
-	return u.String()
 }

@@ -529,7 +529,7 @@ func TestNextOnAnotherGoroutineOutlivingItsMiddleware(t *testing.T) {
 			return next(ctx)
 		}
 		go func() { lateErr <- next(ctx) }() // outlives this middleware
-		<-entered                             // the rest of the chain is running on that goroutine
+		<-entered                            // the rest of the chain is running on that goroutine
 		return errors.New("timed out")
 	}}
 	probe := bus.Middleware{Name: "probe", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
