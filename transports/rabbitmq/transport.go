@@ -157,6 +157,9 @@ func (t *Transport) settling(d *bus.Delivery) (*session, amqp.Delivery, error) {
 	if !ok1 || !ok2 || s.t != t {
 		return nil, m, fmt.Errorf("rabbitmq: delivery of %s (id %s) was not received by this transport", d.Name, d.Attributes.MessageID)
 	}
+	if t.isClosed() {
+		return nil, m, fmt.Errorf("rabbitmq: settling %s (id %s): %w; the broker redelivers it", d.Name, d.Attributes.MessageID, bus.ErrClosed)
+	}
 	if s.isDead() {
 		return nil, m, fmt.Errorf("rabbitmq: settling %s (id %s): %w", d.Name, d.Attributes.MessageID, ErrConnectionLost)
 	}

@@ -303,6 +303,9 @@ func (s *suite) failDeadLetters(t *testing.T) {
 	if got.Failure.Reason != "boom: cannot process" || got.Failure.Attempts != 1 || got.Failure.Endpoint != ep || !got.Failure.Time.Equal(at) {
 		t.Errorf("dead letter failure: %+v", got.Failure)
 	}
+	if got.Envelope.Headers["x-kept"] != "yes" || got.Envelope.Attributes.CorrelationID != env.Attributes.CorrelationID {
+		t.Errorf("dead letter lost headers or attributes: headers %v correlation %q", got.Envelope.Headers, got.Envelope.Attributes.CorrelationID)
+	}
 }
 
 func (s *suite) competingConsumers(t *testing.T) {
@@ -414,8 +417,7 @@ func (s *suite) closeWhileReceiving(t *testing.T) {
 	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
 		t.Fatal(err)
 	}
-	inflight := s.receive(t, tr) // received, never settled
-	_ = inflight
+	inflight := s.receive(t, tr) // received, not settled before Close
 	errs := make(chan error, 1)
 	go func() {
 		_, err := tr.Receive(ctx) // blocks: nothing else queued
@@ -434,6 +436,9 @@ func (s *suite) closeWhileReceiving(t *testing.T) {
 	}
 	if _, err := tr.Receive(ctx); err == nil {
 		t.Fatal("Receive on a closed transport returned a message")
+	}
+	if err := tr.Delete(ctx, inflight); !errors.Is(err, bus.ErrClosed) {
+		t.Fatalf("Delete after Close: %v, want an error wrapping bus.ErrClosed (the message was given back)", err)
 	}
 	// The unsettled delivery is not lost: another transport gets it.
 	next := s.open(t, ep, name)
