@@ -427,8 +427,10 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg Message, d *Delive
 
 // Send sends msg to one endpoint: the one given with [To], else the route
 // set with [WithRoute], else this bus's own endpoint when it handles msg.
-// Inside a handler the message is buffered and sent when the handler
-// succeeds; elsewhere Send returns once the transport accepted it.
+// Inside a handler of this bus the message inherits the handled message's
+// correlation id and sticky attributes and is buffered until the handler
+// succeeds; elsewhere (including in a handler of another bus) Send returns
+// once the transport accepted it.
 func (b *Bus) Send(ctx context.Context, msg Message, opts ...SendOption) error {
 	return b.emit(ctx, KindSend, msg, opts)
 }
