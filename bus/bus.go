@@ -472,7 +472,7 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 		id = newID()
 	}
 	r := b.outPool.Get().(*outgoingRun)
-	r.kind, r.msg, r.msgName, r.dest, r.scope = kind, msg, name, dest, scope
+	r.kind, r.msg, r.msgName, r.dest, r.scope, r.buffer = kind, msg, name, dest, scope, scope != nil && !o.immediate
 	r.attrs = Attributes{MessageID: id, CorrelationID: o.correlationID, SentAt: time.Now().UTC(), values: o.values, sticky: o.sticky}
 	if o.values != nil {
 		r.owned |= ownValues
@@ -530,10 +530,10 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 	}
 	r.owned = 0 // the envelope owns the maps now
 	r.headers = nil
-	if r.scope != nil {
+	if r.buffer {
 		return r.scope.add(ctx, m)
 	}
-	if o := outboxFrom(ctx, b); o != nil {
+	if o := outboxFrom(ctx, b); o != nil && r.scope == nil {
 		return o.Add(ctx, m)
 	}
 	return b.transmit(ctx, m)

@@ -133,6 +133,7 @@ type SendOption func(*sendConfig)
 type sendConfig struct {
 	to, correlationID, messageID string
 	values, sticky               map[string]string
+	immediate                    bool
 }
 
 // To sends the message to endpoint, overriding routes.
@@ -146,6 +147,14 @@ func WithCorrelationID(id string) SendOption {
 // WithMessageID sets the message id instead of generating one, for
 // producers that must stay idempotent across their own retries.
 func WithMessageID(id string) SendOption { return func(s *sendConfig) { s.messageID = id } }
+
+// Immediately hands the message to the transport when Send returns, even
+// inside a handler, instead of buffering it until the handler succeeds. It
+// still inherits the handled message's correlation id and sticky
+// attributes. Use it for what must go out now whatever the handler's fate:
+// a request the handler waits for, a progress notice. It is not rolled back
+// when the handler fails.
+func Immediately() SendOption { return func(s *sendConfig) { s.immediate = true } }
 
 // WithAttribute sets a one-hop attribute.
 func WithAttribute(key, value string) SendOption {

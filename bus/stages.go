@@ -156,7 +156,8 @@ type outgoingRun struct {
 	attrs   Attributes
 	owned   uint8 // bit 0: attrs.values owned, bit 1: attrs.sticky owned
 	headers Headers
-	scope   *handlerScope
+	scope   *handlerScope // the handler scope it inherits from, if any
+	buffer  bool          // buffer in scope's outbox (not Immediately)
 }
 
 const (
@@ -177,7 +178,7 @@ func newOutgoingRun(b *Bus, p *pipe[Outgoing]) *outgoingRun {
 }
 
 func (r *outgoingRun) reset() {
-	r.msg, r.scope, r.headers = nil, nil, nil
+	r.msg, r.scope, r.headers, r.buffer = nil, nil, nil, false
 	r.attrs = Attributes{}
 	r.owned = 0
 }
@@ -200,9 +201,9 @@ func (o *Outgoing) MessageID() string { return o.r.attrs.MessageID }
 // CorrelationID returns the correlation id as it is now.
 func (o *Outgoing) CorrelationID() string { return o.r.attrs.CorrelationID }
 
-// InHandler reports whether the message is sent from inside a handler, in
-// which case it is buffered in that handler's outbox.
-func (o *Outgoing) InHandler() bool { return o.r.scope != nil }
+// InHandler reports whether the message is sent from inside a handler and
+// buffered in that handler's outbox (not sent with [Immediately]).
+func (o *Outgoing) InHandler() bool { return o.r.buffer }
 
 // Attributes returns the message's attributes as they are now.
 func (o *Outgoing) Attributes() Attributes {

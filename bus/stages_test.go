@@ -592,3 +592,41 @@ func TestFilters(t *testing.T) {
 		t.Fatal("a filtered message was handled")
 	}
 }
+
+func TestImmediatelyBypassesTheHandlerOutbox(t *testing.T) {
+	l := newBrokerWithListener(t)
+	inHandler := make(chan bool, 2)
+	e := newEnv(t, l.broker,
+		bus.WithMiddleware(bus.Middleware{Name: "see", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			inHandler <- out.InHandler()
+			return next(ctx)
+		}}),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			b := e0bus(ctx)
+			if err := b.Send(ctx, chargeCard{OrderID: "now"}, bus.To("listener"), bus.Immediately()); err != nil {
+				return err
+			}
+			if l.broker.Depth("listener") != 1 {
+				return errors.New("the immediate send is not at the transport yet")
+			}
+			if err := b.Send(ctx, chargeCard{OrderID: "buffered"}, bus.To("listener")); err != nil {
+				return err
+			}
+			return errors.New("handler fails: its buffered send is discarded, the immediate one is out")
+		}), bus.WithMaxAttempts(1))
+	if err := e.bus.Send(t.Context(), orderPlaced{}, bus.WithStickyAttribute("tenant", "acme")); err != nil {
+		t.Fatal(err)
+	}
+	<-inHandler // the outer send
+	s := e.expect("fail")
+	if !strings.Contains(s.failure.Reason, "handler fails") {
+		t.Fatalf("failed with %q", s.failure.Reason)
+	}
+	if a, b := <-inHandler, <-inHandler; a || !b {
+		t.Fatalf("InHandler: immediate %v, buffered %v", a, b)
+	}
+	if got := l.take(t); got != "now" {
+		t.Fatalf("listener got %s", got)
+	}
+	l.expectEmpty(t)
+}

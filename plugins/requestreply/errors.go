@@ -16,11 +16,6 @@ var (
 	// ErrNoPlugin is returned by [Request] on a bus without the plugin. The
 	// request was sent, without a reply address.
 	ErrNoPlugin = errors.New("requestreply: the bus has no requestreply plugin: add bus.WithMiddleware(requestreply.New()) to the requesting bus")
-	// ErrInHandler is returned by [Request] called with a handler's context
-	// on the bus running that handler: the request would be buffered in the
-	// handler's outbox until the handler returns, so its reply could never
-	// arrive while the handler waits for it.
-	ErrInHandler = errors.New("requestreply: Request from a handler of the same bus would wait forever (its send is buffered until the handler returns): send a message and handle the answer in another handler, or request through another bus")
 	// ErrNotRequest is returned by [Reply] and [ReplyError] when the message
 	// being handled carries no reply address: it was not sent by [Request].
 	ErrNotRequest = errors.New("requestreply: the message being handled is not a request (no reply address): it was sent with bus.Send, or by a bus without the requestreply plugin")

@@ -54,9 +54,9 @@ func WithSendOptions(opts ...bus.SendOption) RequestOption {
 // neither is set, the plugin's default timeout ([WithDefaultTimeout]). In
 // every case the request's pending entry is gone when Request returns.
 //
-// Request cannot be called with the context of a handler of b: the request
-// would stay in the handler's outbox until the handler returns
-// ([ErrInHandler]).
+// Inside a handler, Request sends at once ([bus.Immediately]) rather than
+// when the handler returns, so the handler can wait for the reply; the
+// request is not rolled back if the handler then fails.
 func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message, opts ...RequestOption) (Resp, error) {
 	var resp Resp
 	if b == nil || req == nil {
@@ -65,9 +65,6 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 	name := req.MessageName()
 	if !b.Running() {
 		return resp, fmt.Errorf("requestreply: request %s: %w: start the bus before sending requests", name, bus.ErrNotStarted)
-	}
-	if hb, _, ok := bus.MessageContext(ctx); ok && hb == b {
-		return resp, ErrInHandler
 	}
 	var rc requestConfig
 	for _, o := range opts {
@@ -97,9 +94,9 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 		resp = v
 		return nil
 	}
-	sendOpts := rc.send
+	sendOpts := append(rc.send[:len(rc.send):len(rc.send)], bus.Immediately()) // waited for: it must go out now
 	if rc.to != "" {
-		sendOpts = append(sendOpts[:len(sendOpts):len(sendOpts)], bus.To(rc.to))
+		sendOpts = append(sendOpts, bus.To(rc.to))
 	}
 	err := b.Send(context.WithValue(ctx, callKey{}, c), req, sendOpts...)
 	if c.owner == nil { // never registered

@@ -211,9 +211,6 @@ func (in *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Ne
 	if c == nil || !c.claimed.CompareAndSwap(false, true) {
 		return next(ctx)
 	}
-	if out.InHandler() {
-		return ErrInHandler
-	}
 	c.id = strconv.FormatUint(in.seq.Add(1), 36)
 	c.dest = out.Destination()
 	in.mu.Lock()
