@@ -467,13 +467,14 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 			return fmt.Errorf("%w %s: pass bus.To(endpoint) or configure bus.WithRoute", ErrNoRoute, name)
 		}
 	}
+	now := time.Now() // one clock read per send: sent-at and the id's timestamp
 	id := o.messageID
 	if id == "" {
-		id = newID()
+		id = newIDAt(now)
 	}
 	r := b.outPool.Get().(*outgoingRun)
 	r.kind, r.msg, r.msgName, r.dest, r.scope, r.buffer = kind, msg, name, dest, scope, scope != nil && !o.immediate
-	r.attrs = Attributes{MessageID: id, CorrelationID: o.correlationID, SentAt: time.Now().UTC(), values: o.values, sticky: o.sticky}
+	r.attrs = Attributes{MessageID: id, CorrelationID: o.correlationID, SentAt: now.UTC(), values: o.values, sticky: o.sticky}
 	if o.values != nil {
 		r.owned |= ownValues
 	}
@@ -566,11 +567,14 @@ func applySendOptions(opts []SendOption) sendConfig {
 // (ChaCha8, seeded by the operating system, per thread): ids need to be
 // unique and unguessable enough to be unforgeable by accident, not secret,
 // and this keeps a system call off every send.
-func newID() string {
+func newID() string { return newIDAt(time.Now()) }
+
+// newIDAt returns a UUIDv7 whose timestamp is now.
+func newIDAt(now time.Time) string {
 	var u uuid.UUID
 	binary.BigEndian.PutUint64(u[0:8], rand.Uint64())
 	binary.BigEndian.PutUint64(u[8:16], rand.Uint64())
-	ms := uint64(time.Now().UnixMilli())
+	ms := uint64(now.UnixMilli())
 	u[0], u[1], u[2], u[3], u[4], u[5] = byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms)
 	u[6] = u[6]&0x0f | 0x70 // version 7
 	u[8] = u[8]&0x3f | 0x80 // variant RFC 9562
