@@ -243,6 +243,7 @@ func (p *Plugin) start() (*process, error) {
 		SecureConfig:     secure,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
+		GRPCDialOptions:  pluginproto.DialOptions(),
 		SkipHostEnv:      true,
 		StartTimeout:     p.cfg.startTimeout,
 		Logger:           hl,

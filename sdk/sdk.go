@@ -97,7 +97,7 @@ func serve(p bus.Plugin, opts []Option) error {
 		VersionedPlugins: map[int]goplugin.PluginSet{
 			pluginproto.ProtocolVersion: {pluginproto.PluginKey: &pluginproto.GRPCPlugin{Impl: s}},
 		},
-		GRPCServer: goplugin.DefaultGRPCServer,
+		GRPCServer: pluginproto.NewGRPCServer,
 		Logger:     newHCLogger(logger),
 	})
 	return nil

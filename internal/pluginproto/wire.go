@@ -50,6 +50,29 @@ func (p *GRPCPlugin) GRPCClient(_ context.Context, _ *goplugin.GRPCBroker, c *gr
 
 var _ goplugin.GRPCPlugin = (*GRPCPlugin)(nil)
 
+// streamWindow is the static HTTP/2 flow-control window of the connection
+// and of each stream, in both directions.
+const streamWindow = 1 << 20
+
+// DialOptions are the gRPC settings of the host's connection to a plugin.
+//
+// Static flow-control windows turn off grpc-go's bandwidth-delay-product
+// estimator. Its probe (a window update and a PING, answered by a PING ack)
+// goes out whenever a data frame arrives and no probe is outstanding: in a
+// request-response exchange that is every round trip, tripling the frames
+// each side writes and wakes up for. On a local socket the estimator has
+// nothing to learn; a fixed 1 MiB window never throttles invocations.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithStaticStreamWindowSize(streamWindow), grpc.WithStaticConnWindowSize(streamWindow)}
+}
+
+// NewGRPCServer is the gRPC server of a plugin process: go-plugin's options
+// (transport credentials) plus the same static windows as [DialOptions].
+func NewGRPCServer(opts []grpc.ServerOption) *grpc.Server {
+	opts = append(opts[:len(opts):len(opts)], grpc.StaticStreamWindowSize(streamWindow), grpc.StaticConnWindowSize(streamWindow))
+	return grpc.NewServer(opts...)
+}
+
 // StageOf converts a bus stage.
 func StageOf(s bus.Stage) Stage {
 	switch s {
