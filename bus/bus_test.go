@@ -776,7 +776,8 @@ func TestUseOutboxMovesWhatWasAlreadySent(t *testing.T) {
 			if err := next(ctx); err != nil {
 				return err
 			}
-			return h.UseOutbox(ctx, &box) // after the handler sent: its buffer moves to box
+			_, err := h.UseOutbox(ctx, &box) // after the handler sent: its buffer moves to box
+			return err
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 			return e0bus(ctx).Send(ctx, chargeCard{OrderID: "moved"}, bus.To("elsewhere"))
@@ -799,4 +800,38 @@ func TestDuplicateHandlerNamesRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "bus.HandlerName") {
 		t.Fatalf("New with two handlers named x: %v", err)
 	}
+}
+
+func TestUseOutboxRestoreSendsLaterOnesToTheBuffer(t *testing.T) {
+	l := newBrokerWithListener(t)
+	var box collect
+	e := newEnv(t, l.broker,
+		bus.WithMiddleware(
+			bus.Middleware{Name: "outer", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+				err := next(ctx)
+				// after the inner outbox's transaction ended: back to the bus's buffer
+				return errors.Join(err, e0bus(ctx).Send(ctx, chargeCard{OrderID: "after"}, bus.To("listener")))
+			}},
+			bus.Middleware{Name: "tx", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+				restore, err := h.UseOutbox(ctx, &box)
+				defer restore()
+				if err != nil {
+					return err
+				}
+				return next(ctx)
+			}}),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			return e0bus(ctx).Send(ctx, chargeCard{OrderID: "inside"}, bus.To("listener"))
+		}))
+	if err := e.bus.Send(t.Context(), orderPlaced{}); err != nil {
+		t.Fatal(err)
+	}
+	e.expect("delete")
+	if len(box) != 1 {
+		t.Fatalf("outbox got %d messages, want the one sent inside", len(box))
+	}
+	if got := l.take(t); got != "after" {
+		t.Fatalf("listener got %s", got)
+	}
+	l.expectEmpty(t)
 }

@@ -142,19 +142,28 @@ func (s *handlerScope) add(ctx context.Context, m Outbound) error {
 }
 
 // setOutbox makes o the scope's outbox, moving into it what the handler
-// already sent.
-func (s *handlerScope) setOutbox(ctx context.Context, o Outbox) error {
+// already sent, and returns the function that puts the previous outbox
+// back.
+func (s *handlerScope) setOutbox(ctx context.Context, o Outbox) (func(), error) {
 	s.mu.Lock()
+	prev := s.outbox
 	s.outbox = o
 	buf := s.buf
 	s.buf = nil
 	s.mu.Unlock()
+	restore := func() {
+		s.mu.Lock()
+		if s.outbox == o {
+			s.outbox = prev
+		}
+		s.mu.Unlock()
+	}
 	for _, m := range buf {
 		if err := o.Add(ctx, m); err != nil {
-			return err
+			return restore, err
 		}
 	}
-	return nil
+	return restore, nil
 }
 
 // close ends the scope and returns what was buffered.

@@ -130,10 +130,21 @@ func (h *Handling) Logger() *slog.Logger { return h.r.logger(h.i) }
 // UseOutbox makes the messages this handler sends go to o instead of the
 // in-memory buffer that is flushed when the handler succeeds; messages the
 // handler already sent move to o, with ctx. A durable outbox plugin calls
-// it to store them in the handler's transaction.
-func (h *Handling) UseOutbox(ctx context.Context, o Outbox) error {
+// it to store them in the handler's transaction, and calls restore when
+// that transaction ends, so that what outer middleware sends afterwards
+// (an error reply, say) goes to the previous outbox again:
+//
+//	restore, err := h.UseOutbox(ctx, tx)
+//	if err != nil {
+//		return err
+//	}
+//	defer restore()
+//	return next(ctx)
+//
+// restore is never nil.
+func (h *Handling) UseOutbox(ctx context.Context, o Outbox) (restore func(), err error) {
 	if h.r.scope == nil {
-		return nil
+		return func() {}, nil
 	}
 	return h.r.scope.setOutbox(ctx, o)
 }

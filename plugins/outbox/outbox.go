@@ -121,7 +121,9 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 		Name: "outbox",
 		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
 			return s.InTx(ctx, func(ctx context.Context, tx *store.Tx) error {
-				if err := h.UseOutbox(ctx, tx); err != nil {
+				restore, err := h.UseOutbox(ctx, tx)
+				defer restore() // sends after this transaction go to the bus's buffer again
+				if err != nil {
 					return err
 				}
 				return next(ctx)
