@@ -53,6 +53,8 @@ type Bus struct {
 	state     atomic.Int32 // stateNew … stateClosed
 	started   int          // middleware whose Start ran
 	rcancel   context.CancelFunc
+	icancel   context.CancelFunc // the instance queue's own receive loop
+	ireceiver sync.WaitGroup
 	pcancel   context.CancelFunc
 	workers   sync.WaitGroup
 	inflight  sync.WaitGroup // pushed deliveries
@@ -189,8 +191,15 @@ func (b *Bus) Start(ctx context.Context) error {
 	b.state.Store(stateRunning)
 	if receives {
 		for range b.concurrency {
-			b.workers.Go(func() { b.receiveLoop(rctx, pctx) })
+			b.workers.Go(func() { b.receiveLoop(rctx, pctx, b.t.Receive) })
 		}
+	}
+	ictx, icancel := context.WithCancel(context.WithoutCancel(ctx))
+	b.icancel = icancel
+	if ir, ok := b.t.(InstanceReceiver); ok && b.instance {
+		// Replies to this instance must not wait for a handler worker: a
+		// handler may be the one waiting for them.
+		b.ireceiver.Go(func() { b.receiveLoop(ictx, pctx, ir.ReceiveInstance) })
 	}
 	b.logger.InfoContext(ctx, "bus started", slog.String("endpoint", b.endpoint), slog.Int("concurrency", b.concurrency))
 	return nil
@@ -256,6 +265,8 @@ func (b *Bus) Stop(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("bus: stop: handlers still running %s after their contexts were cancelled; closing anyway", StopGrace))
 			}
 		}
+		b.icancel() // the instance queue was received until every handler returned
+		b.ireceiver.Wait()
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
 		errs = append(errs, b.stopMiddleware(hctx, b.started))
 		cancel()
@@ -273,11 +284,11 @@ func (b *Bus) Stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (b *Bus) receiveLoop(rctx, pctx context.Context) {
+func (b *Bus) receiveLoop(rctx, pctx context.Context, receive func(context.Context) (*Delivery, error)) {
 	sctx := context.WithoutCancel(pctx) // settles what was processed, even while stopping
 	backoff := time.Duration(0)
 	for {
-		d, err := b.t.Receive(rctx)
+		d, err := receive(rctx)
 		if err != nil {
 			if rctx.Err() != nil || errors.Is(err, ErrClosed) {
 				return

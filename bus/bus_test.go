@@ -835,3 +835,40 @@ func TestUseOutboxRestoreSendsLaterOnesToTheBuffer(t *testing.T) {
 	}
 	l.expectEmpty(t)
 }
+
+// A handler waiting for a message on its instance queue (a reply) must get
+// it although it holds the bus's only worker.
+func TestInstanceQueueReceivedBesideBusyWorkers(t *testing.T) {
+	tr := memory.New()
+	replies := make(chan string, 1)
+	resolver := bus.Middleware{Name: "replies", InstanceQueue: true,
+		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			if in.Name() == "shop.charge_card" {
+				replies <- in.Attributes().MessageID
+				return nil // resolved without handlers
+			}
+			return next(ctx)
+		}}
+	got := make(chan string, 1)
+	b := bustest.Start(t, bus.WithEndpoint("ep"), bus.WithTransport(tr), bus.WithLogger(discard()), bus.WithConcurrency(1),
+		bus.WithMiddleware(resolver),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			b, _, _ := bus.MessageContext(ctx)
+			if err := b.Send(ctx, chargeCard{}, bus.To(tr.InstanceAddress()), bus.Immediately(), bus.WithMessageID("reply-1")); err != nil {
+				return err
+			}
+			select { // the only worker waits here
+			case id := <-replies:
+				got <- id
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}))
+	if err := b.Send(t.Context(), orderPlaced{}); err != nil {
+		t.Fatal(err)
+	}
+	if id := recv(t, got); id != "reply-1" {
+		t.Fatalf("got %s", id)
+	}
+}

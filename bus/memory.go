@@ -281,6 +281,21 @@ func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
 	t.mu.Lock()
 	q, iq := t.q, t.iq
 	t.mu.Unlock()
+	return t.receive(ctx, q, iq)
+}
+
+// ReceiveInstance takes the next message of the instance's queue.
+func (t *MemoryTransport) ReceiveInstance(ctx context.Context) (*Delivery, error) {
+	t.mu.Lock()
+	iq := t.iq
+	t.mu.Unlock()
+	if iq == nil {
+		return nil, errors.New("memory: ReceiveInstance without an instance queue: Setup with Topology.Instance first")
+	}
+	return t.receive(ctx, nil, iq)
+}
+
+func (t *MemoryTransport) receive(ctx context.Context, q, iq *memQueue) (*Delivery, error) {
 	if q == nil && iq == nil {
 		return nil, errors.New("memory: Receive before Setup")
 	}
@@ -416,6 +431,7 @@ func (t *MemoryTransport) Close(context.Context) error {
 }
 
 var (
-	_ Transport      = (*MemoryTransport)(nil)
-	_ InstanceQueuer = (*MemoryTransport)(nil)
+	_ Transport        = (*MemoryTransport)(nil)
+	_ InstanceQueuer   = (*MemoryTransport)(nil)
+	_ InstanceReceiver = (*MemoryTransport)(nil)
 )

@@ -63,6 +63,16 @@ type Topology struct {
 	Instance bool
 }
 
+// InstanceReceiver is implemented by transports that can receive from the
+// instance queue alone. The bus then reads it with a receive loop of its
+// own, beside its handler workers, so that a handler waiting for a reply
+// (request/reply) never keeps that reply from being received, and keeps
+// reading it while Stop waits for handlers. Receive may still return
+// messages of the instance queue too.
+type InstanceReceiver interface {
+	ReceiveInstance(ctx context.Context) (*Delivery, error)
+}
+
 // InstanceQueuer is implemented by transports that can give one bus
 // instance a queue of its own, so that a reply reaches the instance that
 // asked even when several instances share an endpoint. The queue lives as
