@@ -33,7 +33,16 @@
 // message to the endpoint's queue with its attempt count raised (the count
 // travels in a header, so it survives the redelivery) and acknowledges the
 // original once the copy is confirmed; Fail does the same towards the
-// dead-letter queue with the failure in headers.
+// dead-letter queue with the failure in headers. When the broker refuses
+// the copy, the original is requeued (nack) and redelivered with its
+// attempt count unchanged. On a quorum queue the broker's x-delivery-count
+// also counts as attempts, so a message that crashes its consumer reaches
+// the dead-letter queue; a classic queue cannot count those redeliveries.
+//
+// A message the broker refuses by closing the publisher channel (over
+// max_message_size, a deleted exchange) is a [*RefusedError]: only that
+// channel is replaced. A body over [WithMaxMessageSize] is refused before
+// sending with a [*MessageTooLargeError].
 //
 // # Headers
 //
@@ -47,7 +56,7 @@
 //
 // # Reconnection
 //
-// The transport owns one connection. When it or one of its channels is
+// The transport owns one connection. When it or its consumer channel is
 // lost, it reconnects with exponential backoff, declares the topology again
 // and resumes consuming. A send during the outage waits for the new
 // connection (bounded by its context) and is published again; it never

@@ -15,7 +15,55 @@ var (
 	// ErrConnectionLost is returned by Delete, Return and Fail for a
 	// delivery whose connection was lost: the broker redelivers it.
 	ErrConnectionLost = errors.New("rabbitmq: the connection this delivery came from was lost; the broker redelivers it")
+	// ErrRefused is matched by [*RefusedError].
+	ErrRefused = errors.New("rabbitmq: broker refused the message")
+	// ErrMessageTooLarge is matched by [*MessageTooLargeError].
+	ErrMessageTooLarge = errors.New("rabbitmq: message too large")
 )
+
+// RefusedError reports a message the broker refused by closing the
+// channel it was published on with a channel-level error (for example 406
+// PRECONDITION_FAILED for a body over the broker's max_message_size or a
+// user-id of another user, 404 NOT_FOUND for an exchange that does not
+// exist, 403 ACCESS_REFUSED). The message was not stored; sending it again
+// unchanged fails the same way. The transport replaced the channel: other
+// messages are not affected.
+type RefusedError struct {
+	// Message is the message name.
+	Message string
+	// Exchange is the exchange it was published to ("" is the default exchange of sends).
+	Exchange string
+	// RoutingKey is the destination queue of a send, the message name of a publish.
+	RoutingKey string
+	// Code and Reason are the AMQP reply code and text of the channel close.
+	Code   int
+	Reason string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("rabbitmq: the broker refused %s (exchange %q, routing key %q) and closed its channel: %d %s; the message was not stored and would be refused again: fix it (size within max_message_size and rabbitmq.WithMaxMessageSize, no user-id of another user) or the broker's topology and permissions",
+		e.Message, e.Exchange, e.RoutingKey, e.Code, e.Reason)
+}
+
+// Is reports whether target is ErrRefused.
+func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
+
+// MessageTooLargeError reports a message body over the limit set by
+// [WithMaxMessageSize]. The message was not sent.
+type MessageTooLargeError struct {
+	// Message is the message name.
+	Message string
+	// Size is the body's size and Limit the largest accepted, in bytes.
+	Size, Limit int
+}
+
+func (e *MessageTooLargeError) Error() string {
+	return fmt.Sprintf("rabbitmq: %s has a %d-byte body, over the %d-byte limit; send large payloads by reference (store them elsewhere, send their address), or raise rabbitmq.WithMaxMessageSize together with the broker's max_message_size",
+		e.Message, e.Size, e.Limit)
+}
+
+// Is reports whether target is ErrMessageTooLarge.
+func (e *MessageTooLargeError) Is(target error) bool { return target == ErrMessageTooLarge }
 
 // UnroutableError reports a message no queue took: a send to an endpoint
 // whose queue does not exist, or a publish of a message no endpoint

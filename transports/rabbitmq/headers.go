@@ -37,7 +37,15 @@ const (
 	HeaderFailureEndpoint = ReservedPrefix + "failure-endpoint"
 	// HeaderFailureTime holds when the message was dead-lettered, RFC 3339.
 	HeaderFailureTime = ReservedPrefix + "failure-time"
+	// HeaderUserID holds the user-id property of a returned or
+	// dead-lettered message that another user published: RabbitMQ accepts
+	// only the publishing connection's own user in user-id.
+	HeaderUserID = ReservedPrefix + "user-id"
 )
+
+// headerDeliveryCount is the header in which quorum queues count the
+// redeliveries of a message (absent on its first delivery).
+const headerDeliveryCount = "x-delivery-count"
 
 // maxShortString is the longest AMQP short string: header names, queue
 // names, routing keys.
@@ -107,11 +115,22 @@ func publishing(env *bus.Envelope) (amqp.Publishing, error) {
 }
 
 // republishing copies a received message for Return and Fail: same
-// properties and body, headers copied with extra set on top.
-func republishing(m *amqp.Delivery, extra int) (amqp.Publishing, amqp.Table) {
-	h := make(amqp.Table, len(m.Headers)+extra)
+// properties and body, headers copied with extra set on top. RabbitMQ
+// refuses a user-id property other than the publishing connection's user
+// (it closes the channel with PRECONDITION_FAILED), so a foreign user-id
+// moves to [HeaderUserID]. The broker's x-delivery-count of the original
+// is dropped: the copy is a new message, its attempt travels in
+// [HeaderAttempt].
+func (t *Transport) republishing(m *amqp.Delivery, extra int) (amqp.Publishing, amqp.Table) {
+	h := make(amqp.Table, len(m.Headers)+extra+1)
 	for k, v := range m.Headers {
 		h[k] = v
+	}
+	delete(h, headerDeliveryCount)
+	userID := m.UserId
+	if userID != "" && userID != t.user {
+		h[HeaderUserID] = userID
+		userID = ""
 	}
 	return amqp.Publishing{
 		Headers:         h,
@@ -125,7 +144,7 @@ func republishing(m *amqp.Delivery, extra int) (amqp.Publishing, amqp.Table) {
 		MessageId:       m.MessageId,
 		Timestamp:       m.Timestamp,
 		Type:            m.Type,
-		UserId:          m.UserId,
+		UserId:          userID,
 		AppId:           m.AppId,
 		Body:            m.Body,
 	}, h
@@ -185,6 +204,14 @@ func envelope(m *amqp.Delivery) (bus.Envelope, int, error) {
 		}
 		// Other reserved headers (failure metadata of a replayed dead
 		// letter) are not part of the envelope.
+	}
+	// A quorum queue counts redeliveries, including those of a consumer
+	// that crashed before settling: count them as attempts, so that a
+	// message that crashes its consumer ends in the dead-letter queue.
+	if v, ok := m.Headers[headerDeliveryCount]; ok {
+		if n, ok := headerInt(v); ok && n >= 0 {
+			attempt = max(attempt, n+1)
+		}
 	}
 	if env.Name == "" {
 		errs = append(errs, errors.New("the AMQP type property (the message name) is empty; plugbus producers set it to the message name"))

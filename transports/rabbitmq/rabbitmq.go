@@ -44,6 +44,7 @@ type options struct {
 	config            amqp.Config
 	unroutablePublish bool
 	queueArgs         amqp.Table
+	maxMessageSize    int
 }
 
 // WithExchange names the topic exchange published messages go through. The
@@ -74,8 +75,28 @@ func WithReconnectBackoff(min, max time.Duration) Option {
 
 // WithConfig sets the amqp091 connection configuration (TLS, heartbeat,
 // client properties, SASL). Its Dial function is replaced by the
-// transport's own, so that Close interrupts a connection attempt.
-func WithConfig(c amqp.Config) Option { return func(o *options) { o.config = c } }
+// transport's own, so that Close interrupts a connection attempt, and its
+// Recovery is turned off: the transport reconnects and declares its
+// topology itself, and amqp091's recovery reopening channels underneath it
+// would hide lost deliveries and confirmations.
+func WithConfig(c amqp.Config) Option {
+	return func(o *options) {
+		c.Recovery = nil
+		o.config = c
+	}
+}
+
+// DefaultMaxMessageSize is the largest body Send and Publish accept unless
+// [WithMaxMessageSize] says otherwise: RabbitMQ's default max_message_size
+// since 4.0.
+const DefaultMaxMessageSize = 16 << 20
+
+// WithMaxMessageSize sets the largest body, in bytes, Send and Publish
+// accept; a larger one is a [*MessageTooLargeError] and is not sent. The
+// default is [DefaultMaxMessageSize]. Set it to the broker's
+// max_message_size: a body over that limit makes the broker close the
+// publisher channel, which the transport reports as a [*RefusedError].
+func WithMaxMessageSize(n int) Option { return func(o *options) { o.maxMessageSize = n } }
 
 // WithUnroutablePublish lets Publish succeed when no endpoint subscribes to
 // the message, which the broker then drops. By default such a publish
@@ -91,9 +112,10 @@ func WithQueueArguments(args amqp.Table) Option { return func(o *options) { o.qu
 // Transport is the RabbitMQ [bus.Transport]. It is safe for concurrent use.
 // Build it with [New]; it connects on first use.
 type Transport struct {
-	url string
-	o   options
-	log *slog.Logger
+	url  string
+	user string // the broker user of the connection: user-id it may publish
+	o    options
+	log  *slog.Logger
 
 	live atomic.Pointer[session] // sess, read without the lock
 
@@ -114,10 +136,12 @@ type Transport struct {
 // ("amqp://user:password@host:5672/vhost"). It does not connect: the
 // first Setup, Send or Publish does, and waits for the broker.
 func New(url string, opts ...Option) (*Transport, error) {
-	if _, err := amqp.ParseURI(url); err != nil {
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: invalid broker URL: %w", err)
 	}
-	o := options{exchange: DefaultExchange, publishers: 2, minBackoff: 100 * time.Millisecond, maxBackoff: 5 * time.Second, dialTimeout: 10 * time.Second}
+	o := options{exchange: DefaultExchange, publishers: 2, minBackoff: 100 * time.Millisecond, maxBackoff: 5 * time.Second, dialTimeout: 10 * time.Second,
+		maxMessageSize: DefaultMaxMessageSize}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -130,14 +154,23 @@ func New(url string, opts ...Option) (*Transport, error) {
 		return nil, fmt.Errorf("rabbitmq: WithPublisherChannels(%d): must be at least 1", o.publishers)
 	case o.prefetch < 0:
 		return nil, fmt.Errorf("rabbitmq: WithPrefetch(%d): must not be negative", o.prefetch)
+	case o.maxMessageSize < 1:
+		return nil, fmt.Errorf("rabbitmq: WithMaxMessageSize(%d): must be at least 1", o.maxMessageSize)
 	case o.minBackoff <= 0 || o.maxBackoff < o.minBackoff:
 		return nil, fmt.Errorf("rabbitmq: WithReconnectBackoff(%v, %v): need 0 < min <= max", o.minBackoff, o.maxBackoff)
 	}
 	if o.logger == nil {
 		o.logger = slog.Default()
 	}
+	user := uri.Username
+	for _, a := range o.config.SASL {
+		if p, ok := a.(*amqp.PlainAuth); ok {
+			user = p.Username
+			break
+		}
+	}
 	return &Transport{
-		url: url, o: o,
+		url: url, user: user, o: o,
 		log:     o.logger.With(slog.String("transport", "rabbitmq")),
 		changed: make(chan struct{}),
 		done:    make(chan struct{}),

@@ -17,8 +17,9 @@ import (
 )
 
 // session is one connection with its confirm channels and, once Setup ran,
-// its consumer channel. When any of them closes the whole session is dead
-// and the supervisor replaces it.
+// its consumer channel. When the connection or the consumer channel closes
+// the whole session is dead and the supervisor replaces it; a publisher
+// channel the broker closes is replaced alone (see [publisher]).
 type session struct {
 	t    *Transport
 	conn *amqp.Connection
@@ -42,13 +43,45 @@ type session struct {
 // RabbitMQ sends basic.return before the basic.ack of the same message,
 // and amqp091 hands the return to the returns channel before it completes
 // the deferred confirmation.
+//
+// A channel the broker closes with a channel-level (soft) error, for a
+// message it refuses, is replaced by a new one: only the publishes in
+// flight on it fail, the session lives on.
 type publisher struct {
-	s       *session
+	s *session
+
+	mu sync.Mutex
+	ch *pubChannel
+}
+
+// pubChannel is one channel of a publisher and how it closed.
+type pubChannel struct {
 	ch      *amqp.Channel
 	returns chan amqp.Return
+	closes  chan *amqp.Error
 
 	mu       sync.Mutex
-	returned map[returnKey]int
+	err      *amqp.Error
+	returned map[returnKey]int // returns read from returns, not yet matched
+}
+
+// cause returns the error the channel closed with, nil while it is open or
+// if it closed without one. amqp091 sends it to closes before it nacks the
+// pending confirmations, so a publish that saw its confirmation fail finds
+// it here.
+func (c *pubChannel) cause() *amqp.Error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		select {
+		case e, ok := <-c.closes:
+			if ok {
+				c.err = e
+			}
+		default:
+		}
+	}
+	return c.err
 }
 
 type returnKey struct{ id, exchange, key string }
@@ -66,18 +99,67 @@ func newSession(t *Transport, conn *amqp.Connection) (*session, error) {
 		return s, fmt.Errorf("rabbitmq: declaring the topic exchange %q: %w (an exchange of that name with another type or durability exists: delete it or choose another name with rabbitmq.WithExchange)", t.o.exchange, err)
 	}
 	for range t.o.publishers {
-		ch, err := conn.Channel()
+		c, err := openPubChannel(conn)
 		if err != nil {
-			return s, fmt.Errorf("rabbitmq: opening a publisher channel: %w", err)
+			return s, err
 		}
-		if err := ch.Confirm(false); err != nil {
-			return s, fmt.Errorf("rabbitmq: putting a channel in confirm mode: %w", err)
-		}
-		p := &publisher{s: s, ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1024)), returned: map[returnKey]int{}}
-		s.watch(ch.NotifyClose(make(chan *amqp.Error, 1)))
-		s.pubs = append(s.pubs, p)
+		s.pubs = append(s.pubs, &publisher{s: s, ch: c})
 	}
 	return s, nil
+}
+
+func openPubChannel(conn *amqp.Connection) (*pubChannel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: opening a publisher channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return nil, fmt.Errorf("rabbitmq: putting a channel in confirm mode: %w", err)
+	}
+	return &pubChannel{
+		ch:       ch,
+		returns:  ch.NotifyReturn(make(chan amqp.Return, 1024)),
+		closes:   ch.NotifyClose(make(chan *amqp.Error, 1)),
+		returned: map[returnKey]int{},
+	}, nil
+}
+
+// channel returns the publisher's open channel, replacing one the broker
+// closed while the connection lives on. It returns errRetry when the
+// session is gone.
+func (p *publisher) channel() (*pubChannel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.ch.ch.IsClosed() {
+		return p.ch, nil
+	}
+	if p.s.isDead() || p.s.conn.IsClosed() {
+		p.s.fail(amqp.ErrClosed)
+		return nil, errRetry
+	}
+	c, err := openPubChannel(p.s.conn)
+	if err != nil {
+		p.s.fail(err)
+		return nil, errRetry
+	}
+	p.ch = c
+	return c, nil
+}
+
+// softError reports whether e closed only its channel: the broker refused
+// what was sent on it (AMQP soft errors: 311 content too large, 312 no
+// route, 313 no consumers, 403 access refused, 404 not found, 405
+// resource locked, 406 precondition failed). Any other code closes the
+// connection.
+func softError(e *amqp.Error) bool {
+	if e == nil || !e.Server {
+		return false
+	}
+	switch e.Code {
+	case amqp.ContentTooLarge, amqp.NoRoute, amqp.NoConsumers, amqp.AccessRefused, amqp.NotFound, amqp.ResourceLocked, amqp.PreconditionFailed:
+		return true
+	}
+	return false
 }
 
 // watch marks the session dead when c reports a close. amqp091 closes c
@@ -224,10 +306,21 @@ func (s *session) publisher() *publisher {
 	return s.pubs[int(s.rr.Add(1))%len(s.pubs)]
 }
 
+// errChannelClosed reports a publish that was not sent because its
+// channel was closed meanwhile (by a message of another publish): the
+// caller publishes it again on the channel's replacement.
+var errChannelClosed = errors.New("rabbitmq: publisher channel closed before the publish")
+
 // publish publishes msg and waits for its confirmation. It returns errRetry
-// when the session died before the broker confirmed.
+// when the session died before the broker confirmed, errChannelClosed when
+// the channel was closed before msg was sent, and a [*RefusedError] when
+// the broker closed the channel while msg was in flight.
 func (p *publisher) publish(ctx context.Context, exchange, key string, mandatory bool, msg *amqp.Publishing) error {
-	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, *msg)
+	c, err := p.channel()
+	if err != nil {
+		return err
+	}
+	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, *msg)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -235,59 +328,84 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, mandatory
 		// A write that failed because the connection broke (reset, broken
 		// pipe, EOF) can be seen before amqp091 marks the channel closed:
 		// both mean the session is gone and the message was not stored.
-		if p.ch.IsClosed() || connectionBroken(err) {
+		if c.ch.IsClosed() || connectionBroken(err) {
+			if !p.s.conn.IsClosed() && softError(c.cause()) {
+				return errChannelClosed
+			}
 			p.s.fail(err)
 			return errRetry
 		}
 		return err
 	}
+	k := returnKey{msg.MessageId, exchange, key}
 	select {
 	case <-dc.Done():
 	case <-ctx.Done():
+		p.abandon(c, dc, mandatory, k)
 		return fmt.Errorf("waiting for the broker's confirmation: %w (the message may have been stored)", ctx.Err())
 	case <-p.s.t.done:
 		return fmt.Errorf("waiting for the broker's confirmation: %w (the message may have been stored)", bus.ErrClosed)
 	}
 	if !dc.Acked() {
-		if p.ch.IsClosed() {
-			// amqp091 nacks every pending confirmation when the channel closes.
+		if c.ch.IsClosed() {
+			// amqp091 nacks every pending confirmation when the channel
+			// closes. A soft error closed this channel alone: the broker
+			// refused a message in flight on it, maybe this one.
+			if e := c.cause(); softError(e) && !p.s.conn.IsClosed() {
+				return &RefusedError{Code: e.Code, Reason: e.Reason}
+			}
 			p.s.fail(amqp.ErrClosed)
 			return errRetry
 		}
 		return ErrNacked
 	}
-	if mandatory && p.wasReturned(returnKey{msg.MessageId, exchange, key}) {
+	if mandatory && p.wasReturned(c, k) {
 		return &UnroutableError{Message: msg.Type, Exchange: exchange, RoutingKey: key}
 	}
 	return nil
 }
 
-// wasReturned moves pending returns into the returned set and takes k out
-// of it. Every return of a message is in p.returns before its confirmation
-// completes.
-func (p *publisher) wasReturned(k returnKey) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// abandon takes the return of a publish whose caller stopped waiting out
+// of the returned set once its confirmation completes: left there, it
+// would stay forever and mark a later publish of the same message
+// unroutable. The confirmation completes when the broker confirms or the
+// channel closes.
+func (p *publisher) abandon(c *pubChannel, dc *amqp.DeferredConfirmation, mandatory bool, k returnKey) {
+	if !mandatory {
+		return
+	}
+	go func() {
+		<-dc.Done()
+		p.wasReturned(c, k)
+	}()
+}
+
+// wasReturned moves pending returns of c into its returned set and takes
+// k out of it. Every return of a message is in c.returns before its
+// confirmation completes.
+func (p *publisher) wasReturned(c *pubChannel, k returnKey) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for drained := false; !drained; {
 		select {
-		case r, ok := <-p.returns:
+		case r, ok := <-c.returns:
 			if !ok {
 				drained = true
 				break
 			}
-			p.returned[returnKey{r.MessageId, r.Exchange, r.RoutingKey}]++
+			c.returned[returnKey{r.MessageId, r.Exchange, r.RoutingKey}]++
 		default:
 			drained = true
 		}
 	}
-	n := p.returned[k]
+	n := c.returned[k]
 	switch {
 	case n == 0:
 		return false
 	case n == 1:
-		delete(p.returned, k)
+		delete(c.returned, k)
 	default:
-		p.returned[k] = n - 1
+		c.returned[k] = n - 1
 	}
 	return true
 }

@@ -54,21 +54,36 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 	if err := validateHeaders(env.Headers); err != nil {
 		return err
 	}
+	if len(env.Body) > t.o.maxMessageSize {
+		return &MessageTooLargeError{Message: env.Name, Size: len(env.Body), Limit: t.o.maxMessageSize}
+	}
 	msg, err := publishing(env)
 	if err != nil {
 		return err
 	}
+	refused := 0
 	for {
 		s, err := t.session(ctx)
 		if err != nil {
 			return fmt.Errorf("rabbitmq: %s: %w", describe(exchange, key, env.Name), err)
 		}
 		err = s.publisher().publish(ctx, exchange, key, mandatory, &msg)
+		var re *RefusedError
 		switch {
 		case err == nil:
 			return nil
-		case errors.Is(err, errRetry):
+		case errors.Is(err, errRetry), errors.Is(err, errChannelClosed):
 			continue
+		case errors.As(err, &re):
+			// The channel closed for a message in flight on it, not
+			// necessarily this one: one more try on its replacement
+			// tells. A message the broker refuses is never retried on
+			// and on, and the connection stays up.
+			if refused++; refused < 2 {
+				continue
+			}
+			re.Message, re.Exchange, re.RoutingKey = env.Name, exchange, key
+			return re
 		case errors.Is(err, ErrUnroutable), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 			return err
 		}
@@ -187,19 +202,22 @@ func (t *Transport) Delete(_ context.Context, d *bus.Delivery) error {
 
 // Return publishes a copy of d to the end of the endpoint's queue with its
 // attempt count raised and, once the broker confirmed the copy,
-// acknowledges d. The copy keeps every property and header of d.
+// acknowledges d. The copy keeps the properties and headers of d, except
+// a user-id of another user (see [HeaderUserID]) and x-delivery-count.
+// When the broker refuses the copy, d is requeued (nack) and the error
+// returned: the broker redelivers d with its attempt count unchanged.
 func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error {
 	s, m, err := t.settling(d)
 	if err != nil {
 		return err
 	}
-	msg, h := republishing(&m, 1)
+	msg, h := t.republishing(&m, 1)
 	h[HeaderAttempt] = int32(d.Attempt + 1)
 	queue := t.topology().Endpoint
 	if m.ConsumerTag == instanceConsumer {
 		queue = t.instanceQueue()
 	}
-	if err := t.resend(ctx, s, d, queue, &msg); err != nil {
+	if err := t.resend(ctx, s, d, &m, queue, &msg); err != nil {
 		return err
 	}
 	return t.ack(s, d, &m)
@@ -207,7 +225,8 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error 
 
 // Fail publishes a copy of d to the endpoint's dead-letter queue with f in
 // headers ([HeaderFailureReason] and the others) and, once the broker
-// confirmed it, acknowledges d. A transport without an endpoint (an
+// confirmed it, acknowledges d. When the broker refuses the copy, d is
+// requeued (nack) as by Return. A transport without an endpoint (an
 // instance queue alone) has no dead-letter queue: it logs the message and
 // its failure at error level and acknowledges it.
 func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
@@ -228,12 +247,12 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 	if f.Time.IsZero() {
 		f.Time = time.Now()
 	}
-	msg, h := republishing(&m, 4)
+	msg, h := t.republishing(&m, 4)
 	h[HeaderFailureReason] = f.Reason
 	h[HeaderFailureAttempts] = int32(f.Attempts)
 	h[HeaderFailureEndpoint] = endpoint
 	h[HeaderFailureTime] = f.Time.UTC().Format(time.RFC3339Nano)
-	if err := t.resend(ctx, s, d, DeadLetterQueue(t.topology().Endpoint), &msg); err != nil {
+	if err := t.resend(ctx, s, d, &m, DeadLetterQueue(t.topology().Endpoint), &msg); err != nil {
 		return err
 	}
 	return t.ack(s, d, &m)
@@ -241,15 +260,36 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 
 // resend publishes msg to queue on d's own session: if that connection is
 // gone, the broker redelivers d and a copy would be a duplicate.
-func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, queue string, msg *amqp.Publishing) error {
+//
+// When the copy is refused (a nack, an unroutable or oversized copy, a
+// channel error) d is negatively acknowledged with requeue, so that the
+// broker redelivers it and its prefetch slot is freed: a delivery left
+// unacknowledged would hold its slot until the connection closes and,
+// with a small prefetch, stall the consumer.
+func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, m *amqp.Delivery, queue string, msg *amqp.Publishing) error {
 	err := s.publisher().publish(ctx, "", queue, true, msg)
+	if errors.Is(err, errChannelClosed) {
+		err = s.publisher().publish(ctx, "", queue, true, msg)
+	}
+	var re *RefusedError
+	if errors.As(err, &re) {
+		re.Message, re.RoutingKey = d.Name, queue
+	}
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, errRetry):
 		return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w", d.Name, d.Attributes.MessageID, queue, ErrConnectionLost)
+	case errors.Is(err, bus.ErrClosed):
+		return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w; the broker redelivers it", d.Name, d.Attributes.MessageID, queue, err)
 	}
-	return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w; the message stays unacknowledged and is redelivered", d.Name, d.Attributes.MessageID, queue, err)
+	if nerr := s.cons.Nack(m.DeliveryTag, false, true); nerr != nil {
+		if s.cons.IsClosed() {
+			return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w (then %w)", d.Name, d.Attributes.MessageID, queue, err, ErrConnectionLost)
+		}
+		return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w; requeueing it failed too: %w", d.Name, d.Attributes.MessageID, queue, err, nerr)
+	}
+	return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w; the original was requeued with its attempt count unchanged and the broker redelivers it", d.Name, d.Attributes.MessageID, queue, err)
 }
 
 // DeadLetter decodes a message read from a dead-letter queue: the

@@ -1,0 +1,257 @@
+package rabbitmq_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/transports/rabbitmq"
+	"github.com/plugbus/plugbus/transports/transporttest"
+)
+
+// logBuffer collects a transport's logs for tests that check what it did
+// not do (reconnect).
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) reconnections() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.buf.String(), "connection to RabbitMQ lost")
+}
+
+func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+func message(name, id string) *bus.Envelope {
+	return &bus.Envelope{Name: name, ContentType: "application/json", Body: []byte(`{}`), Attributes: bus.NewAttributes(id, id, time.Now(), nil, nil)}
+}
+
+func receive(ctx context.Context, t *testing.T, tr *rabbitmq.Transport, within time.Duration) *bus.Delivery {
+	t.Helper()
+	rctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	d, err := tr.Receive(rctx)
+	if err != nil {
+		t.Fatalf("Receive: %v", err)
+	}
+	return d
+}
+
+// A Return or Fail whose copy the broker refuses requeues the original:
+// left unacknowledged, it would hold its prefetch slot for good and, with
+// prefetch 1, stall the consumer.
+func TestRefusedResendRequeuesOriginal(t *testing.T) {
+	t.Run("Return nacked", func(t *testing.T) {
+		e := newEnv(t)
+		tr := e.transport(t, rabbitmq.WithPrefetch(1),
+			rabbitmq.WithQueueArguments(amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"}))
+		ctx := testContext(t, 30*time.Second)
+		if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 5}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
+			t.Fatal(err)
+		}
+		a := receive(ctx, t, tr, 5*time.Second)
+		if err := tr.Send(ctx, message("B", "b"), bus.SendOptions{Destination: e.endpoint}); err != nil {
+			t.Fatal(err)
+		}
+		// The queue is full (B): the copy of A is nacked.
+		if err := tr.Return(ctx, a, errors.New("handler failed")); !errors.Is(err, rabbitmq.ErrNacked) {
+			t.Fatalf("Return into a full queue: %v, want rabbitmq.ErrNacked", err)
+		}
+		got := map[string]int{}
+		for range 2 {
+			d := receive(ctx, t, tr, 5*time.Second)
+			got[d.Name] = d.Attempt
+			if err := tr.Delete(ctx, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got["A"] != 1 || got["B"] != 1 {
+			t.Errorf("after the refused Return received %v, want A (requeued, attempt 1) and B", got)
+		}
+	})
+	t.Run("Fail unroutable", func(t *testing.T) {
+		e := newEnv(t)
+		tr := e.transport(t, rabbitmq.WithPrefetch(1))
+		ctx := testContext(t, 30*time.Second)
+		if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
+			t.Fatal(err)
+		}
+		a := receive(ctx, t, tr, 5*time.Second)
+		e.adm.do(t, func(ch *amqp.Channel) error {
+			_, err := ch.QueueDelete(rabbitmq.DeadLetterQueue(e.endpoint), false, false, false)
+			return err
+		})
+		if err := tr.Fail(ctx, a, bus.Failure{Reason: "boom", Attempts: 1}); !errors.Is(err, rabbitmq.ErrUnroutable) {
+			t.Fatalf("Fail with the dead-letter queue deleted: %v, want rabbitmq.ErrUnroutable", err)
+		}
+		d := receive(ctx, t, tr, 5*time.Second)
+		if d.Name != "A" || d.Attributes.MessageID != "a" {
+			t.Errorf("after the refused Fail received %s (id %s), want A redelivered", d.Name, d.Attributes.MessageID)
+		}
+		if err := tr.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// RabbitMQ refuses a user-id property other than the publishing user's:
+// Return and Fail move a foreign one to a header instead of copying it,
+// which would close the channel and loop the message at attempt 1.
+func TestResendOfForeignUserID(t *testing.T) {
+	e := newEnv(t)
+	var logs logBuffer
+	tr := e.transport(t, rabbitmq.WithLogger(logs.logger()))
+	ctx := testContext(t, 30*time.Second)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// As if user alice had published it (RabbitMQ validates user-id, so
+	// the test cannot publish it as guest): rewrite the delivery.
+	foreign := func(d *bus.Delivery) *bus.Delivery {
+		m := d.Raw.(amqp.Delivery)
+		m.UserId = "alice"
+		d.Raw = m
+		return d
+	}
+	if err := tr.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
+		t.Fatal(err)
+	}
+	d := foreign(receive(ctx, t, tr, 5*time.Second))
+	if err := tr.Return(ctx, d, errors.New("boom")); err != nil {
+		t.Fatalf("Return of a message with another user's user-id: %v", err)
+	}
+	d = receive(ctx, t, tr, 5*time.Second)
+	if d.Attempt != 2 {
+		t.Errorf("returned copy has attempt %d, want 2", d.Attempt)
+	}
+	raw := d.Raw.(amqp.Delivery)
+	if raw.UserId != "" || raw.Headers[rabbitmq.HeaderUserID] != "alice" {
+		t.Errorf("returned copy: user-id %q, header %s = %v; want no user-id and the header alice", raw.UserId, rabbitmq.HeaderUserID, raw.Headers[rabbitmq.HeaderUserID])
+	}
+	if err := tr.Fail(ctx, foreign(d), bus.Failure{Reason: "boom", Attempts: 2}); err != nil {
+		t.Fatalf("Fail of a message with another user's user-id: %v", err)
+	}
+	if dl := e.adm.deadLetters(testContext(t, 5*time.Second), t, e.endpoint, 1); len(dl) != 1 || dl[0].Failure.Reason != "boom" {
+		t.Errorf("dead letters: %+v, want the message failed with reason boom", dl)
+	}
+	if n := logs.reconnections(); n != 0 {
+		t.Errorf("the connection was lost %d times", n)
+	}
+}
+
+// A message the broker refuses by closing the publisher channel (here: a
+// publish to an exchange that does not exist, 404 NOT_FOUND) is returned
+// to the caller as a *RefusedError; only that channel is replaced: the
+// connection and its deliveries stay.
+func TestRefusedPublishKeepsConnection(t *testing.T) {
+	e := newEnv(t)
+	var logs logBuffer
+	tr := e.transport(t, rabbitmq.WithLogger(logs.logger()), rabbitmq.WithPublisherChannels(1))
+	ctx := testContext(t, 30*time.Second)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
+		t.Fatal(err)
+	}
+	d := receive(ctx, t, tr, 5*time.Second)
+	e.adm.deleteExchange(t, e.exchange)
+	err := tr.Publish(testContext(t, 10*time.Second), message("test.gone", "g"), bus.SendOptions{})
+	var re *rabbitmq.RefusedError
+	if !errors.As(err, &re) || !errors.Is(err, rabbitmq.ErrRefused) || re.Code != amqp.NotFound || re.Message != "test.gone" {
+		t.Fatalf("Publish to a deleted exchange: %v, want *rabbitmq.RefusedError 404", err)
+	}
+	// The publisher channel was replaced: a send works, and the delivery
+	// of the same connection can still be settled.
+	if err := tr.Send(ctx, message("B", "b"), bus.SendOptions{Destination: e.endpoint}); err != nil {
+		t.Errorf("Send after a refusal: %v", err)
+	}
+	if err := tr.Delete(ctx, d); err != nil {
+		t.Errorf("Delete of a delivery received before the refusal: %v", err)
+	}
+	if n := logs.reconnections(); n != 0 {
+		t.Errorf("the connection was lost %d times", n)
+	}
+}
+
+// A body over WithMaxMessageSize is refused before it reaches the broker,
+// whose refusal would close the channel.
+func TestMessageTooLarge(t *testing.T) {
+	e := newEnv(t)
+	tr := e.transport(t, rabbitmq.WithMaxMessageSize(1024))
+	ctx := testContext(t, 10*time.Second)
+	big := message("Big", "big")
+	big.Body = bytes.Repeat([]byte("x"), 1025)
+	err := tr.Send(ctx, big, bus.SendOptions{Destination: transporttest.Name("anywhere")})
+	var te *rabbitmq.MessageTooLargeError
+	if !errors.As(err, &te) || !errors.Is(err, rabbitmq.ErrMessageTooLarge) || te.Size != 1025 || te.Limit != 1024 {
+		t.Errorf("Send of 1025 bytes with a 1024-byte limit: %v, want *rabbitmq.MessageTooLargeError", err)
+	}
+	if _, err := rabbitmq.New(e.url, rabbitmq.WithMaxMessageSize(0)); err == nil {
+		t.Error("WithMaxMessageSize(0) accepted")
+	}
+}
+
+// A quorum queue counts redeliveries: a message whose consumer stopped
+// without settling it (a crash) comes back with its attempt raised, so
+// that it reaches the dead-letter queue after MaxAttempts crashes.
+func TestQuorumQueueCountsCrashes(t *testing.T) {
+	e := newEnv(t)
+	quorum := rabbitmq.WithQueueArguments(amqp.Table{"x-queue-type": "quorum"})
+	ctx := testContext(t, 30*time.Second)
+	topo := bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 3}
+	crashed := e.transport(t, quorum)
+	if err := crashed.Setup(ctx, topo); err != nil {
+		t.Fatal(err)
+	}
+	if err := crashed.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
+		t.Fatal(err)
+	}
+	if d := receive(ctx, t, crashed, 5*time.Second); d.Attempt != 1 {
+		t.Fatalf("first delivery has attempt %d", d.Attempt)
+	}
+	if err := crashed.Close(ctx); err != nil { // without settling
+		t.Fatal(err)
+	}
+	tr := e.transport(t, quorum)
+	if err := tr.Setup(ctx, topo); err != nil {
+		t.Fatal(err)
+	}
+	d := receive(ctx, t, tr, 10*time.Second)
+	if d.Attempt != 2 {
+		t.Errorf("redelivery after a crash has attempt %d, want 2", d.Attempt)
+	}
+	// A Return of it counts from there, and drops the broker's count.
+	if err := tr.Return(ctx, d, errors.New("boom")); err != nil {
+		t.Fatal(err)
+	}
+	d = receive(ctx, t, tr, 5*time.Second)
+	if _, ok := d.Raw.(amqp.Delivery).Headers["x-delivery-count"]; d.Attempt != 3 || ok {
+		t.Errorf("returned copy: attempt %d, x-delivery-count present %v; want 3 and absent", d.Attempt, ok)
+	}
+	if err := tr.Delete(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+}
