@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -53,53 +54,83 @@ func encodeOutbound(m bus.Outbound) ([]any, error) {
 		e.Attributes.CorrelationID, e.Attributes.SentAt.UnixNano(), string(attrs), string(headers), time.Now().UnixNano()}, nil
 }
 
-func scanOutbound(rows *sql.Rows) (int64, bus.Outbound, error) {
+// batchRow is one row the relay claimed: a message to dispatch, or a row
+// that could not be decoded (bad), which is parked.
+type batchRow struct {
+	id       int64
+	attempts int
+	m        bus.Outbound
+	bad      error
+}
+
+func scanOutbound(rows *sql.Rows) (batchRow, error) {
 	var (
-		id                          int64
+		r                           batchRow
 		msgID, dest, name, ct, corr string
 		kind                        int16
 		body                        []byte
 		sentAt                      int64
 		attrs, headers              string
 	)
-	if err := rows.Scan(&id, &msgID, &kind, &dest, &name, &ct, &body, &corr, &sentAt, &attrs, &headers); err != nil {
-		return 0, bus.Outbound{}, fmt.Errorf("store: reading the outbox: %w", err)
+	if err := rows.Scan(&r.id, &r.attempts, &msgID, &kind, &dest, &name, &ct, &body, &corr, &sentAt, &attrs, &headers); err != nil {
+		return r, fmt.Errorf("store: reading the outbox: %w", err)
 	}
 	var sa storedAttrs
 	if err := json.Unmarshal([]byte(attrs), &sa); err != nil {
-		return id, bus.Outbound{}, fmt.Errorf("store: outbox row %d: attributes: %w", id, err)
+		r.bad = fmt.Errorf("store: outbox row %d: undecodable attributes: %w", r.id, err)
 	}
 	var h bus.Headers
-	if headers != "{}" {
+	if headers != "{}" && r.bad == nil {
 		if err := json.Unmarshal([]byte(headers), &h); err != nil {
-			return id, bus.Outbound{}, fmt.Errorf("store: outbox row %d: headers: %w", id, err)
+			r.bad = fmt.Errorf("store: outbox row %d: undecodable headers: %w", r.id, err)
 		}
 	}
 	env := &bus.Envelope{Name: name, ContentType: ct, Body: body, Headers: h,
 		Attributes: bus.NewAttributes(msgID, corr, time.Unix(0, sentAt).UTC(), sa.Values, sa.Sticky)}
-	return id, bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Options: bus.SendOptions{Destination: dest}}, nil
+	r.m = bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Options: bus.SendOptions{Destination: dest}}
+	return r, nil
 }
 
+// ErrParked is matched by a [*DispatchError] whose row was parked.
+var ErrParked = errors.New("store: outbox row parked")
+
 // DispatchError reports a stored message the relay could not hand to the
-// transport. The message stays in the outbox and is tried again.
+// transport. The row records the error and its attempt count; it is tried
+// again after a backoff ([WithDispatchBackoff]) while the other messages
+// go on, or, when Parked, no longer dispatched until [Store.Requeue].
 type DispatchError struct {
 	ID        int64  // row id in the outbox table
 	MessageID string // the message's id
 	Name      string // the message's name
+	Attempts  int    // failed attempts so far, this one included
+	Parked    bool   // the row is parked: out of attempts, or undecodable
 	Err       error
 }
 
 func (e *DispatchError) Error() string {
-	return fmt.Sprintf("store: dispatching outbox row %d (%s, id %s): %v; it stays in the outbox and is retried", e.ID, e.Name, e.MessageID, e.Err)
+	if e.Parked {
+		return fmt.Sprintf("store: dispatching outbox row %d (%s, id %s) failed %d time(s): %v; the row is parked: list it with Store.Parked and send it again with Store.Requeue", e.ID, e.Name, e.MessageID, e.Attempts, e.Err)
+	}
+	return fmt.Sprintf("store: dispatching outbox row %d (%s, id %s) failed %d time(s): %v; it stays in the outbox and is retried after a backoff", e.ID, e.Name, e.MessageID, e.Attempts, e.Err)
 }
 
-// Unwrap returns the transport's error.
+// Unwrap returns the transport's (or the decoding) error.
 func (e *DispatchError) Unwrap() error { return e.Err }
 
-// DispatchPending hands up to limit stored, not yet dispatched messages to
-// dispatch, oldest first, and marks those it accepted as dispatched. It
-// stops at the first message dispatch refuses, records the error on that
-// row and returns a [*DispatchError]. It returns how many were dispatched.
+// Is reports whether target is [ErrParked] and the row was parked.
+func (e *DispatchError) Is(target error) bool { return target == ErrParked && e.Parked }
+
+// DispatchPending hands up to limit stored, not yet dispatched messages
+// whose retry time has come to dispatch, oldest first, and marks those it
+// accepted as dispatched. A message dispatch refuses does not stop the
+// others: its row records the error and is tried again after a backoff
+// ([WithDispatchBackoff]); after [WithDispatchAttempts] failures, or at
+// once when the row cannot be decoded, it is parked (see [Store.Parked]).
+// The error returned then joins a [*DispatchError] per refused row.
+//
+// When ctx is cancelled, DispatchPending stops before the next message,
+// marks what was dispatched and returns ctx's error with it; a send the
+// cancellation interrupted is not counted as a failed attempt.
 //
 // On PostgreSQL the rows are locked (FOR UPDATE SKIP LOCKED) until they are
 // marked, so several relays, in several processes, share the work without
@@ -107,7 +138,8 @@ func (e *DispatchError) Unwrap() error { return e.Err }
 // run one process per database file.
 //
 // Delivery is at least once: a crash between dispatch and the mark hands
-// the message to the transport again, with the same message id.
+// the message to the transport again, with the same message id. It returns
+// how many were dispatched.
 func (s *Store) DispatchPending(ctx context.Context, limit int, dispatch func(context.Context, bus.Outbound) error) (int, error) {
 	if limit < 1 {
 		limit = 1
@@ -117,19 +149,19 @@ func (s *Store) DispatchPending(ctx context.Context, limit int, dispatch func(co
 	}
 	s.relay.Lock()
 	defer s.relay.Unlock()
-	rows, err := s.db.QueryContext(ctx, s.q.claim, limit)
+	rows, err := s.db.QueryContext(ctx, s.q.claim, time.Now().UnixNano(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: reading the outbox: %w", err)
 	}
-	ids, msgs, err := readBatch(rows, limit)
+	batch, err := readBatch(rows, limit)
 	if err != nil {
 		return 0, err
 	}
-	n, derr := dispatchAll(ctx, ids, msgs, dispatch)
-	if err := s.mark(ctx, s.db, ids[:n], derr); err != nil {
+	sent, failed, cerr := s.dispatchAll(ctx, batch, dispatch)
+	if err := s.mark(ctx, s.db, sent, failed); err != nil {
 		return 0, err
 	}
-	return n, derr
+	return len(sent), joinDispatch(cerr, failed)
 }
 
 type execer interface {
@@ -137,7 +169,9 @@ type execer interface {
 }
 
 func (s *Store) dispatchLocked(ctx context.Context, limit int, dispatch func(context.Context, bus.Outbound) error) (int, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	// Not ctx: database/sql rolls a transaction back when its context is
+	// done, and what was dispatched before a Stop must still be marked.
+	tx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		return 0, fmt.Errorf("store: relay: beginning a transaction: %w", err)
 	}
@@ -147,57 +181,90 @@ func (s *Store) dispatchLocked(ctx context.Context, limit int, dispatch func(con
 	if _, err := tx.ExecContext(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
 		return 0, fmt.Errorf("store: relay: %w", err)
 	}
-	rows, err := tx.QueryContext(ctx, s.q.claimForUpdate, limit)
+	rows, err := tx.QueryContext(ctx, s.q.claimForUpdate, time.Now().UnixNano(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: reading the outbox: %w", err)
 	}
-	ids, msgs, err := readBatch(rows, limit)
+	batch, err := readBatch(rows, limit)
 	if err != nil {
 		return 0, err
 	}
-	if len(ids) == 0 {
+	if len(batch) == 0 {
 		return 0, nil
 	}
-	n, derr := dispatchAll(ctx, ids, msgs, dispatch)
-	if err := s.mark(ctx, tx, ids[:n], derr); err != nil {
+	sent, failed, cerr := s.dispatchAll(ctx, batch, dispatch)
+	if err := s.mark(ctx, tx, sent, failed); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("store: relay: commit: %w", err)
 	}
-	return n, derr
+	return len(sent), joinDispatch(cerr, failed)
 }
 
-func readBatch(rows *sql.Rows, limit int) ([]int64, []bus.Outbound, error) {
+func readBatch(rows *sql.Rows, limit int) ([]batchRow, error) {
 	defer rows.Close()
-	ids := make([]int64, 0, min(limit, 64))
-	msgs := make([]bus.Outbound, 0, min(limit, 64))
+	batch := make([]batchRow, 0, min(limit, 64))
 	for rows.Next() {
-		id, m, err := scanOutbound(rows)
+		r, err := scanOutbound(rows)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		ids = append(ids, id)
-		msgs = append(msgs, m)
+		batch = append(batch, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("store: reading the outbox: %w", err)
+		return nil, fmt.Errorf("store: reading the outbox: %w", err)
 	}
-	return ids, msgs, nil
+	return batch, nil
 }
 
-func dispatchAll(ctx context.Context, ids []int64, msgs []bus.Outbound, dispatch func(context.Context, bus.Outbound) error) (int, error) {
-	for i, m := range msgs {
-		if err := dispatch(ctx, m); err != nil {
-			return i, &DispatchError{ID: ids[i], MessageID: m.Envelope.Attributes.MessageID, Name: m.Envelope.Name, Err: err}
+// dispatchAll dispatches batch until ctx is done. It returns the ids
+// dispatched, the rows refused, and ctx's error when it stopped early.
+func (s *Store) dispatchAll(ctx context.Context, batch []batchRow, dispatch func(context.Context, bus.Outbound) error) ([]int64, []*DispatchError, error) {
+	sent := make([]int64, 0, len(batch))
+	var failed []*DispatchError
+	for _, r := range batch {
+		if err := ctx.Err(); err != nil {
+			return sent, failed, err
 		}
+		err := r.bad
+		if err == nil {
+			if err = dispatch(ctx, r.m); err == nil {
+				sent = append(sent, r.id)
+				continue
+			}
+			if cerr := ctx.Err(); cerr != nil {
+				return sent, failed, cerr // interrupted, not refused
+			}
+		}
+		de := &DispatchError{ID: r.id, MessageID: r.m.Envelope.Attributes.MessageID, Name: r.m.Envelope.Name, Attempts: r.attempts + 1, Err: err}
+		de.Parked = r.bad != nil || de.Attempts >= s.retry.attempts
+		failed = append(failed, de)
 	}
-	return len(msgs), nil
+	return sent, failed, nil
 }
 
-// mark records the dispatched rows, and the error of the failed one.
-func (s *Store) mark(ctx context.Context, x execer, ids []int64, derr error) error {
+func joinDispatch(cerr error, failed []*DispatchError) error {
+	if len(failed) == 0 {
+		return cerr
+	}
+	errs := make([]error, 0, len(failed)+1)
+	if cerr != nil {
+		errs = append(errs, cerr)
+	}
+	for _, de := range failed {
+		errs = append(errs, de)
+	}
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return errors.Join(errs...)
+}
+
+// mark records the dispatched rows, and the errors of the refused ones.
+func (s *Store) mark(ctx context.Context, x execer, ids []int64, failed []*DispatchError) error {
 	ctx = context.WithoutCancel(ctx) // what was dispatched must be recorded
+	now := time.Now()
 	if len(ids) > 0 {
 		var arg any = ids
 		if !s.d.numbered {
@@ -211,17 +278,107 @@ func (s *Store) mark(ctx context.Context, x execer, ids []int64, derr error) err
 			}
 			arg = string(append(b, ']'))
 		}
-		if _, err := x.ExecContext(ctx, s.q.markDispatched, time.Now().UnixNano(), arg); err != nil {
+		if _, err := x.ExecContext(ctx, s.q.markDispatched, now.UnixNano(), arg); err != nil {
 			return fmt.Errorf("store: marking %d outbox rows dispatched (they will be dispatched again): %w", len(ids), err)
 		}
 	}
-	var de *DispatchError
-	if errors.As(derr, &de) {
-		if _, err := x.ExecContext(ctx, s.q.markFailed, de.Err.Error(), de.ID); err != nil {
+	for _, de := range failed {
+		var parked any
+		if de.Parked {
+			parked = now.UnixNano()
+		}
+		next := now.Add(s.retry.after(de.Attempts)).UnixNano()
+		if _, err := x.ExecContext(ctx, s.q.markFailed, de.Attempts, de.Err.Error(), next, parked, de.ID); err != nil {
 			return fmt.Errorf("store: recording the dispatch error of outbox row %d: %w", de.ID, err)
+		}
+		if de.Parked {
+			s.logger.ErrorContext(ctx, "outbox: message parked; it is no longer dispatched: inspect it with Store.Parked and send it again with Store.Requeue",
+				slog.Int64("outbox_row", de.ID), slog.String("message_id", de.MessageID), slog.String("message_name", de.Name),
+				slog.Int("attempts", de.Attempts), slog.Any("error", de.Err))
 		}
 	}
 	return nil
+}
+
+// ParkedMessage is a row of the outbox the relay no longer dispatches: the
+// transport refused it [WithDispatchAttempts] times, or it could not be
+// decoded.
+type ParkedMessage struct {
+	ID          int64     // row id in the outbox table
+	MessageID   string    // the message's id
+	Kind        bus.Kind  // send or publish
+	Destination string    // the endpoint of a send
+	Name        string    // the message's name
+	Attempts    int       // failed attempts
+	LastError   string    // the last error
+	CreatedAt   time.Time // when it was stored
+	ParkedAt    time.Time // when it was parked
+}
+
+// Parked lists up to limit parked rows whose id is greater than after,
+// oldest first (after 0 starts at the beginning; pass the last ID to page).
+func (s *Store) Parked(ctx context.Context, after int64, limit int) ([]ParkedMessage, error) {
+	if limit < 1 {
+		limit = 100
+	}
+	rows, err := s.db.QueryContext(ctx, s.q.listParked, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: listing parked outbox rows: %w", err)
+	}
+	defer rows.Close()
+	var out []ParkedMessage
+	for rows.Next() {
+		var (
+			p                 ParkedMessage
+			kind              int16
+			created, parkedAt int64
+		)
+		if err := rows.Scan(&p.ID, &p.MessageID, &kind, &p.Destination, &p.Name, &p.Attempts, &p.LastError, &created, &parkedAt); err != nil {
+			return nil, fmt.Errorf("store: listing parked outbox rows: %w", err)
+		}
+		p.Kind, p.CreatedAt, p.ParkedAt = bus.Kind(kind), time.Unix(0, created), time.Unix(0, parkedAt)
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: listing parked outbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// ParkedCount returns how many rows are parked.
+func (s *Store) ParkedCount(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.db.QueryRowContext(ctx, s.q.parkedCount).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: counting parked outbox rows: %w", err)
+	}
+	return n, nil
+}
+
+// Requeue makes the parked rows ids pending again, with their attempt
+// count reset: the relay dispatches them at its next round. Ids that are
+// not parked are ignored. It returns how many rows it requeued. Fix the
+// cause first (deploy the missing endpoint, shrink the message): a row
+// that still fails is parked again after [WithDispatchAttempts] tries.
+func (s *Store) Requeue(ctx context.Context, ids ...int64) (int64, error) {
+	var total int64
+	err := s.InTx(ctx, func(ctx context.Context, tx *Tx) error {
+		for _, id := range ids {
+			res, err := tx.tx.ExecContext(ctx, s.q.requeue, id)
+			if err != nil {
+				return fmt.Errorf("store: requeueing outbox row %d: %w", id, err)
+			}
+			n, _ := res.RowsAffected()
+			total += n
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if total > 0 {
+		s.signal()
+	}
+	return total, nil
 }
 
 // PurgeDispatched deletes the messages dispatched before before, and
@@ -241,7 +398,8 @@ func (s *Store) PurgeDispatched(ctx context.Context, before time.Time) (int64, e
 	}
 }
 
-// Pending returns how many stored messages wait to be dispatched.
+// Pending returns how many stored messages wait to be dispatched (parked
+// rows not included: see [Store.ParkedCount]).
 func (s *Store) Pending(ctx context.Context) (int64, error) {
 	var n int64
 	if err := s.db.QueryRowContext(ctx, s.q.pendingCount).Scan(&n); err != nil {

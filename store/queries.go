@@ -10,7 +10,8 @@ type queries struct {
 	ddl []string
 
 	insertOutbox, claim, claimForUpdate, markDispatched, markFailed string
-	purgeOutbox, pendingCount                                       string
+	purgeOutbox, pendingCount, parkedCount, listParked, requeue     string
+	addColumns                                                      []addColumn
 
 	inboxProcessed, inboxInsert, purgeInbox string
 	notify                                  string
@@ -35,7 +36,15 @@ func rebind(d Dialect, q string) string {
 	return b.String()
 }
 
-const outboxColumns = "id, message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers"
+const outboxColumns = "id, attempts, message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers"
+
+// addColumn is a column added to the outbox table after its first release:
+// Migrate adds it to tables created before.
+type addColumn struct {
+	table tableName
+	name  string
+	def   string // type and constraints
+}
 
 func buildQueries(d Dialect, ot, it tableName) queries {
 	o, i := ot.quoted(), it.quoted()
@@ -57,7 +66,9 @@ func buildQueries(d Dialect, ot, it tableName) queries {
 	created_at BIGINT NOT NULL,
 	dispatched_at BIGINT,
 	attempts INTEGER NOT NULL DEFAULT 0,
-	last_error TEXT
+	last_error TEXT,
+	next_attempt_at BIGINT NOT NULL DEFAULT 0,
+	parked_at BIGINT
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + idx(ot, "pending") + ` ON ` + o + ` (id) WHERE dispatched_at IS NULL`,
 			`CREATE INDEX IF NOT EXISTS ` + idx(ot, "dispatched") + ` ON ` + o + ` (dispatched_at) WHERE dispatched_at IS NOT NULL`,
@@ -72,11 +83,19 @@ func buildQueries(d Dialect, ot, it tableName) queries {
 		},
 		insertOutbox: `INSERT INTO ` + o + ` (message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		claim:          `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL ORDER BY id LIMIT ?`,
-		claimForUpdate: `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`,
-		markFailed:     `UPDATE ` + o + ` SET attempts = attempts + 1, last_error = ? WHERE id = ?`,
+		claim:          `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NULL AND next_attempt_at <= ? ORDER BY id LIMIT ?`,
+		claimForUpdate: `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NULL AND next_attempt_at <= ? ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`,
+		markFailed:     `UPDATE ` + o + ` SET attempts = ?, last_error = ?, next_attempt_at = ?, parked_at = ? WHERE id = ?`,
 		purgeOutbox:    `DELETE FROM ` + o + ` WHERE id IN (SELECT id FROM ` + o + ` WHERE dispatched_at IS NOT NULL AND dispatched_at < ? LIMIT 5000)`,
-		pendingCount:   `SELECT count(*) FROM ` + o + ` WHERE dispatched_at IS NULL`,
+		pendingCount:   `SELECT count(*) FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NULL`,
+		parkedCount:    `SELECT count(*) FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NOT NULL`,
+		listParked: `SELECT id, message_id, kind, destination, name, attempts, COALESCE(last_error, ''), created_at, parked_at FROM ` + o +
+			` WHERE dispatched_at IS NULL AND parked_at IS NOT NULL AND id > ? ORDER BY id LIMIT ?`,
+		requeue: `UPDATE ` + o + ` SET parked_at = NULL, attempts = 0, next_attempt_at = 0 WHERE id = ? AND dispatched_at IS NULL AND parked_at IS NOT NULL`,
+		addColumns: []addColumn{
+			{ot, "next_attempt_at", "BIGINT NOT NULL DEFAULT 0"},
+			{ot, "parked_at", "BIGINT"},
+		},
 		inboxProcessed: `SELECT 1 FROM ` + i + ` WHERE endpoint = ? AND message_id = ? AND handler = ?`,
 		inboxInsert:    `INSERT INTO ` + i + ` (endpoint, message_id, handler, processed_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
 		purgeInbox:     `DELETE FROM ` + i + ` WHERE processed_at < ?`,
@@ -88,7 +107,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		q.markDispatched = `UPDATE ` + o + ` SET dispatched_at = ?, attempts = attempts + 1 WHERE id IN (SELECT value FROM json_each(?))`
 	}
 	for _, p := range []*string{&q.insertOutbox, &q.claim, &q.claimForUpdate, &q.markDispatched, &q.markFailed,
-		&q.purgeOutbox, &q.inboxProcessed, &q.inboxInsert, &q.purgeInbox, &q.notify} {
+		&q.purgeOutbox, &q.listParked, &q.requeue, &q.inboxProcessed, &q.inboxInsert, &q.purgeInbox, &q.notify} {
 		*p = rebind(d, *p)
 	}
 	return q

@@ -26,6 +26,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Default table names.
@@ -138,6 +139,59 @@ type config struct {
 	notifier      Notifier
 	logger        *slog.Logger
 	owned         bool
+	retry         retryPolicy
+}
+
+// retryPolicy says when a row the transport refused is tried again, and
+// when it is parked.
+type retryPolicy struct {
+	attempts    int
+	first, most time.Duration
+}
+
+// Defaults of [WithDispatchAttempts] and [WithDispatchBackoff].
+const (
+	DefaultDispatchAttempts   = 10
+	DefaultDispatchBackoff    = time.Second
+	DefaultDispatchMaxBackoff = 5 * time.Minute
+)
+
+// after returns the delay before the next try of a row that failed
+// attempts times: first, doubling, at most most.
+func (p retryPolicy) after(attempts int) time.Duration {
+	d := p.first
+	for i := 1; i < attempts && d < p.most; i++ {
+		d *= 2
+	}
+	return min(d, p.most)
+}
+
+// WithDispatchAttempts sets how many times the outbox relay hands a stored
+// message to the transport before it parks it (default 10): a parked row
+// stays in the table with its last error, is no longer dispatched, and is
+// listed by [Store.Parked] and sent again after [Store.Requeue].
+func WithDispatchAttempts(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("store: WithDispatchAttempts(%d): give at least 1", n)
+		}
+		c.retry.attempts = n
+		return nil
+	}
+}
+
+// WithDispatchBackoff sets how long a stored message the transport refused
+// waits before it is tried again: first after the first failure, doubling
+// after each further one, at most most (default 1s doubling to 5m). The
+// other messages are dispatched meanwhile.
+func WithDispatchBackoff(first, most time.Duration) Option {
+	return func(c *config) error {
+		if first <= 0 || most < first {
+			return fmt.Errorf("store: WithDispatchBackoff(%s, %s): first must be positive and at most most", first, most)
+		}
+		c.retry.first, c.retry.most = first, most
+		return nil
+	}
 }
 
 // WithOutboxTable names the outbox table (default "plugbus_outbox"). On
@@ -186,6 +240,7 @@ type Store struct {
 	notifier Notifier
 	logger   *slog.Logger
 	owned    bool
+	retry    retryPolicy
 	q        queries
 
 	sigMu  sync.Mutex
@@ -206,7 +261,8 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if d.name == "" {
 		return nil, errors.New("store: New: zero Dialect; use store.SQLite or store.PostgreSQL")
 	}
-	c := config{outbox: DefaultOutboxTable, inbox: DefaultInboxTable}
+	c := config{outbox: DefaultOutboxTable, inbox: DefaultInboxTable,
+		retry: retryPolicy{attempts: DefaultDispatchAttempts, first: DefaultDispatchBackoff, most: DefaultDispatchMaxBackoff}}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -229,7 +285,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
-	s := &Store{db: db, d: d, outbox: ot, inbox: it, notifier: c.notifier, owned: c.owned,
+	s := &Store{db: db, d: d, outbox: ot, inbox: it, notifier: c.notifier, owned: c.owned, retry: c.retry,
 		logger: c.logger.With(slog.String("store", d.name)), sig: make(chan struct{})}
 	s.q = buildQueries(d, ot, it)
 	return s, nil
@@ -294,10 +350,34 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return fmt.Errorf("store: migrate: %s: %w", firstLine(stmt), err)
 		}
 	}
+	for _, c := range s.q.addColumns {
+		if err := s.addColumn(ctx, tx, c); err != nil {
+			return err
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("store: migrate: commit: %w", err)
 	}
 	s.migr = true
+	return nil
+}
+
+// addColumn adds c to a table created by an earlier release.
+func (s *Store) addColumn(ctx context.Context, tx *sql.Tx, c addColumn) error {
+	stmt := `ALTER TABLE ` + c.table.quoted() + ` ADD COLUMN IF NOT EXISTS ` + c.name + ` ` + c.def
+	if !s.d.skipLocked { // SQLite has no ADD COLUMN IF NOT EXISTS
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info(?) WHERE name = ?`, c.table.name, c.name).Scan(&n); err != nil {
+			return fmt.Errorf("store: migrate: reading the columns of %s: %w", c.table, err)
+		}
+		if n > 0 {
+			return nil
+		}
+		stmt = `ALTER TABLE ` + c.table.quoted() + ` ADD COLUMN ` + c.name + ` ` + c.def
+	}
+	if _, err := tx.ExecContext(ctx, stmt); err != nil {
+		return fmt.Errorf("store: migrate: adding column %s to %s: %w", c.name, c.table, err)
+	}
 	return nil
 }
 

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +26,31 @@ func outbound(i int) bus.Outbound {
 	return bus.Outbound{Kind: bus.KindSend, Options: bus.SendOptions{Destination: "dest"},
 		Envelope: &bus.Envelope{Name: "test.msg", ContentType: "application/json", Body: fmt.Appendf(nil, `{"n":%d}`, i),
 			Attributes: attrs, Headers: bus.Headers{"x-h": "v"}}}
+}
+
+// q rewrites ? placeholders for PostgreSQL.
+func q(db storetest.DB, s string) string {
+	if db.Kind != storetest.Postgres {
+		return s
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range s {
+		if r == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func execSQL(t testing.TB, db *sql.DB, query string, args ...any) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), query, args...); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
 }
 
 func TestInvalidTableNames(t *testing.T) {
@@ -116,7 +143,8 @@ func TestStore(t *testing.T) {
 			default:
 				t.Fatal("commit did not signal the relays")
 			}
-			// The third message fails: two are dispatched, the rest wait.
+			// The third message fails: the others are dispatched, it waits
+			// for its backoff (1s by default, longer than this test).
 			var got []bus.Outbound
 			fail := errors.New("transport down")
 			n, err := st.DispatchPending(ctx, 10, func(_ context.Context, m bus.Outbound) error {
@@ -127,16 +155,31 @@ func TestStore(t *testing.T) {
 				return nil
 			})
 			var de *store.DispatchError
-			if n != 2 || !errors.As(err, &de) || !errors.Is(err, fail) || de.MessageID != "id-2" {
-				t.Fatalf("DispatchPending = %d, %v; want 2, DispatchError for id-2", n, err)
+			if n != 4 || !errors.As(err, &de) || !errors.Is(err, fail) || de.MessageID != "id-2" || de.Attempts != 1 || de.Parked {
+				t.Fatalf("DispatchPending = %d, %v; want 4, DispatchError for id-2", n, err)
 			}
+			if p, _ := st.Pending(ctx); p != 1 {
+				t.Fatalf("pending = %d, want 1", p)
+			}
+			n, err = st.DispatchPending(ctx, 10, func(_ context.Context, m bus.Outbound) error {
+				t.Errorf("%s dispatched before its backoff", m.Envelope.Attributes.MessageID)
+				return nil
+			})
+			if n != 0 || err != nil {
+				t.Fatalf("second DispatchPending = %d, %v", n, err)
+			}
+			// Its retry time comes (set it to now, as a later round would see it).
+			execSQL(t, st.DB(), q(db, "UPDATE "+st.OutboxTable()+" SET next_attempt_at = 0"))
 			n, err = st.DispatchPending(ctx, 10, func(_ context.Context, m bus.Outbound) error {
 				got = append(got, m)
 				return nil
 			})
-			if n != 3 || err != nil {
-				t.Fatalf("second DispatchPending = %d, %v", n, err)
+			if n != 1 || err != nil {
+				t.Fatalf("third DispatchPending = %d, %v", n, err)
 			}
+			slices.SortFunc(got, func(a, b bus.Outbound) int {
+				return strings.Compare(a.Envelope.Attributes.MessageID, b.Envelope.Attributes.MessageID)
+			})
 			for i, m := range got {
 				want := outbound(i)
 				e := m.Envelope

@@ -218,6 +218,16 @@ func (r *relay) loop(ctx context.Context) {
 			return
 		}
 		if err != nil {
+			// Refused rows wait for their own retry time (or are parked)
+			// and the others go on; the relay itself backs off only when
+			// nothing got through: the database or the transport is down.
+			var de *store.DispatchError
+			refused := errors.As(err, &de)
+			if refused && n > 0 {
+				backoff = 0
+				r.logger.WarnContext(ctx, "outbox relay: the transport refused messages; each is retried after its backoff", slog.Any("error", err), slog.Int("dispatched", n))
+				continue
+			}
 			backoff = min(max(2*backoff, 10*time.Millisecond), r.cfg.maxBackoff)
 			r.logger.WarnContext(ctx, "outbox relay: dispatch failed; retrying", slog.Any("error", err), slog.Int("dispatched", n), slog.Duration("backoff", backoff))
 			if !sleep(ctx, backoff) {

@@ -1,0 +1,75 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/plugins/outbox"
+	"github.com/plugbus/plugbus/store"
+	"github.com/plugbus/plugbus/store/storetest"
+	"github.com/plugbus/plugbus/transports/memory"
+)
+
+type Poison struct{}
+
+func (Poison) MessageName() string { return "test.poison" }
+
+// refusing refuses every test.poison for good (a message too large for the
+// broker, a queue not deployed yet).
+type refusing struct {
+	bus.Transport
+	refused atomic.Int64
+}
+
+func (r *refusing) Send(ctx context.Context, e *bus.Envelope, o bus.SendOptions) error {
+	if e.Name == "test.poison" {
+		r.refused.Add(1)
+		return errors.New("message too large")
+	}
+	return r.Transport.Send(ctx, e, o)
+}
+
+// One message the transport refuses does not hold up the outbox: the
+// messages committed after it are delivered, and it ends parked.
+func TestRefusedMessageDoesNotBlock(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		st := db.Open(t, store.WithDispatchAttempts(3), store.WithDispatchBackoff(time.Millisecond, 5*time.Millisecond))
+		broker := memory.NewBroker()
+		got := sink(t, broker)
+		tr := &refusing{Transport: memory.New(memory.WithBroker(broker))}
+		b, err := bus.New(bus.WithTransport(tr), bus.WithMiddleware(outbox.New(st, outbox.WithRelays(3), outbox.WithPollInterval(10*time.Millisecond))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start(t, b)
+		ctx := context.Background()
+		if err := outbox.Within(ctx, b, st, func(ctx context.Context, _ *sql.Tx) error {
+			return b.Send(ctx, Poison{}, bus.To("sink"))
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 20 {
+			if err := outbox.Within(ctx, b, st, func(ctx context.Context, _ *sql.Tx) error {
+				return b.Send(ctx, Done{N: i}, bus.To("sink"))
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		seen := map[int]bool{}
+		for len(seen) < 20 {
+			seen[receive(t, got).msg.N] = true
+		}
+		waitFor(t, "the poison message parked", func() bool { n, _ := st.ParkedCount(ctx); return n == 1 })
+		if n := tr.refused.Load(); n != 3 {
+			t.Fatalf("poison tried %d times, want 3", n)
+		}
+		if n, _ := st.Pending(ctx); n != 0 {
+			t.Fatalf("pending = %d", n)
+		}
+	})
+}
