@@ -592,10 +592,13 @@ func newIDAt(now time.Time) string {
 	return u.String()
 }
 
-// isPoison reports whether err says the message can never be processed: a
-// *DecodeError from the bus itself, possibly wrapped by middleware, but not
-// one a handler returned (a handler's error inside a
-// HandlerDispatchRejectedError is retried like any other).
+// IsPoison reports whether err says the message can never be processed
+// (the bus could not decode it), as opposed to a handler's failure that a
+// retry may fix. It looks for a *DecodeError from the bus itself, possibly
+// wrapped by middleware, but not one a handler returned (a handler's error
+// inside a HandlerDispatchRejectedError is retried like any other).
+func IsPoison(err error) bool { return isPoison(err) }
+
 func isPoison(err error) bool {
 	for err != nil {
 		switch e := err.(type) {
