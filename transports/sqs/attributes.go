@@ -170,8 +170,8 @@ func encode(env *bus.Envelope, maxSize int) (*encoded, error) {
 		return nil, err
 	}
 	for _, s := range []string{env.Name, env.ContentType, env.Attributes.MessageID, env.Attributes.CorrelationID} {
-		if !utf8.ValidString(s) {
-			return nil, &AttributeError{Key: "(envelope)", Reason: fmt.Sprintf("%q is not valid UTF-8", s)}
+		if why := checkText(s); why != "" {
+			return nil, &AttributeError{Key: "(envelope)", Reason: fmt.Sprintf("%q %s", s, why)}
 		}
 	}
 	body := string(env.Body)
@@ -206,11 +206,13 @@ func encode(env *bus.Envelope, maxSize int) (*encoded, error) {
 func collect(seq iter.Seq2[string, string]) (map[string]string, error) {
 	var m map[string]string
 	for k, v := range seq {
-		if !utf8.ValidString(k) {
-			return nil, &AttributeError{Key: k, Reason: "the key is not valid UTF-8"}
+		// The attributes travel in the JSON of the "plugbus" message
+		// attribute, whose characters SQS checks like any other.
+		if why := checkText(k); why != "" {
+			return nil, &AttributeError{Key: k, Reason: "the key " + why}
 		}
-		if !utf8.ValidString(v) {
-			return nil, &AttributeError{Key: k, Reason: "the value is not valid UTF-8"}
+		if why := checkText(v); why != "" {
+			return nil, &AttributeError{Key: k, Reason: "the value " + why}
 		}
 		if m == nil {
 			m = make(map[string]string)

@@ -128,7 +128,7 @@ func deliverRecord(ctx context.Context, b *bus.Bus, tr *Transport, maxAttempts i
 	}
 	attrs := []any{slog.String("sqs_message_id", rec.MessageID), slog.String("message_name", d.Name),
 		slog.String("message_id", d.Attributes.MessageID), slog.Int("attempt", d.Attempt), slog.Any("error", err)}
-	final := errors.Is(err, bus.ErrDecode) || d.Attempt >= maxAttempts
+	final := bus.IsPoison(err) || d.Attempt >= maxAttempts
 	if !final || errors.Is(err, bus.ErrClosed) {
 		log.WarnContext(ctx, "record failed; Lambda will retry it", attrs...)
 		if tr != nil {

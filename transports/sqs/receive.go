@@ -278,15 +278,19 @@ func (t *Transport) extendQueue(due []*entry, now time.Time, secs int32) {
 }
 
 // settle stops tracking the entry of d. Settlement of a delivery not
-// tracked (settled twice, or given back by Close) fails.
+// tracked (settled twice) fails, and so does any settlement once Close
+// began (with an error wrapping bus.ErrClosed).
 func (t *Transport) settle(d *bus.Delivery, op string) (*entry, error) {
 	e, _ := d.Token.(*entry)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closed {
+		// Close waits for the settlements that began before it, then
+		// stops the delete flushers and gives every unsettled message back:
+		// one beginning now would wait for them forever.
+		return nil, fmt.Errorf("sqs: %s %s (id %s): %w: the transport gives the message back to the queue as it closes", op, d.Name, d.Attributes.MessageID, bus.ErrClosed)
+	}
 	if _, ok := t.tracked[e]; !ok || e == nil || !e.given {
-		if t.closed {
-			return nil, fmt.Errorf("sqs: %s %s (id %s): %w: the transport gave the message back to the queue when it closed", op, d.Name, d.Attributes.MessageID, bus.ErrClosed)
-		}
 		return nil, fmt.Errorf("sqs: %s %s (id %s): the delivery is not in flight on this transport (settled twice?)", op, d.Name, d.Attributes.MessageID)
 	}
 	delete(t.tracked, e)
@@ -305,14 +309,20 @@ func (t *Transport) Delete(ctx context.Context, d *bus.Delivery) error {
 	if err != nil {
 		return err
 	}
+	if err := t.deleteEntry(ctx, e); err != nil {
+		return fmt.Errorf("sqs: delete %s (id %s): %w", d.Name, d.Attributes.MessageID, err)
+	}
+	return nil
+}
+
+// deleteEntry queues the delete of a settled entry and waits for its
+// batch, or for ctx to end (the delete is still sent).
+func (t *Transport) deleteEntry(ctx context.Context, e *entry) error {
 	req := &deleteReq{e: e, done: make(chan error, 1)}
 	t.deletes <- req // the flushers run until every settlement ended
 	select {
 	case err := <-req.done:
-		if err != nil {
-			return fmt.Errorf("sqs: delete %s (id %s): %w", d.Name, d.Attributes.MessageID, err)
-		}
-		return nil
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -415,32 +425,33 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, cause error) er
 
 // Fail moves d to the endpoint's dead-letter queue: the same body and
 // attributes, with f added to the "plugbus" attribute, then deletes it
-// from the queue. When the dead-letter queue refuses it, d stays on the
-// queue and comes back after its visibility timeout; the queue's redrive
-// policy dead-letters it after MaxAttempts receives in any case.
+// from the queue. A message of the instance queue goes to the endpoint's
+// dead-letter queue too; on a transport without an endpoint (an instance
+// queue alone, no dead-letter queue) it is logged at error level with its
+// failure and body, and deleted. When the dead-letter queue refuses it, d
+// stays on its queue and comes back after its visibility timeout; the
+// endpoint queue's redrive policy dead-letters it after MaxAttempts
+// receives in any case.
 func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
 	e, err := t.settle(d, "fail")
 	if err != nil {
 		return err
 	}
-	if t.dlqURL == "" || e.queue != t.queueURL {
-		// A message of the instance queue: with no dead-letter queue of its
-		// own (it is deleted with its instance), record it in the log.
-		t.log.ErrorContext(ctx, "message of the instance queue failed: dropped (instance queues have no dead-letter queue)",
+	if t.dlqURL == "" {
+		t.log.ErrorContext(ctx, "message of the instance queue failed and there is no endpoint dead-letter queue: dropped",
 			slog.String("queue_url", e.queue), slog.String("message_name", d.Name), slog.String("message_id", d.Attributes.MessageID),
 			slog.String("reason", f.Reason), slog.Int("attempts", f.Attempts), slog.String("body", aws.ToString(e.msg.Body)))
-		req := &deleteReq{e: e, done: make(chan error, 1)}
-		t.deletes <- req
-		return <-req.done
+		if err := t.deleteEntry(ctx, e); err != nil {
+			return fmt.Errorf("sqs: fail %s (id %s): deleting it failed, so it will be delivered again: %w", d.Name, d.Attributes.MessageID, err)
+		}
+		return nil
 	}
 	if err := t.deadLetter(context.WithoutCancel(ctx), t.dlqURL, e.msg, f); err != nil {
 		t.ops.Done()
 		return fmt.Errorf("sqs: fail %s (id %s): %w", d.Name, d.Attributes.MessageID, err)
 	}
-	req := &deleteReq{e: e, done: make(chan error, 1)}
-	t.deletes <- req
-	if err := <-req.done; err != nil {
-		return fmt.Errorf("sqs: fail %s (id %s): the message is in the dead-letter queue but deleting it from the queue failed, so it will be delivered again: %w", d.Name, d.Attributes.MessageID, err)
+	if err := t.deleteEntry(ctx, e); err != nil {
+		return fmt.Errorf("sqs: fail %s (id %s): the message is in the dead-letter queue but deleting it from its queue failed, so it will be delivered again: %w", d.Name, d.Attributes.MessageID, err)
 	}
 	return nil
 }

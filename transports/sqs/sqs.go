@@ -500,8 +500,10 @@ func (t *Transport) checkOpen(ctx context.Context) error {
 // Send puts env on the queue of the endpoint opts.Destination. The queue
 // must exist: the receiving endpoint declares it in its Setup. A
 // Destination that is a queue URL (an instance address,
-// [Transport.InstanceAddress]) is used as it is, and a message to such a
-// queue that no longer exists is dropped with a warning.
+// [Transport.InstanceAddress]) is used as it is. A missing queue is a
+// [*NoQueueError], except for an instance queue (one whose name contains
+// "instance-"): a message to an instance queue that no longer exists is
+// dropped with a warning, since no one could ever receive it.
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
 	if err := t.checkOpen(ctx); err != nil {
 		return err
@@ -524,10 +526,13 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOp
 	_, err = t.sqs.SendMessage(ctx, &awssqs.SendMessageInput{QueueUrl: &url, MessageBody: &e.body, MessageAttributes: e.sqsAttributes()})
 	if err != nil {
 		var nq *sqstypes.QueueDoesNotExist
-		if errors.As(err, &nq) && byURL {
+		if errors.As(err, &nq) && byURL && isInstanceQueueURL(url) {
 			t.log.WarnContext(ctx, "message to an instance queue that no longer exists dropped: its instance stopped",
 				slog.String("queue_url", url), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
 			return nil
+		}
+		if errors.As(err, &nq) && byURL {
+			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: opts.Destination, Queue: url[strings.LastIndexByte(url, '/')+1:], Err: err})
 		}
 		if errors.As(err, &nq) {
 			t.forgetQueue(opts.Destination)
@@ -562,6 +567,12 @@ func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, _ bus.SendOp
 		return fmt.Errorf("sqs: publish %s to topic %s: %w", env.Name, arn, err)
 	}
 	return nil
+}
+
+// isInstanceQueueURL reports whether the queue of url is an instance
+// queue: its name (the last path segment) contains the instance marker.
+func isInstanceQueueURL(url string) bool {
+	return strings.Contains(url[strings.LastIndexByte(url, '/')+1:], instanceMarker)
 }
 
 // isQueueURL reports whether a destination is a queue URL rather than an
