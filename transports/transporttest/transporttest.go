@@ -638,6 +638,28 @@ func (s *suite) instanceQueue(t *testing.T) {
 	for _, tr := range []bus.Transport{a, b, lone} {
 		s.expectNothing(t, tr)
 	}
+	// Return of an instance-queue message redelivers it to the same
+	// instance with its attempt raised; Fail settles it for good.
+	for _, tr := range []bus.Transport{a, lone} {
+		addr := tr.(bus.InstanceQueuer).InstanceAddress()
+		env := envelope(name, `{"to":"`+addr+`","settle":"return"}`)
+		if err := a.Send(ctx, env, bus.SendOptions{Destination: addr}); err != nil {
+			t.Fatalf("Send to an instance: %v", err)
+		}
+		d := s.receive(t, tr)
+		if err := tr.Return(ctx, d, errors.New("transporttest: returned")); err != nil {
+			t.Fatalf("Return of an instance-queue message: %v", err)
+		}
+		d = s.receive(t, tr)
+		if d.Attributes.MessageID != env.Attributes.MessageID || d.Attempt != 2 {
+			t.Fatalf("after Return the instance received %s at attempt %d, want %s at attempt 2", d.Attributes.MessageID, d.Attempt, env.Attributes.MessageID)
+		}
+		if err := tr.Fail(ctx, d, bus.Failure{Reason: "transporttest: failed", Attempts: 2, Endpoint: ep}); err != nil {
+			t.Fatalf("Fail of an instance-queue message: %v", err)
+		}
+		s.expectNothing(t, tr)
+	}
+	s.expectNothing(t, b)
 }
 
 // competingReceiverLeaves checks that a message arriving while one of two
