@@ -59,6 +59,20 @@ func (s *Store) ClaimHandler(ctx context.Context, tx *Tx, endpoint, messageID, h
 	return n == 1, nil
 }
 
+// ReleaseHandler withdraws, within tx, the record [Store.ClaimHandler]
+// made: the handler's effects do not all commit with tx (its sends are
+// flushed after tx commits), so it must run again if the message comes
+// back.
+func (s *Store) ReleaseHandler(ctx context.Context, tx *Tx, endpoint, messageID, handler string) error {
+	tx.mu.Lock()
+	_, err := tx.tx.ExecContext(ctx, s.q.inboxDelete, endpoint, messageID, handler)
+	tx.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("store: inbox release of %s by %s at %s: %w", messageID, handler, endpoint, err)
+	}
+	return nil
+}
+
 // PurgeProcessed deletes the inbox records made before before, and returns
 // how many it deleted. A duplicate that arrives after its record was
 // purged is processed again.

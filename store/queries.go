@@ -13,7 +13,7 @@ type queries struct {
 	purgeOutbox, pendingCount, parkedCount, listParked, requeue     string
 	addColumns                                                      []addColumn
 
-	inboxProcessed, inboxInsert, purgeInbox string
+	inboxProcessed, inboxInsert, inboxDelete, purgeInbox string
 	notify                                  string
 }
 
@@ -98,6 +98,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		},
 		inboxProcessed: `SELECT 1 FROM ` + i + ` WHERE endpoint = ? AND message_id = ? AND handler = ?`,
 		inboxInsert:    `INSERT INTO ` + i + ` (endpoint, message_id, handler, processed_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+		inboxDelete:    `DELETE FROM ` + i + ` WHERE endpoint = ? AND message_id = ? AND handler = ?`,
 		purgeInbox:     `DELETE FROM ` + i + ` WHERE processed_at < ?`,
 		notify:         `SELECT pg_notify(?, '')`,
 	}
@@ -107,7 +108,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		q.markDispatched = `UPDATE ` + o + ` SET dispatched_at = ?, attempts = attempts + 1 WHERE id IN (SELECT value FROM json_each(?))`
 	}
 	for _, p := range []*string{&q.insertOutbox, &q.claim, &q.claimForUpdate, &q.markDispatched, &q.markFailed,
-		&q.purgeOutbox, &q.listParked, &q.requeue, &q.inboxProcessed, &q.inboxInsert, &q.purgeInbox, &q.notify} {
+		&q.purgeOutbox, &q.listParked, &q.requeue, &q.inboxProcessed, &q.inboxInsert, &q.inboxDelete, &q.purgeInbox, &q.notify} {
 		*p = rebind(d, *p)
 	}
 	return q

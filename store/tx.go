@@ -19,8 +19,9 @@ type Tx struct {
 	s  *Store
 	tx *sql.Tx
 
-	mu    sync.Mutex
-	added bool
+	mu     sync.Mutex
+	added  bool
+	outbox bool // the handler's sends are stored in this transaction
 }
 
 type txKey struct{}
@@ -79,6 +80,23 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 		s.signal()
 	}
 	return nil
+}
+
+// SetCarriesOutbox records that the messages the handler running in t
+// sends are stored in t: the outbox plugin calls it after
+// [bus.Handling.UseOutbox]. The inbox plugin then records the handler as
+// done in t, since its sends commit with the record.
+func (t *Tx) SetCarriesOutbox() {
+	t.mu.Lock()
+	t.outbox = true
+	t.mu.Unlock()
+}
+
+// CarriesOutbox reports whether [Tx.SetCarriesOutbox] was called on t.
+func (t *Tx) CarriesOutbox() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.outbox
 }
 
 // Add stores m in the outbox table within the transaction. It implements

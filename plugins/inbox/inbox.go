@@ -17,6 +17,13 @@
 // its own: when one fails and the message is redelivered, the handlers that
 // already committed are skipped and only the failed one runs again.
 //
+// That per-handler record is written only when the outbox on the same store
+// is active for the handler. Without it, a handler's sends are flushed to
+// the transport after its transaction commits, so recording the handler
+// there would skip it on a retry after a failed flush and lose its sends:
+// the handler is then recorded with the message, once every handler and
+// every flush succeeded, and a failure anywhere runs all handlers again.
+//
 // The memory store ([NewMemoryStore]) is for tests and single-process use:
 // nothing survives the process.
 //
@@ -162,7 +169,20 @@ func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Nex
 			h.Logger().DebugContext(ctx, "inbox: handler already processed this message; skipped")
 			return nil
 		}
-		return next(ctx)
+		if err := next(ctx); err != nil {
+			return err
+		}
+		if tx.CarriesOutbox() {
+			return nil // its sends commit with the record
+		}
+		// Without the outbox on this store the handler's sends are
+		// flushed after tx commits, and may fail: recording the handler
+		// now would skip it on the retry and lose them. The message-level
+		// record, written once every handler and flush succeeded, covers it.
+		if err := m.sql.ReleaseHandler(ctx, tx, m.endpoint, id, h.HandlerName()); err != nil {
+			return fmt.Errorf("inbox: %w", err)
+		}
+		return nil
 	})
 }
 

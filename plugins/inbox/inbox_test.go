@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -165,13 +167,25 @@ func TestDuplicateSkipped(t *testing.T) {
 
 // TestSeveralHandlers: with a SQL store each handler is recorded in its
 // own transaction, so a redelivery runs only the handler that failed.
+// TestSeveralHandlers: with the outbox on the same store (either order),
+// a handler that committed is skipped when another one failed.
 func TestSeveralHandlers(t *testing.T) {
+	for _, inboxFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("inbox first %v", inboxFirst), func(t *testing.T) { testSeveralHandlers(t, inboxFirst) })
+	}
+}
+
+func testSeveralHandlers(t *testing.T, inboxFirst bool) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
 		st := db.Open(t)
 		rec := newRecorder()
 		var failed sync.Once
+		mws := []bus.Plugin{inbox.New(st), outbox.New(st)}
+		if !inboxFirst {
+			mws[0], mws[1] = mws[1], mws[0]
+		}
 		b, err := bus.New(bus.WithEndpoint("worker"), bus.WithConcurrency(1),
-			bus.WithMiddleware(inbox.New(st)),
+			bus.WithMiddleware(mws...),
 			bus.WithHandler(func(_ context.Context, m Work, _ bus.Attributes) error {
 				rec.add("a")
 				return nil
@@ -360,5 +374,81 @@ func TestInvalidConfig(t *testing.T) {
 	st, _ := store.New(&sql.DB{}, store.SQLite)
 	if _, err := bus.New(bus.WithEndpoint("e"), bus.WithMiddleware(inbox.New(st, inbox.WithRetention(0)))); err == nil {
 		t.Fatal("retention 0 accepted")
+	}
+}
+
+// flaky refuses the first send of test.done: a transient broker error.
+type flaky struct {
+	bus.Transport
+	n atomic.Int64
+}
+
+func (f *flaky) Send(ctx context.Context, e *bus.Envelope, o bus.SendOptions) error {
+	if e.Name == "test.done" && f.n.Add(1) == 1 {
+		return errors.New("connection reset")
+	}
+	return f.Transport.Send(ctx, e, o)
+}
+
+// TestFailedFlushWithoutOutbox: the inbox on a SQL store and no outbox. The
+// handler's send fails to flush once; the message is retried, and the
+// handler must run again (not be skipped as done) so that the send goes out.
+func TestFailedFlushWithoutOutbox(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		st := db.Open(t)
+		broker := memory.NewBroker()
+		got := make(chan Done, 10)
+		sink, err := bus.New(bus.WithEndpoint("sink"), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+			bus.WithHandler(func(_ context.Context, m Done, _ bus.Attributes) error { got <- m; return nil }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start(t, sink)
+		var runs atomic.Int64
+		var b *bus.Bus
+		b, err = bus.New(bus.WithEndpoint("worker"), bus.WithTransport(&flaky{Transport: memory.New(memory.WithBroker(broker))}),
+			bus.WithLogger(slog.New(slog.DiscardHandler)),
+			bus.WithMiddleware(inbox.New(st)),
+			bus.WithHandler(func(ctx context.Context, m Work, _ bus.Attributes) error {
+				runs.Add(1)
+				return b.Send(ctx, Done{N: m.N}, bus.To("sink"))
+			}, bus.HandlerName("work")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start(t, b)
+		if err := b.Send(context.Background(), Work{N: 1}, bus.To("worker"), bus.WithMessageID("w1")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-got:
+			if m.N != 1 {
+				t.Fatalf("got %+v", m)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the send was lost: handler ran %d time(s), nothing delivered", runs.Load())
+		}
+		if n := runs.Load(); n != 2 {
+			t.Fatalf("handler ran %d times, want 2", n)
+		}
+		waitProcessed(t, st, "worker", "w1")
+	})
+}
+
+func waitProcessed(t *testing.T, st *store.Store, endpoint, id string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ok, err := st.Processed(context.Background(), endpoint, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not recorded as processed", id)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -126,6 +126,7 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 				if err != nil {
 					return err
 				}
+				tx.SetCarriesOutbox() // the inbox may record the handler in tx: its sends commit with it
 				return next(ctx)
 			})
 		},
