@@ -14,7 +14,7 @@ type queries struct {
 	addColumns                                                      []addColumn
 
 	inboxProcessed, inboxInsert, inboxDelete, purgeInbox string
-	notify                                  string
+	notify                                               string
 }
 
 // rebind turns ? placeholders into $1, $2, ... for PostgreSQL.

@@ -362,18 +362,26 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// addColumn adds c to a table created by an earlier release.
+// addColumn adds c to a table created by an earlier release. It looks
+// first: ALTER TABLE takes an exclusive lock even when the column exists,
+// which would deadlock with relays of running buses on PostgreSQL.
 func (s *Store) addColumn(ctx context.Context, tx *sql.Tx, c addColumn) error {
-	stmt := `ALTER TABLE ` + c.table.quoted() + ` ADD COLUMN IF NOT EXISTS ` + c.name + ` ` + c.def
-	if !s.d.skipLocked { // SQLite has no ADD COLUMN IF NOT EXISTS
-		var n int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info(?) WHERE name = ?`, c.table.name, c.name).Scan(&n); err != nil {
-			return fmt.Errorf("store: migrate: reading the columns of %s: %w", c.table, err)
-		}
-		if n > 0 {
-			return nil
-		}
-		stmt = `ALTER TABLE ` + c.table.quoted() + ` ADD COLUMN ` + c.name + ` ` + c.def
+	var n int
+	var err error
+	stmt := `ALTER TABLE ` + c.table.quoted() + ` ADD COLUMN ` + c.name + ` ` + c.def
+	if s.d.skipLocked {
+		err = tx.QueryRowContext(ctx, `SELECT count(*) FROM information_schema.columns
+WHERE table_schema = COALESCE(NULLIF($1, ''), current_schema()) AND table_name = $2 AND column_name = $3`,
+			c.table.schema, c.table.name, c.name).Scan(&n)
+		stmt = `ALTER TABLE ` + c.table.quoted() + ` ADD COLUMN IF NOT EXISTS ` + c.name + ` ` + c.def
+	} else {
+		err = tx.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info(?) WHERE name = ?`, c.table.name, c.name).Scan(&n)
+	}
+	if err != nil {
+		return fmt.Errorf("store: migrate: reading the columns of %s: %w", c.table, err)
+	}
+	if n > 0 {
+		return nil
 	}
 	if _, err := tx.ExecContext(ctx, stmt); err != nil {
 		return fmt.Errorf("store: migrate: adding column %s to %s: %w", c.name, c.table, err)
