@@ -385,8 +385,8 @@ func (t *MemoryTransport) Fail(_ context.Context, d *Delivery, f Failure) error 
 		f.Time = time.Now().UTC()
 	}
 	key := t.endpoint
-	if it.q == t.iq || key == "" {
-		key = t.iaddr // failed on the instance queue: dead-lettered under its address
+	if key == "" {
+		key = t.iaddr // a bus without an endpoint: under the instance's address
 	}
 	t.broker.mu.Lock()
 	t.broker.dead[key] = append(t.broker.dead[key], DeadLetter{Envelope: it.env, Failure: f})

@@ -658,6 +658,15 @@ func (s *suite) instanceQueue(t *testing.T) {
 			t.Fatalf("Fail of an instance-queue message: %v", err)
 		}
 		s.expectNothing(t, tr)
+		if tr == a { // with an endpoint: in the endpoint's dead-letter queue
+			found := false
+			for _, dl := range s.f.DeadLetters(ctx, t, ep, 1) {
+				found = found || dl.Envelope.Attributes.MessageID == env.Attributes.MessageID
+			}
+			if !found {
+				t.Fatalf("an instance-queue message failed on an instance of %s is not in its dead-letter queue", ep)
+			}
+		}
 	}
 	s.expectNothing(t, b)
 }
