@@ -469,7 +469,8 @@ func (t *Transport) isClosed() bool {
 }
 
 var (
-	_ bus.Transport       = (*Transport)(nil)
-	_ bus.HeaderValidator = (*Transport)(nil)
-	_ bus.InstanceQueuer  = (*Transport)(nil)
+	_ bus.Transport        = (*Transport)(nil)
+	_ bus.HeaderValidator  = (*Transport)(nil)
+	_ bus.InstanceQueuer   = (*Transport)(nil)
+	_ bus.InstanceReceiver = (*Transport)(nil)
 )

@@ -103,6 +103,17 @@ func describe(exchange, key, name string) string {
 // is returned with Delivery.Err set, for the bus to dead-letter. Raw is the
 // amqp091.Delivery.
 func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
+	return t.receive(ctx, false)
+}
+
+// ReceiveInstance returns the next message of this transport's instance
+// queue only (bus.InstanceReceiver): the bus reads it with a loop of its
+// own, so that replies never wait for a busy handler worker.
+func (t *Transport) ReceiveInstance(ctx context.Context) (*bus.Delivery, error) {
+	return t.receive(ctx, true)
+}
+
+func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delivery, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -135,8 +146,15 @@ func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
 		}
 		var m amqp.Delivery
 		var ok bool
+		endpoint := s.deliveries
+		if instanceOnly {
+			if s.instDeliveries == nil {
+				return nil, errors.New("rabbitmq: ReceiveInstance without an instance queue: the bus sets Topology.Instance when a middleware needs one")
+			}
+			endpoint = nil // never ready
+		}
 		select {
-		case m, ok = <-s.deliveries:
+		case m, ok = <-endpoint:
 		case m, ok = <-s.instDeliveries:
 		case <-s.dead:
 			continue
