@@ -2,29 +2,68 @@
 // (pure Go, no cgo): the embedded default for the inbox and the outbox.
 //
 // SQLite has one writer at a time. [Open] sets what the plugins need:
-// write-ahead logging, a busy timeout, and BEGIN IMMEDIATE transactions (so
-// that concurrent handlers queue for the write lock instead of failing
-// with SQLITE_BUSY). With synchronous=NORMAL a commit survives a crash of
-// the process; pass WithSynchronousFull for power-loss durability.
+// write-ahead logging (once, on one connection, see [EnableWAL]), a busy
+// timeout, and BEGIN IMMEDIATE transactions (so that concurrent handlers
+// queue for the write lock instead of failing with SQLITE_BUSY). With
+// synchronous=NORMAL a commit survives a crash of the process; for
+// power-loss durability open the *sql.DB yourself with [Pragmas] followed
+// by "&_pragma=synchronous(FULL)", call [EnableWAL] and pass it to [New].
 //
 // Run the relay of one database file in one process only: SQLite has no
 // row locks to share the work between processes.
 package sqlite
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
+
+	"modernc.org/sqlite" // also registers the "sqlite" database/sql driver
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/plugbus/plugbus/store"
-
-	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
 
 // Pragmas are the DSN parameters [Open] adds. Use them in your own DSN when
-// you open the *sql.DB yourself and pass it to [New].
-const Pragmas = "_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+// you open the *sql.DB yourself, then call [EnableWAL] and pass the db to
+// [New]. Write-ahead logging is not among them: it is a property of the
+// file, set once by [EnableWAL]; switching it on every new connection of
+// the pool fails with SQLITE_BUSY when several open a fresh file at once.
+const Pragmas = "_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+
+// EnableWAL switches the database file of db to write-ahead logging, on
+// one connection, retrying for a few seconds while another connection or
+// process holds a lock that keeps it from switching. It is persistent:
+// once a file is in WAL mode, every later connection uses it.
+func EnableWAL(ctx context.Context, db *sql.DB) error {
+	const tries = 100
+	var err error
+	for i := range tries {
+		var mode string
+		if err = db.QueryRowContext(ctx, "PRAGMA journal_mode=WAL").Scan(&mode); err == nil {
+			if !strings.EqualFold(mode, "wal") {
+				return fmt.Errorf("sqlite: journal_mode is %q after asking for WAL: the file system or the database does not support it", mode)
+			}
+			return nil
+		}
+		var se *sqlite.Error
+		if !errors.As(err, &se) || se.Code()&0xff != sqlite3.SQLITE_BUSY && se.Code()&0xff != sqlite3.SQLITE_LOCKED {
+			break
+		}
+		t := time.NewTimer(time.Duration(min(i+1, 10)) * 5 * time.Millisecond) // backoff between retries
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("sqlite: enabling WAL: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+	return fmt.Errorf("sqlite: enabling WAL (another process may hold the database locked): %w", err)
+}
 
 // Open opens (and creates when absent) the SQLite database at path and
 // returns a store on it that closes it on Close. path is a file name or a
@@ -46,6 +85,10 @@ func Open(path string, opts ...store.Option) (*store.Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
 	}
+	if err := EnableWAL(context.Background(), db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
+	}
 	s, err := New(db, append([]store.Option{store.WithCloseDB()}, opts...)...)
 	if err != nil {
 		db.Close()
@@ -55,7 +98,8 @@ func Open(path string, opts ...store.Option) (*store.Store, error) {
 }
 
 // New returns a store on db, an SQLite database opened with the
-// "sqlite" driver of modernc.org/sqlite. Open it with [Pragmas] in its DSN.
+// "sqlite" driver of modernc.org/sqlite. Open it with [Pragmas] in its DSN
+// and call [EnableWAL] first.
 func New(db *sql.DB, opts ...store.Option) (*store.Store, error) {
 	return store.New(db, store.SQLite, opts...)
 }
