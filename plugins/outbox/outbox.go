@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
@@ -259,9 +260,18 @@ func (r *relay) cleanupLoop(ctx context.Context) {
 func (r *relay) listen(ctx context.Context, n store.Notifier) {
 	var backoff time.Duration
 	for {
-		err := n.Listen(ctx, r.s.Channel(), r.s.Wake)
+		var listening atomic.Bool
+		err := n.Listen(ctx, r.s.Channel(), func() {
+			// The notifier wakes once right after LISTEN took effect: the
+			// connection works, so the next loss starts a fresh backoff.
+			listening.Store(true)
+			r.s.Wake()
+		})
 		if ctx.Err() != nil {
 			return
+		}
+		if listening.Load() {
+			backoff = 0
 		}
 		backoff = min(max(2*backoff, 100*time.Millisecond), r.cfg.maxBackoff)
 		r.logger.WarnContext(ctx, "outbox relay: listening for commits failed; polling meanwhile", slog.Any("error", err), slog.Duration("backoff", backoff))
