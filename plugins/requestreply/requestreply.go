@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/plugbus/plugbus/bus"
 )
@@ -68,8 +70,11 @@ func WithSerializer(s bus.Serializer) Option { return func(c *config) { c.ser = 
 type Plugin struct {
 	cfg config
 
-	mu        sync.Mutex
-	instances map[*bus.Bus]*instance
+	mu sync.Mutex
+	// instances is keyed by a weak pointer, removed when the bus is
+	// garbage: the plugin does not keep alive a bus that was never built,
+	// never started, or stopped and dropped.
+	instances map[weak.Pointer[bus.Bus]]*instance
 }
 
 // New returns the plugin. It has no side effects: nothing happens until a
@@ -81,7 +86,7 @@ func New(opts ...Option) *Plugin {
 			o(&c)
 		}
 	}
-	return &Plugin{cfg: c, instances: map[*bus.Bus]*instance{}}
+	return &Plugin{cfg: c, instances: map[weak.Pointer[bus.Bus]]*instance{}}
 }
 
 // Instantiate returns the middleware of one bus. It fails when an option
@@ -105,9 +110,11 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	}
 	in.iq, _ = info.Transport.(bus.InstanceQueuer)
 	if info.Bus != nil {
+		key := weak.Make(info.Bus)
 		p.mu.Lock()
-		p.instances[info.Bus] = in
+		p.instances[key] = in
 		p.mu.Unlock()
+		runtime.AddCleanup(info.Bus, p.forget, key)
 	}
 	return bus.Middleware{
 		Name:          MiddlewareName,
@@ -118,6 +125,13 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 		Start:         in.start,
 		Stop:          in.stop,
 	}, nil
+}
+
+// forget drops the instance of a bus that was garbage collected.
+func (p *Plugin) forget(key weak.Pointer[bus.Bus]) {
+	p.mu.Lock()
+	delete(p.instances, key)
+	p.mu.Unlock()
 }
 
 // Stats describes the request/reply state of one bus.
@@ -135,7 +149,7 @@ type Stats struct {
 // when b was not built with this plugin.
 func (p *Plugin) Stats(b *bus.Bus) Stats {
 	p.mu.Lock()
-	in := p.instances[b]
+	in := p.instances[weak.Make(b)]
 	p.mu.Unlock()
 	if in == nil {
 		return Stats{}
