@@ -49,6 +49,7 @@ type Bus struct {
 	inPool, hdPool, outPool sync.Pool
 
 	lifecycle sync.Mutex   // serialises Start and Stop
+	stopping  chan struct{} // closed when Stop begins
 	mu        sync.Mutex   // orders Deliver's inflight.Add before Stop's Wait
 	state     atomic.Int32 // stateNew … stateClosed
 	started   int          // middleware whose Start ran
@@ -133,6 +134,7 @@ func New(opts ...Option) (*Bus, error) {
 			b.out.add(m.Name, m.Outgoing, b.logger)
 		}
 	}
+	b.stopping = make(chan struct{})
 	b.inPool.New = func() any { return newIncomingRun(b, b.in, b.endpoint) }
 	b.hdPool.New = func() any { return newHandlingRun(b, b.hd) }
 	b.outPool.New = func() any { return newOutgoingRun(b, b.out) }
@@ -147,6 +149,11 @@ func (b *Bus) Endpoint() string { return b.endpoint }
 
 // Transport returns the bus's transport.
 func (b *Bus) Transport() Transport { return b.t }
+
+// Stopping returns a channel closed when Stop begins, before in-flight
+// messages drain: code waiting on the bus (a request waiting for its reply)
+// can give up at once instead of holding up Stop.
+func (b *Bus) Stopping() <-chan struct{} { return b.stopping }
 
 // Running reports whether the bus was started and not yet stopped.
 func (b *Bus) Running() bool { return b.state.Load() == stateRunning }
@@ -241,6 +248,7 @@ func (b *Bus) Stop(ctx context.Context) error {
 		return nil
 	}
 	b.state.Store(stateStopping) // under mu: no Deliver adds to inflight after this
+	close(b.stopping)
 	b.mu.Unlock()
 
 	var errs []error

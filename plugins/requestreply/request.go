@@ -130,6 +130,12 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 	sent := time.Now()
 	select {
 	case <-c.done:
+	case <-b.Stopping():
+		if c.owner.forget(c) {
+			var zero Resp
+			return zero, fmt.Errorf("requestreply: request %s (request %s) to %q: %w: the bus is stopping", name, c.id, c.dest, bus.ErrClosed)
+		}
+		<-c.done // the reply won the race: it is being stored
 	case <-ctx.Done():
 		if c.owner.forget(c) {
 			var zero Resp

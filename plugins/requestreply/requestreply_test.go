@@ -219,3 +219,42 @@ func TestRequestFromAHandler(t *testing.T) {
 		t.Fatal("no reply reached the handler that asked")
 	}
 }
+
+// A handler waiting for a reply when its bus starts stopping gets
+// bus.ErrClosed at once, so Stop does not wait for the request's timeout.
+func TestStopReleasesAHandlerWaitingForAReply(t *testing.T) {
+	newT := memoryTransports()
+	quiet := slog.New(slog.DiscardHandler)
+	release := make(chan struct{})
+	start(t, requestreply.New(), bus.WithEndpoint("calc"), bus.WithTransport(newT(t)), bus.WithLogger(quiet),
+		bus.WithHandler(func(ctx context.Context, m slow, _ bus.Attributes) error {
+			<-release // never answers while the test runs
+			return requestreply.Reply(ctx, sum{})
+		}))
+	t.Cleanup(func() { close(release) }) // runs before calc stops
+	p := requestreply.New()
+	waiting := make(chan error, 1)
+	var front *bus.Bus
+	front = start(t, p, bus.WithEndpoint("front"), bus.WithTransport(newT(t)), bus.WithLogger(quiet),
+		bus.WithHandler(func(ctx context.Context, m lookup, _ bus.Attributes) error {
+			_, err := requestreply.Request[sum](ctx, front, slow{}, requestreply.To("calc"), requestreply.WithTimeout(time.Hour))
+			waiting <- err
+			return nil
+		}))
+	if err := front.Send(t.Context(), lookup{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); p.Stats(front).Pending != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) { // the plugin gives no signal for "pending": poll its stats
+			t.Fatal("request never became pending")
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := front.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v (a handler waiting for a reply held it up)", err)
+	}
+	if err := <-waiting; !errors.Is(err, bus.ErrClosed) {
+		t.Fatalf("Request when its bus stopped: %v, want bus.ErrClosed", err)
+	}
+}
