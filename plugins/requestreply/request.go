@@ -63,13 +63,11 @@ func WithSendOptions(opts ...bus.SendOption) RequestOption {
 // [bus.InstanceReceiver] (memory, RabbitMQ) the reply is received by a loop
 // of its own, also while Stop waits for handlers. On one that does not
 // (SQS), replies come through the same workers' Receive: when every worker
-// waits on a request, no reply is received until one times out, and
-// during Stop (workers stop receiving before handlers drain) a handler
-// waiting for a reply times out. There, size WithConcurrency above the
-// number of handlers that may wait on requests at once, or send requests
-// from a bus without handlers. A Request that waits when its bus stops
-// returns bus.ErrClosed once the bus's handlers have drained (the plugin's
-// Stop hook), not when Stop begins.
+// waits on a request, no reply is received until one times out. There,
+// size WithConcurrency above the number of handlers that may wait on
+// requests at once, or send requests from a bus without handlers. A
+// Request waiting when its bus begins to stop returns bus.ErrClosed at
+// once (bus.Bus.Stopping), so it never holds up Stop.
 func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message, opts ...RequestOption) (Resp, error) {
 	var resp Resp
 	if b == nil || req == nil {
