@@ -493,7 +493,7 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 	}
 	r := b.outPool.Get().(*outgoingRun)
 	r.kind, r.msg, r.msgName, r.dest, r.scope, r.buffer = kind, msg, name, dest, scope, scope != nil && !o.immediate
-	r.attrs = Attributes{MessageID: id, CorrelationID: o.correlationID, SentAt: now.UTC(), values: o.values, sticky: o.sticky}
+	r.attrs = Attributes{MessageID: id, CorrelationID: o.correlationID, SentAt: now.Truncate(time.Millisecond).UTC(), values: o.values, sticky: o.sticky}
 	if o.values != nil {
 		r.owned |= ownValues
 	}

@@ -27,7 +27,8 @@ type Attributes struct {
 	// CorrelationID ties together every message of one conversation. It is
 	// generated when absent and inherited by messages sent while handling.
 	CorrelationID string
-	// SentAt is when Send or Publish was called.
+	// SentAt is when Send or Publish was called, to the millisecond (the
+	// timestamp of a generated message id is the same instant).
 	SentAt time.Time
 
 	values map[string]string // one-hop attributes

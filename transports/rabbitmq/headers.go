@@ -80,11 +80,17 @@ func validateHeaders(h bus.Headers) error {
 func publishing(env *bus.Envelope) (amqp.Publishing, error) {
 	a := env.Attributes
 	nv, ns := a.Len()
-	h := make(amqp.Table, 1+nv+ns+len(env.Headers))
+	// The sent-at of a message whose id is a UUIDv7 stamped at that very
+	// millisecond (what the bus sends) is read back from the id: no header.
+	sentAtInID := !a.SentAt.IsZero() && sentAtFromID(a.MessageID).Equal(a.SentAt)
+	var h amqp.Table
+	if n := nv + ns + len(env.Headers); n > 0 || !sentAtInID {
+		h = make(amqp.Table, 1+n)
+	}
 	for k, v := range env.Headers {
 		h[k] = v
 	}
-	if !a.SentAt.IsZero() {
+	if !a.SentAt.IsZero() && !sentAtInID {
 		h[HeaderSentAt] = a.SentAt.UnixNano()
 	}
 	for k, v := range a.Values() {
@@ -155,7 +161,10 @@ func (t *Transport) republishing(m *amqp.Delivery, extra int) (amqp.Publishing, 
 func envelope(m *amqp.Delivery) (bus.Envelope, int, error) {
 	env := bus.Envelope{Name: m.Type, ContentType: m.ContentType, Body: m.Body}
 	attempt := 1
-	sentAt := m.Timestamp
+	sentAt := sentAtFromID(m.MessageId) // overridden by a sent-at header
+	if sentAt.IsZero() {
+		sentAt = m.Timestamp
+	}
 	var values, sticky map[string]string
 	var errs []error
 	for k, v := range m.Headers {
@@ -293,4 +302,32 @@ func headerText(v any) string {
 		return strconv.Itoa(n)
 	}
 	return fmt.Sprint(v)
+}
+
+// sentAtFromID returns the timestamp of a UUIDv7 id (RFC 9562: Unix
+// milliseconds in the first 48 bits), or the zero time for another id.
+func sentAtFromID(id string) time.Time {
+	if len(id) != 36 || id[8] != '-' || id[13] != '-' || id[14] != '7' || id[18] != '-' || id[23] != '-' {
+		return time.Time{}
+	}
+	var ms int64
+	for i := 0; i < 13; i++ { // 8 hex digits, '-', 4 hex digits
+		c := id[i]
+		if i == 8 {
+			continue
+		}
+		var d byte
+		switch {
+		case '0' <= c && c <= '9':
+			d = c - '0'
+		case 'a' <= c && c <= 'f':
+			d = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			d = c - 'A' + 10
+		default:
+			return time.Time{}
+		}
+		ms = ms<<4 | int64(d)
+	}
+	return time.UnixMilli(ms).UTC()
 }
