@@ -115,7 +115,7 @@ func TestUndecodableRowIsParked(t *testing.T) {
 			t.Fatal(err)
 		}
 		addAll(t, st, outbound(0), outbound(1), outbound(2))
-		execSQL(t, st.DB(), q(db, "UPDATE "+st.OutboxTable()+" SET headers = '{not json' WHERE message_id = ?"), "id-1")
+		execSQL(t, st.DB(), db.Rebind("UPDATE "+st.OutboxTable()+" SET headers = '{not json' WHERE message_id = ?"), "id-1")
 		var got []string
 		n, err := st.DispatchPending(ctx, 10, func(_ context.Context, m bus.Outbound) error {
 			got = append(got, m.Envelope.Attributes.MessageID)

@@ -29,22 +29,6 @@ func outbound(i int) bus.Outbound {
 }
 
 // q rewrites ? placeholders for PostgreSQL.
-func q(db storetest.DB, s string) string {
-	if db.Kind != storetest.Postgres {
-		return s
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range s {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
 
 func execSQL(t testing.TB, db *sql.DB, query string, args ...any) {
 	t.Helper()
@@ -169,7 +153,7 @@ func TestStore(t *testing.T) {
 				t.Fatalf("second DispatchPending = %d, %v", n, err)
 			}
 			// Its retry time comes (set it to now, as a later round would see it).
-			execSQL(t, st.DB(), q(db, "UPDATE "+st.OutboxTable()+" SET next_attempt_at = 0"))
+			execSQL(t, st.DB(), db.Rebind("UPDATE "+st.OutboxTable()+" SET next_attempt_at = 0"))
 			n, err = st.DispatchPending(ctx, 10, func(_ context.Context, m bus.Outbound) error {
 				got = append(got, m)
 				return nil

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,23 +30,6 @@ func (Work) MessageName() string { return "test.work" }
 type Done struct{ N int }
 
 func (Done) MessageName() string { return "test.done" }
-
-func q(db storetest.DB, s string) string {
-	if db.Kind != storetest.Postgres {
-		return s
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range s {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
 
 func start(t testing.TB, b *bus.Bus) {
 	t.Helper()
@@ -232,7 +214,7 @@ func TestExactlyOnceWithOutbox(t *testing.T) {
 					t.Fatal(err)
 				}
 				for k := range 3 {
-					if _, err := st.DB().ExecContext(ctx, q(db, "INSERT INTO "+counters+" (k, n) VALUES (?, 0)"), k); err != nil {
+					if _, err := st.DB().ExecContext(ctx, db.Rebind("INSERT INTO "+counters+" (k, n) VALUES (?, 0)"), k); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -251,7 +233,7 @@ func TestExactlyOnceWithOutbox(t *testing.T) {
 							close(rec.done)
 							return nil
 						}
-						if _, err := outbox.Tx(ctx).ExecContext(ctx, q(db, "UPDATE "+counters+" SET n = n + 1 WHERE k = ?"), m.N); err != nil {
+						if _, err := outbox.Tx(ctx).ExecContext(ctx, db.Rebind("UPDATE "+counters+" SET n = n + 1 WHERE k = ?"), m.N); err != nil {
 							return err
 						}
 						if err := b.Send(ctx, Done{N: m.N}); err != nil {
@@ -280,7 +262,7 @@ func TestExactlyOnceWithOutbox(t *testing.T) {
 				}
 				for k := range 3 {
 					var n int
-					if err := st.DB().QueryRowContext(ctx, q(db, "SELECT n FROM "+counters+" WHERE k = ?"), k).Scan(&n); err != nil {
+					if err := st.DB().QueryRowContext(ctx, db.Rebind("SELECT n FROM "+counters+" WHERE k = ?"), k).Scan(&n); err != nil {
 						t.Fatal(err)
 					}
 					if k < 2 && n != 1 {
@@ -296,7 +278,7 @@ func TestExactlyOnceWithOutbox(t *testing.T) {
 					t.Fatal(err)
 				}
 				var c2 int
-				_ = st.DB().QueryRowContext(ctx, q(db, "SELECT n FROM "+counters+" WHERE k = ?"), 2).Scan(&c2)
+				_ = st.DB().QueryRowContext(ctx, db.Rebind("SELECT n FROM "+counters+" WHERE k = ?"), 2).Scan(&c2)
 				if pending != int64(2+c2) {
 					t.Fatalf("outbox holds %d messages, want %d (one per committed effect)", pending, 2+c2)
 				}

@@ -71,7 +71,7 @@ func newSQLQueue(db *sql.DB, d storetest.DB) *sqlQueue {
 		wake: make(chan struct{}, 1), closed: make(chan struct{})}
 }
 
-func (s *sqlQueue) q(query string) string { return q(storetest.DB{Kind: s.kind}, query) }
+func (s *sqlQueue) q(query string) string { return storetest.DB{Kind: s.kind}.Rebind(query) }
 
 func createQueue(ctx context.Context, db *sql.DB, d storetest.DB) error {
 	id := "id INTEGER PRIMARY KEY"
@@ -201,7 +201,7 @@ func runChild(d storetest.DB) error {
 		return err
 	}
 	counters := d.Table("counters")
-	incr := q(d, "UPDATE "+counters+" SET n = n + 1 WHERE k = ?")
+	incr := d.Rebind("UPDATE "+counters+" SET n = n + 1 WHERE k = ?")
 	var b *bus.Bus
 	b, err = bus.New(bus.WithEndpoint("worker"), bus.WithTransport(queue), bus.WithConcurrency(4), bus.WithMaxAttempts(1000),
 		bus.WithRoute("sink", Done{}),
@@ -219,7 +219,7 @@ func runChild(d storetest.DB) error {
 		return err
 	}
 	defer b.Stop(ctx)
-	remaining := q(d, "SELECT count(*) FROM "+queue.table+" WHERE endpoint = ?")
+	remaining := d.Rebind("SELECT count(*) FROM "+queue.table+" WHERE endpoint = ?")
 	for {
 		var left int
 		if err := st.DB().QueryRowContext(ctx, remaining, "worker").Scan(&left); err != nil {
@@ -266,10 +266,10 @@ func TestCrash(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := range total {
-				if _, err := tx.ExecContext(ctx, q(d, "INSERT INTO "+counters+" (k, n) VALUES (?, 0)"), i); err != nil {
+				if _, err := tx.ExecContext(ctx, d.Rebind("INSERT INTO "+counters+" (k, n) VALUES (?, 0)"), i); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := tx.ExecContext(ctx, q(d, "INSERT INTO "+d.Table("queue")+" (endpoint, name, body, message_id, correlation_id) VALUES ('worker', 'test.work', ?, ?, ?)"),
+				if _, err := tx.ExecContext(ctx, d.Rebind("INSERT INTO "+d.Table("queue")+" (endpoint, name, body, message_id, correlation_id) VALUES ('worker', 'test.work', ?, ?, ?)"),
 					fmt.Sprintf(`{"N":%d}`, i), fmt.Sprintf("work-%d", i), fmt.Sprintf("work-%d", i)); err != nil {
 					t.Fatal(err)
 				}

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,22 +34,6 @@ type Done struct{ N int }
 func (Done) MessageName() string { return "test.done" }
 
 // q adapts ? placeholders to the dialect.
-func q(db storetest.DB, s string) string {
-	if db.Kind != storetest.Postgres {
-		return s
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range s {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
 
 func execSQL(t testing.TB, db *sql.DB, query string, args ...any) {
 	t.Helper()
@@ -131,7 +114,7 @@ func TestHandlerTransaction(t *testing.T) {
 				if tx == nil {
 					return errors.New("no transaction in ctx")
 				}
-				if _, err := tx.ExecContext(ctx, q(db, "INSERT INTO "+data+" (n) VALUES (?)"), m.N); err != nil {
+				if _, err := tx.ExecContext(ctx, db.Rebind("INSERT INTO "+data+" (n) VALUES (?)"), m.N); err != nil {
 					return err
 				}
 				if err := b.Send(ctx, Done{N: m.N}, bus.To("sink"), bus.WithMessageID(fmt.Sprintf("done-%d", m.N))); err != nil {
@@ -188,7 +171,7 @@ func TestWithin(t *testing.T) {
 		start(t, b)
 		boom := errors.New("validation failed")
 		err = outbox.Within(ctx, b, st, func(ctx context.Context, tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, q(db, "INSERT INTO "+orders+" (id) VALUES (?)"), 1); err != nil {
+			if _, err := tx.ExecContext(ctx, db.Rebind("INSERT INTO "+orders+" (id) VALUES (?)"), 1); err != nil {
 				return err
 			}
 			if err := b.Send(ctx, Done{N: 1}); err != nil {
@@ -203,7 +186,7 @@ func TestWithin(t *testing.T) {
 			if outbox.Tx(ctx) != tx {
 				return errors.New("outbox.Tx(ctx) is not the transaction of Within")
 			}
-			if _, err := tx.ExecContext(ctx, q(db, "INSERT INTO "+orders+" (id) VALUES (?)"), 2); err != nil {
+			if _, err := tx.ExecContext(ctx, db.Rebind("INSERT INTO "+orders+" (id) VALUES (?)"), 2); err != nil {
 				return err
 			}
 			return b.Send(ctx, Done{N: 2})

@@ -15,6 +15,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/plugbus/plugbus/internal/testenv"
@@ -129,3 +131,22 @@ func Each(t *testing.T, fn func(t *testing.T, db DB)) {
 
 // String describes d.
 func (d DB) String() string { return fmt.Sprintf("%s %s %s", d.Kind, d.DSN, d.Schema) }
+
+// Rebind rewrites the ? placeholders of query for d's database: $1, $2, …
+// on PostgreSQL, unchanged on SQLite.
+func (d DB) Rebind(query string) string {
+	if d.Kind != Postgres {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range query {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
