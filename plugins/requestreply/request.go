@@ -60,9 +60,9 @@ func WithSendOptions(opts ...bus.SendOption) RequestOption {
 //
 // A handler waiting in Request occupies one of its bus's workers
 // (bus.WithConcurrency) for the whole wait. On a transport that implements
-// [bus.InstanceReceiver] (memory, RabbitMQ) the reply is received by a loop
-// of its own, also while Stop waits for handlers. On one that does not
-// (SQS), replies come through the same workers' Receive: when every worker
+// [bus.InstanceReceiver] (memory, RabbitMQ, SQS) the reply is received by a
+// loop of its own, also while Stop waits for handlers. On one that does
+// not, replies come through the same workers' Receive: when every worker
 // waits on a request, no reply is received until one times out. There,
 // size WithConcurrency above the number of handlers that may wait on
 // requests at once, or send requests from a bus without handlers. A

@@ -50,7 +50,9 @@ func (t *Transport) start() {
 		return
 	}
 	t.running = true
-	t.buf = make(chan *entry, lanes*t.capacity)
+	for lane := range t.buf {
+		t.buf[lane] = make(chan *entry, t.capacity)
+	}
 	t.pollCtx, t.pollCancel = context.WithCancel(context.Background())
 	t.hbStop = make(chan struct{})
 	t.deletes = make(chan *deleteReq, lanes*t.capacity)
@@ -70,43 +72,69 @@ func (t *Transport) start() {
 }
 
 // Receive returns the next message of the endpoint's queue or of the
-// instance queue. Messages are
-// fetched by long polling in batches of up to 10; no more are held at once
-// (buffered or being handled) than the bus's concurrency. A message the
-// transport cannot read comes back with Delivery.Err set.
+// instance queue. Messages are fetched by long polling in batches of up to
+// 10; each queue's lane holds no more at once (buffered or being handled)
+// than the bus's concurrency. A message the transport cannot read comes
+// back with Delivery.Err set.
 func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
-	t.mu.Lock()
-	switch {
-	case t.closed:
-		t.mu.Unlock()
-		return nil, bus.ErrClosed
-	case t.queueURL == "" && t.instURL == "":
-		t.mu.Unlock()
-		return nil, ErrNotSetUp
-	}
-	t.start()
-	buf := t.buf
-	t.mu.Unlock()
-	if err := ctx.Err(); err != nil {
+	bufs, err := t.buffers(ctx, false)
+	if err != nil {
 		return nil, err
 	}
+	return t.take(ctx, bufs[laneEndpoint], bufs[laneInstance])
+}
+
+// ReceiveInstance returns the next message of the instance queue alone
+// (bus.InstanceReceiver): the bus reads it with a receive loop of its own
+// beside its handler workers, so a handler waiting for a reply never keeps
+// that reply from being received. Receive may return messages of the
+// instance queue too.
+func (t *Transport) ReceiveInstance(ctx context.Context) (*bus.Delivery, error) {
+	bufs, err := t.buffers(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	return t.take(ctx, nil, bufs[laneInstance])
+}
+
+// buffers starts the pollers once and returns the lanes' buffers.
+func (t *Transport) buffers(ctx context.Context, instance bool) ([lanes]chan *entry, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return [lanes]chan *entry{}, bus.ErrClosed
+	case instance && t.instURL == "":
+		return [lanes]chan *entry{}, errors.New("sqs: ReceiveInstance without an instance queue: Setup with Topology.Instance first")
+	case t.queueURL == "" && t.instURL == "":
+		return [lanes]chan *entry{}, ErrNotSetUp
+	}
+	t.start()
+	return t.buf, ctx.Err()
+}
+
+// take hands out the next entry of endpoint or instance (a nil channel is
+// never ready).
+func (t *Transport) take(ctx context.Context, endpoint, instance chan *entry) (*bus.Delivery, error) {
+	var e *entry
 	select {
-	case e := <-buf:
-		t.mu.Lock()
-		if t.closed { // Close gives it back with everything else it tracks
-			t.mu.Unlock()
-			return nil, bus.ErrClosed
-		}
-		e.given = true
-		t.mu.Unlock()
-		d := &bus.Delivery{Token: e}
-		decode(e.msg, d)
-		return d, nil
+	case e = <-endpoint:
+	case e = <-instance:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-t.closedCh:
 		return nil, bus.ErrClosed
 	}
+	t.mu.Lock()
+	if t.closed { // Close gives it back with everything else it tracks
+		t.mu.Unlock()
+		return nil, bus.ErrClosed
+	}
+	e.given = true
+	t.mu.Unlock()
+	d := &bus.Delivery{Token: e}
+	decode(e.msg, d)
+	return d, nil
 }
 
 // reserve waits for free slots of lane and reserves up to maxBatch of
@@ -148,7 +176,7 @@ func (t *Transport) poll(url string, lane int) {
 				e := &entry{queue: url, lane: lane, msg: m, handle: aws.ToString(m.ReceiptHandle), deadline: now.Add(t.o.visibility)}
 				t.tracked[e] = struct{}{}
 				t.held[lane]++
-				t.buf <- e // never blocks: tracked messages never exceed the capacity of buf
+				t.buf[lane] <- e // never blocks: a lane's tracked messages never exceed its buffer's capacity
 			}
 		}
 		t.cond.Broadcast()

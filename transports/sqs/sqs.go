@@ -145,7 +145,7 @@ type Transport struct {
 	tracked  map[*entry]struct{} // received and not settled
 	held     [lanes]int          // tracked entries per lane
 	reserved [lanes]int          // slots reserved by receive requests in progress, per lane
-	buf      chan *entry
+	buf      [lanes]chan *entry  // received entries not yet handed out, per lane; each holds the lane's capacity
 
 	pollCtx    context.Context
 	pollCancel context.CancelFunc
@@ -582,7 +582,8 @@ func isQueueURL(dest string) bool {
 }
 
 var (
-	_ bus.Transport       = (*Transport)(nil)
-	_ bus.HeaderValidator = (*Transport)(nil)
-	_ bus.InstanceQueuer  = (*Transport)(nil)
+	_ bus.Transport        = (*Transport)(nil)
+	_ bus.HeaderValidator  = (*Transport)(nil)
+	_ bus.InstanceQueuer   = (*Transport)(nil)
+	_ bus.InstanceReceiver = (*Transport)(nil)
 )
