@@ -57,7 +57,8 @@ type Topology struct {
 	// transport may size its prefetch from it.
 	Concurrency int
 	// Instance asks for a queue of this transport instance alone, received
-	// through the same Receive, whose address [InstanceQueuer] returns. The
+	// through the same Receive (and through [InstanceReceiver] when the
+	// transport implements it), whose address [InstanceQueuer] returns. The
 	// bus sets it when a middleware needs it (request/reply); Endpoint may
 	// then be empty.
 	Instance bool
