@@ -1,5 +1,5 @@
 // Command quickstart is the README's quick start: one bus, one typed
-// handler, one middleware, on the default in-memory transport.
+// handler, the OpenTelemetry plugin, on the default in-memory transport.
 package main
 
 import (
@@ -16,22 +16,15 @@ type OrderPlaced struct{ OrderID string }
 func (OrderPlaced) MessageName() string { return "shop.order_placed" }
 
 func main() {
-	ctx := context.Background()
-	done := make(chan struct{})
-	logging := bus.Middleware{Name: "logging",
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-			in.Logger().Info("received")
-			return next(ctx)
-		}}
+	ctx, done := context.Background(), make(chan struct{})
 	b, err := bus.New(
 		bus.WithEndpoint("orders"),
-		bus.WithMiddleware(otel.New(), logging), // first registered = outermost
+		bus.WithMiddleware(otel.New()), // plugins and middleware: first registered = outermost
 		bus.WithHandler(func(ctx context.Context, m OrderPlaced, a bus.Attributes) error {
 			fmt.Println("order", m.OrderID, "correlation", a.CorrelationID)
 			close(done)
 			return nil
-		}),
-	)
+		}))
 	if err != nil {
 		log.Fatal(err)
 	}
