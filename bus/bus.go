@@ -48,11 +48,11 @@ type Bus struct {
 
 	inPool, hdPool, outPool sync.Pool
 
-	lifecycle sync.Mutex   // serialises Start and Stop
+	lifecycle sync.Mutex    // serialises Start and Stop
 	stopping  chan struct{} // closed when Stop begins
-	mu        sync.Mutex   // orders Deliver's inflight.Add before Stop's Wait
-	state     atomic.Int32 // stateNew … stateClosed
-	started   int          // middleware whose Start ran
+	mu        sync.Mutex    // orders Deliver's inflight.Add before Stop's Wait
+	state     atomic.Int32  // stateNew … stateClosed
+	started   int           // middleware whose Start ran
 	rcancel   context.CancelFunc
 	icancel   context.CancelFunc // the instance queue's own receive loop
 	ireceiver sync.WaitGroup

@@ -201,7 +201,7 @@ func runChild(d storetest.DB) error {
 		return err
 	}
 	counters := d.Table("counters")
-	incr := d.Rebind("UPDATE "+counters+" SET n = n + 1 WHERE k = ?")
+	incr := d.Rebind("UPDATE " + counters + " SET n = n + 1 WHERE k = ?")
 	var b *bus.Bus
 	b, err = bus.New(bus.WithEndpoint("worker"), bus.WithTransport(queue), bus.WithConcurrency(4), bus.WithMaxAttempts(1000),
 		bus.WithRoute("sink", Done{}),
@@ -219,7 +219,7 @@ func runChild(d storetest.DB) error {
 		return err
 	}
 	defer b.Stop(ctx)
-	remaining := d.Rebind("SELECT count(*) FROM "+queue.table+" WHERE endpoint = ?")
+	remaining := d.Rebind("SELECT count(*) FROM " + queue.table + " WHERE endpoint = ?")
 	for {
 		var left int
 		if err := st.DB().QueryRowContext(ctx, remaining, "worker").Scan(&left); err != nil {

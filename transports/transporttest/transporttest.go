@@ -532,8 +532,6 @@ func (s *suite) ordered(t *testing.T) {
 	}
 }
 
-
-
 // senderClosed checks that messages sent before the sender closed are all
 // delivered, and that a closed sender refuses to send.
 func (s *suite) senderClosed(t *testing.T) {
