@@ -19,6 +19,8 @@ services:
 	scripts/services.sh
 
 vet:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt -w these files:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
 bench:
