@@ -17,6 +17,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 
 	"strconv"
 	"sync"
@@ -87,6 +88,9 @@ func Run(t *testing.T, newTransport New, f Features) {
 	_ = probe.Close(context.Background())
 	if instances {
 		t.Run("InstanceQueue", s.instanceQueue)
+	}
+	if _, ok := probe.(bus.InstanceReceiver); ok && instances {
+		t.Run("InstanceQueueBesideBusyWorkers", s.instanceBesideBusyWorkers)
 	}
 	if f.Ordered {
 		t.Run("Ordered", s.ordered)
@@ -748,5 +752,70 @@ func (s *suite) closeKeepsOrder(t *testing.T) {
 		if err := next.Delete(ctx, d); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+type busyWork struct{}
+
+func (busyWork) MessageName() string { return "transporttest.busy_work" }
+
+type busyReply struct{}
+
+func (busyReply) MessageName() string { return "transporttest.busy_reply" }
+
+// instanceBesideBusyWorkers runs a bus whose only worker is a handler
+// waiting for a message sent to its own instance queue (a reply): the bus
+// reads the instance queue with a loop of its own (bus.InstanceReceiver),
+// so the message arrives.
+func (s *suite) instanceBesideBusyWorkers(t *testing.T) {
+	tr := s.newT(t)
+	addr := func() string { return tr.(bus.InstanceQueuer).InstanceAddress() }
+	replies := make(chan string, 1)
+	resolver := bus.Middleware{Name: "replies", InstanceQueue: true,
+		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			if in.Name() == (busyReply{}).MessageName() {
+				replies <- in.Attributes().MessageID
+				return nil // resolved without handlers
+			}
+			return next(ctx)
+		}}
+	got := make(chan string, 1)
+	b, err := bus.New(bus.WithEndpoint(Name("tt-busy")), bus.WithTransport(tr), bus.WithConcurrency(1),
+		bus.WithLogger(slog.New(slog.DiscardHandler)), bus.WithMiddleware(resolver),
+		bus.WithHandler(func(ctx context.Context, _ busyWork, _ bus.Attributes) error {
+			b, _, _ := bus.MessageContext(ctx)
+			if err := b.Send(ctx, busyReply{}, bus.To(addr()), bus.Immediately(), bus.WithMessageID("reply-1")); err != nil {
+				return err
+			}
+			select { // the bus's only worker waits here
+			case id := <-replies:
+				got <- id
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := s.ctx(t)
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.Stop(context.Background()); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	}()
+	if err := b.Send(ctx, busyWork{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-got:
+		if id != "reply-1" {
+			t.Fatalf("the handler got %s, want reply-1", id)
+		}
+	case <-ctx.Done():
+		t.Fatal("the message to the instance never reached the handler waiting for it")
 	}
 }
