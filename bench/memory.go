@@ -110,6 +110,7 @@ const (
 	Router
 )
 
+// String implements fmt.Stringer.
 func (a WatermillAPI) String() string {
 	if a == CQRS {
 		return "cqrs"

@@ -37,6 +37,7 @@ type NextCalledTwiceError struct {
 	AfterReturn bool
 }
 
+// Error implements error.
 func (e *NextCalledTwiceError) Error() string {
 	if e.AfterReturn {
 		return fmt.Sprintf("bus: %s middleware %q called next after it returned; next is valid only during the call", e.Stage, e.Middleware)
@@ -54,6 +55,7 @@ type HeaderReservedError struct {
 	Header    string
 }
 
+// Error implements error.
 func (e *HeaderReservedError) Error() string {
 	return fmt.Sprintf("bus: header %q is reserved by the %s transport; choose another name", e.Header, e.Transport)
 }
@@ -75,6 +77,7 @@ type HandlerDispatchRejectedError struct {
 	Failures []HandlerFailure
 }
 
+// Error implements error.
 func (e *HandlerDispatchRejectedError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "bus: %d handler(s) of %s failed:", len(e.Failures), e.Message)
@@ -110,6 +113,7 @@ type DecodeError struct {
 	Err     error
 }
 
+// Error implements error.
 func (e *DecodeError) Error() string {
 	return fmt.Sprintf("bus: message %s cannot be decoded into %s: %v", e.Message, e.Type, e.Err)
 }
@@ -127,6 +131,7 @@ type PanicError struct {
 	Stack []byte
 }
 
+// Error implements error.
 func (e *PanicError) Error() string { return fmt.Sprintf("bus: panic: %v", e.Value) }
 
 // Is reports whether target is ErrPanic.

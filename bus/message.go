@@ -100,6 +100,7 @@ const (
 	KindPublish
 )
 
+// String implements fmt.Stringer.
 func (k Kind) String() string {
 	switch k {
 	case KindSend:

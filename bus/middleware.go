@@ -17,6 +17,7 @@ const (
 	StageOutgoing
 )
 
+// String implements fmt.Stringer.
 func (s Stage) String() string {
 	switch s {
 	case StageIncoming:

@@ -30,6 +30,7 @@ type ChecksumError struct {
 	Want, Got string // hex
 }
 
+// Error implements error.
 func (e *ChecksumError) Error() string {
 	return fmt.Sprintf("plugin: %s has SHA-256 %s, want %s; the binary was not run. Rebuild or restore the pinned binary, or pin the new one after checking it (plugbus plugin lock <manifest>)", e.Path, e.Got, e.Want)
 }
@@ -54,6 +55,7 @@ type Error struct {
 	Err error
 }
 
+// Error implements error.
 func (e *Error) Error() string {
 	return fmt.Sprintf("plugin %q (%s stage): %s", e.Plugin, e.Stage, e.Message)
 }
@@ -71,6 +73,7 @@ type UnavailableError struct {
 	Err error
 }
 
+// Error implements error.
 func (e *UnavailableError) Error() string {
 	return fmt.Sprintf("plugin %q unavailable in the %s stage (fail-closed: the message is returned for retry; the plugin is restarted): %v", e.Plugin, e.Stage, e.Err)
 }
@@ -89,6 +92,7 @@ type TimeoutError struct {
 	Timeout time.Duration
 }
 
+// Error implements error.
 func (e *TimeoutError) Error() string {
 	return fmt.Sprintf("plugin %q did not answer the %s stage within %s; raise plugin.WithInvocationTimeout or fix the plugin", e.Plugin, e.Stage, e.Timeout)
 }

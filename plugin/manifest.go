@@ -56,6 +56,7 @@ type ManifestError struct {
 	Err      error
 }
 
+// Error implements error.
 func (e *ManifestError) Error() string {
 	if e.Index < 0 {
 		return fmt.Sprintf("plugin: manifest %s: %v", e.Manifest, e.Err)

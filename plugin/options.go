@@ -23,6 +23,7 @@ const (
 	FailOpen
 )
 
+// String implements fmt.Stringer.
 func (p FailurePolicy) String() string {
 	if p == FailOpen {
 		return "fail-open"

@@ -178,6 +178,7 @@ type HostError struct {
 	code    pluginproto.ErrorCode
 }
 
+// Error implements error.
 func (e *HostError) Error() string { return e.Message }
 
 // Is reports whether target is the sentinel of the error's kind.

@@ -107,6 +107,7 @@ type DispatchError struct {
 	Err       error
 }
 
+// Error implements error.
 func (e *DispatchError) Error() string {
 	if e.Parked {
 		return fmt.Sprintf("store: dispatching outbox row %d (%s, id %s) failed %d time(s): %v; the row is parked: list it with Store.Parked and send it again with Store.Requeue", e.ID, e.Name, e.MessageID, e.Attempts, e.Err)

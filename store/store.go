@@ -66,6 +66,7 @@ type InvalidNameError struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *InvalidNameError) Error() string {
 	return fmt.Sprintf("store: %s(%q): %s; use letters, digits and underscores, starting with a letter or underscore, at most %d characters", e.Option, e.Name, e.Reason, maxIdent)
 }

@@ -11,8 +11,10 @@ import (
 	"github.com/plugbus/plugbus/plugins/otel"
 )
 
+// OrderPlaced is the message the quick start publishes.
 type OrderPlaced struct{ OrderID string }
 
+// MessageName implements bus.Message.
 func (OrderPlaced) MessageName() string { return "shop.order_placed" }
 
 func main() {

@@ -43,6 +43,7 @@ func Errorf(code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
+// Error implements error.
 func (e *Error) Error() string {
 	if e.Code == "" {
 		return "requestreply: responder error: " + e.Message
@@ -68,6 +69,7 @@ type TimeoutError struct {
 	Err error
 }
 
+// Error implements error.
 func (e *TimeoutError) Error() string {
 	return fmt.Sprintf("requestreply: no reply to %s (request %s) from %q within %v: the responder is down, slow or failing (a failing handler is retried), or its reply was lost; raise the deadline with requestreply.WithTimeout or the context, and check the responder's logs and dead-letter queue",
 		e.Request, e.RequestID, e.Destination, e.Waited.Round(time.Millisecond))
@@ -85,6 +87,7 @@ type PendingLimitError struct {
 	Limit int
 }
 
+// Error implements error.
 func (e *PendingLimitError) Error() string {
 	return fmt.Sprintf("requestreply: %d requests are already waiting for replies (the limit): nothing was sent; retry later, shorten timeouts, or raise the limit with requestreply.WithMaxPending", e.Limit)
 }
@@ -101,6 +104,7 @@ type ReplyTypeError struct {
 	Got string
 }
 
+// Error implements error.
 func (e *ReplyTypeError) Error() string {
 	return fmt.Sprintf("requestreply: the reply is %s, but the request expects %s: call Request with the type the responder replies with", e.Got, e.Want)
 }

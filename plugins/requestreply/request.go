@@ -223,4 +223,5 @@ func replyTarget(ctx context.Context) (*bus.Bus, string, string, error) {
 // errorReply is the body of an error reply; the error travels in attributes.
 type errorReply struct{}
 
+// MessageName implements bus.Message.
 func (errorReply) MessageName() string { return "plugbus.requestreply.error" }

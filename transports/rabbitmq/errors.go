@@ -40,6 +40,7 @@ type RefusedError struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *RefusedError) Error() string {
 	return fmt.Sprintf("rabbitmq: the broker refused %s (exchange %q, routing key %q) and closed its channel: %d %s; the message was not stored and would be refused again: fix it (size within max_message_size and rabbitmq.WithMaxMessageSize, no user-id of another user) or the broker's topology and permissions",
 		e.Message, e.Exchange, e.RoutingKey, e.Code, e.Reason)
@@ -57,6 +58,7 @@ type MessageTooLargeError struct {
 	Size, Limit int
 }
 
+// Error implements error.
 func (e *MessageTooLargeError) Error() string {
 	return fmt.Sprintf("rabbitmq: %s has a %d-byte body, over the %d-byte limit; send large payloads by reference (store them elsewhere, send their address), or raise rabbitmq.WithMaxMessageSize together with the broker's max_message_size",
 		e.Message, e.Size, e.Limit)
@@ -77,6 +79,7 @@ type UnroutableError struct {
 	RoutingKey string
 }
 
+// Error implements error.
 func (e *UnroutableError) Error() string {
 	if e.Exchange == "" {
 		return fmt.Sprintf("rabbitmq: send of %s to endpoint %q is unroutable: the queue %q does not exist; start the endpoint's bus once (it declares its queue) or check the destination name",

@@ -31,6 +31,7 @@ type HeaderError struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *HeaderError) Error() string {
 	return fmt.Sprintf("sqs: header %q cannot be sent as an SQS/SNS message attribute: %s", e.Header, e.Reason)
 }
@@ -50,6 +51,7 @@ type TooManyAttributesError struct {
 	Max int
 }
 
+// Error implements error.
 func (e *TooManyAttributesError) Error() string {
 	return fmt.Sprintf("sqs: message has %d headers; with the %d attribute(s) the transport adds, that exceeds the %d message attributes AWS allows: send at most %d headers, or carry the rest as bus attributes (bus.WithAttribute), which travel packed in one attribute",
 		e.Headers, e.Reserved, e.Max, e.Max-e.Reserved)
@@ -66,6 +68,7 @@ type MessageTooLargeError struct {
 	Max     int
 }
 
+// Error implements error.
 func (e *MessageTooLargeError) Error() string {
 	return fmt.Sprintf("sqs: message %s is %d bytes with its attributes, more than the %d bytes allowed; store the payload elsewhere (for example S3) and send a reference", e.Message, e.Size, e.Max)
 }
@@ -80,6 +83,7 @@ type AttributeError struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *AttributeError) Error() string {
 	return fmt.Sprintf("sqs: bus attribute %q cannot be carried: %s", e.Key, e.Reason)
 }
@@ -95,6 +99,7 @@ type NoQueueError struct {
 	Err      error
 }
 
+// Error implements error.
 func (e *NoQueueError) Error() string {
 	return fmt.Sprintf("sqs: endpoint %q has no queue %q: start that endpoint once (its Setup declares the queue) or check the destination and the transport's prefix: %v", e.Endpoint, e.Queue, e.Err)
 }

@@ -757,10 +757,12 @@ func (s *suite) closeKeepsOrder(t *testing.T) {
 
 type busyWork struct{}
 
+// MessageName implements bus.Message.
 func (busyWork) MessageName() string { return "transporttest.busy_work" }
 
 type busyReply struct{}
 
+// MessageName implements bus.Message.
 func (busyReply) MessageName() string { return "transporttest.busy_reply" }
 
 // instanceBesideBusyWorkers runs a bus whose only worker is a handler
