@@ -383,36 +383,6 @@ func TestStopDrainsInFlightMessages(t *testing.T) {
 	}
 }
 
-func TestStopBoundedByContextCancelsHandlers(t *testing.T) {
-	started := make(chan struct{})
-	broker := memory.NewBroker()
-	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
-		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
-			close(started)
-			<-ctx.Done()
-			return ctx.Err()
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Send(t.Context(), orderPlaced{}); err != nil {
-		t.Fatal(err)
-	}
-	<-started
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop: %v, want context.DeadlineExceeded", err)
-	}
-	// the interrupted message is not lost: it is back in the queue
-	if n := broker.Depth("ep"); n != 1 {
-		t.Fatalf("queue depth %d after an interrupted stop, want 1", n)
-	}
-}
-
 func TestDeliverReportsOutcome(t *testing.T) {
 	boom := errors.New("boom")
 	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()),

@@ -6,19 +6,16 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	awssns "github.com/aws/aws-sdk-go-v2/service/sns"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"go.uber.org/goleak"
 
 	"github.com/plugbus/plugbus/bus"
-	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 	"github.com/plugbus/plugbus/transports/transporttest"
 )
@@ -42,12 +39,7 @@ func TestMain(m *testing.M) {
 // awsConfig points the SDK at the local emulator with static credentials.
 func awsConfig(t testing.TB) aws.Config {
 	t.Helper()
-	return aws.Config{
-		Region:       "us-east-1",
-		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
-		BaseEndpoint: aws.String(testenv.SQS(t)),
-		HTTPClient:   &http.Client{Transport: httpTransport},
-	}
+	return sqstest.Config(t, &http.Client{Transport: httpTransport})
 }
 
 // fastOptions keep tests quick: short long polls, immediate retries.
@@ -65,37 +57,7 @@ func fastOptions(prefix string, extra ...sqs.Option) []sqs.Option {
 func uniquePrefix(t testing.TB, cfg aws.Config) string {
 	t.Helper()
 	prefix := transporttest.Name("pbt") + "-"
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		sq, sn := awssqs.NewFromConfig(cfg), awssns.NewFromConfig(cfg)
-		qs, err := sq.ListQueues(ctx, &awssqs.ListQueuesInput{QueueNamePrefix: aws.String(prefix), MaxResults: aws.Int32(1000)})
-		if err != nil {
-			t.Errorf("cleanup: listing queues: %v", err)
-		} else {
-			for _, u := range qs.QueueUrls {
-				if _, err := sq.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: aws.String(u)}); err != nil {
-					t.Errorf("cleanup: deleting queue %s: %v", u, err)
-				}
-			}
-		}
-		p := awssns.NewListTopicsPaginator(sn, &awssns.ListTopicsInput{})
-		for p.HasMorePages() {
-			page, err := p.NextPage(ctx)
-			if err != nil {
-				t.Errorf("cleanup: listing topics: %v", err)
-				return
-			}
-			for _, tp := range page.Topics {
-				arn := aws.ToString(tp.TopicArn)
-				if strings.HasPrefix(arn[strings.LastIndexByte(arn, ':')+1:], prefix) {
-					if _, err := sn.DeleteTopic(ctx, &awssns.DeleteTopicInput{TopicArn: tp.TopicArn}); err != nil {
-						t.Errorf("cleanup: deleting topic %s: %v", arn, err)
-					}
-				}
-			}
-		}
-	})
+	t.Cleanup(func() { sqstest.DeleteResources(t, cfg, prefix) })
 	return prefix
 }
 
