@@ -40,6 +40,21 @@ func NewMemoryBroker() *MemoryBroker {
 func (br *MemoryBroker) queue(endpoint string) *memQueue {
 	br.mu.Lock()
 	defer br.mu.Unlock()
+	return br.queueLocked(endpoint)
+}
+
+// sendQueue is queue for a send: gone reports (with no queue) the instance
+// queue of a closed transport, whose messages are dropped.
+func (br *MemoryBroker) sendQueue(endpoint string) (q *memQueue, gone bool) {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	if _, gone := br.gone[endpoint]; gone {
+		return nil, true
+	}
+	return br.queueLocked(endpoint), false
+}
+
+func (br *MemoryBroker) queueLocked(endpoint string) *memQueue {
 	q := br.queues[endpoint]
 	if q == nil {
 		q = &memQueue{signal: make(chan struct{}, 1)}
@@ -237,13 +252,10 @@ func (t *MemoryTransport) Send(ctx context.Context, env *Envelope, opts SendOpti
 	if opts.Destination == "" {
 		return fmt.Errorf("memory: send %s: %w: no destination", env.Name, ErrNoRoute)
 	}
-	t.broker.mu.Lock()
-	_, gone := t.broker.gone[opts.Destination]
-	t.broker.mu.Unlock()
+	q, gone := t.broker.sendQueue(opts.Destination)
 	if gone {
 		return nil // the instance that asked is gone: like RabbitMQ and SQS, drop it
 	}
-	q := t.broker.queue(opts.Destination)
 	q.push(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, false)
 	return nil
 }
