@@ -96,7 +96,7 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 		}
 		if ct := m.ContentType(); ct != "" && ct != ser.ContentType() {
 			return &bus.DecodeError{Message: m.Name(), Type: reflect.TypeFor[Resp]().String(),
-				Err: fmt.Errorf("content type %q, the plugin's serializer reads %q: configure requestreply.WithSerializer", ct, ser.ContentType())}
+				Err: fmt.Errorf("content type %q, the bus's serializer reads %q: the requesting and responding buses need the same bus.WithSerializer", ct, ser.ContentType())}
 		}
 		v, err := newResp(ser, m.Body())
 		if err != nil {

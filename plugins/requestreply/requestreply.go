@@ -46,7 +46,6 @@ type Option func(*config)
 type config struct {
 	timeout    time.Duration
 	maxPending int
-	ser        bus.Serializer
 }
 
 // WithDefaultTimeout sets how long a request waits for its reply when
@@ -58,11 +57,6 @@ func WithDefaultTimeout(d time.Duration) Option { return func(c *config) { c.tim
 // at once; a request beyond it fails with a [*PendingLimitError] and is not
 // sent. The default is [DefaultMaxPending].
 func WithMaxPending(n int) Option { return func(c *config) { c.maxPending = n } }
-
-// WithSerializer sets the serializer replies are decoded with. It must be
-// the serializer of the responders' buses; the default is bus.JSON, the
-// bus's default.
-func WithSerializer(s bus.Serializer) Option { return func(c *config) { c.ser = s } }
 
 // Plugin is the request/reply plugin. Pass it to bus.WithMiddleware; it is
 // instantiated once per bus, and each bus keeps its own table of pending
@@ -80,7 +74,7 @@ type Plugin struct {
 // New returns the plugin. It has no side effects: nothing happens until a
 // bus is built with it.
 func New(opts ...Option) *Plugin {
-	c := config{timeout: DefaultTimeout, maxPending: DefaultMaxPending, ser: bus.JSON{}}
+	c := config{timeout: DefaultTimeout, maxPending: DefaultMaxPending}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -96,15 +90,13 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	if p.cfg.maxPending < 1 {
 		return bus.Middleware{}, fmt.Errorf("requestreply: WithMaxPending(%d): must be at least 1", p.cfg.maxPending)
 	}
-	if p.cfg.ser == nil {
-		return bus.Middleware{}, errors.New("requestreply: WithSerializer: nil serializer")
-	}
 	logger := info.Logger
 	if logger == nil {
 		logger = slog.Default()
 	}
 	in := &instance{
 		cfg:     p.cfg,
+		ser:     info.Bus.Serializer(), // replies are decoded like every message of this bus
 		log:     logger.With(slog.String("middleware", MiddlewareName)),
 		pending: map[string]*call{},
 	}
@@ -162,6 +154,7 @@ func (p *Plugin) Stats(b *bus.Bus) Stats {
 // instance is the plugin's state on one bus.
 type instance struct {
 	cfg config
+	ser bus.Serializer
 	log *slog.Logger
 	iq  bus.InstanceQueuer
 	seq atomic.Uint64
@@ -286,7 +279,7 @@ func (in *instance) incoming(ctx context.Context, m *bus.Incoming, next bus.Next
 		code, _ := m.Attributes().Value(AttrErrorCode)
 		c.err = &Error{Code: code, Message: msg}
 	} else {
-		c.err = c.decode(in.cfg.ser, m)
+		c.err = c.decode(in.ser, m)
 	}
 	close(c.done)
 	return nil
