@@ -318,7 +318,6 @@ func TestSendOnlyBusAndRouting(t *testing.T) {
 }
 
 func TestHeaderReservedRefusedAtSendTime(t *testing.T) {
-	handlerErr := make(chan error, 1)
 	e := newEnv(t, nil,
 		bus.WithTransport(reserving{memory.New()}),
 		bus.WithMiddleware(bus.Middleware{Name: "sets-reserved", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
@@ -326,7 +325,6 @@ func TestHeaderReservedRefusedAtSendTime(t *testing.T) {
 			return next(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }))
-	_ = handlerErr
 	err := e.bus.Send(t.Context(), orderPlaced{})
 	var hr *bus.HeaderReservedError
 	if !errors.Is(err, bus.ErrHeaderReserved) || !errors.As(err, &hr) || hr.Header != "x-reserved" {
