@@ -31,6 +31,7 @@ type Bus struct {
 	name, endpoint string
 	t              Transport
 	hv             HeaderValidator
+	releaser       DeliveryReleaser
 	logger         *slog.Logger
 	ser            Serializer
 	contentType    string
@@ -95,6 +96,7 @@ func New(opts ...Option) (*Bus, error) {
 		routes:   c.routes,
 	}
 	b.hv, _ = c.transport.(HeaderValidator)
+	b.releaser, _ = c.transport.(DeliveryReleaser)
 	for _, h := range c.handlers {
 		for _, other := range b.handlers[h.msgName] {
 			if other.name == h.name {
@@ -319,7 +321,11 @@ func (b *Bus) receiveLoop(rctx, pctx context.Context, receive func(context.Conte
 
 // process runs one polled delivery and settles it with the transport.
 func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
-	err := b.handle(ctx, d)
+	clean, err := b.handle(ctx, d)
+	if clean && b.releaser != nil {
+		// Last: the settling and its logs below still read d.
+		defer b.releaser.ReleaseDelivery(d)
+	}
 	var serr error
 	switch {
 	case err == nil:
@@ -354,34 +360,39 @@ func (b *Bus) Deliver(ctx context.Context, d *Delivery) error {
 	if d.Attempt < 1 {
 		d.Attempt = 1
 	}
-	return b.handle(ctx, d)
+	_, err := b.handle(ctx, d)
+	return err
 }
 
-// handle runs the incoming pipeline for d.
-func (b *Bus) handle(ctx context.Context, d *Delivery) (err error) {
+// handle runs the incoming pipeline for d. clean reports that nothing can
+// reach d any more: every stage run it went through ended clean, so no
+// middleware still runs with it on another goroutine.
+func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
 	if d.Err != nil {
-		return &DecodeError{Message: d.Name, Type: "envelope", Err: d.Err}
+		return true, &DecodeError{Message: d.Name, Type: "envelope", Err: d.Err}
 	}
 	if d.Name == "" {
-		return &DecodeError{Message: "(unnamed)", Type: "envelope", Err: errors.New("message has no name")}
+		return true, &DecodeError{Message: "(unnamed)", Type: "envelope", Err: errors.New("message has no name")}
 	}
 	r := b.inPool.Get().(*incomingRun)
-	r.d = d
+	r.d, r.escaped = d, false
 	defer func() {
 		if p := recover(); p != nil {
 			err = &PanicError{Value: p, Stack: debug.Stack()}
 		}
 		if r.reusable() { // else a next may still run on another goroutine: leave the run to it
+			clean = !r.escaped
 			r.d = nil
 			b.inPool.Put(r)
 		}
 	}()
-	return r.start(ctx)
+	return false, r.start(ctx)
 }
 
 // dispatch is the incoming stage's terminal step: decode, then run every
 // handler of the message in its own scope.
-func (b *Bus) dispatch(ctx context.Context, d *Delivery) error {
+func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
+	d := r.d
 	hs := b.handlers[d.Name]
 	if len(hs) == 0 {
 		if b.logger.Enabled(ctx, slog.LevelDebug) {
@@ -403,7 +414,7 @@ func (b *Bus) dispatch(ctx context.Context, d *Delivery) error {
 	}
 	var failures []HandlerFailure
 	for i, h := range hs {
-		if err := b.runHandler(ctx, h, msgs[i], d); err != nil {
+		if err := b.runHandler(ctx, h, msgs[i], r); err != nil {
 			failures = append(failures, HandlerFailure{Handler: h.name, Err: err})
 		}
 	}
@@ -415,9 +426,10 @@ func (b *Bus) dispatch(ctx context.Context, d *Delivery) error {
 
 // runHandler runs one handler inside its handler chain and scope, then
 // flushes what it sent when it succeeded.
-func (b *Bus) runHandler(ctx context.Context, h *handler, msg Message, d *Delivery) error {
-	scope := &handlerScope{bus: b, attrs: d.Attributes, handler: h.name}
-	hctx := context.WithValue(ctx, scopeKey{}, scope)
+func (b *Bus) runHandler(ctx context.Context, h *handler, msg Message, in *incomingRun) error {
+	d := in.d
+	// The scope is the handler's context too: one allocation for both.
+	scope := &handlerScope{Context: ctx, bus: b, attrs: d.Attributes, handler: h.name}
 	r := b.hdPool.Get().(*handlingRun)
 	r.h, r.msg, r.d, r.scope = h, msg, d, scope
 	err := func() (err error) {
@@ -426,11 +438,13 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg Message, d *Delive
 				err = &PanicError{Value: p, Stack: debug.Stack()}
 			}
 		}()
-		return r.start(hctx)
+		return r.start(scope)
 	}()
 	if r.reusable() {
 		r.h, r.msg, r.d, r.scope = nil, nil, nil, nil
 		b.hdPool.Put(r)
+	} else {
+		in.escaped = true // its middleware may still read d on another goroutine
 	}
 	buf := scope.close()
 	if err != nil {

@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"runtime"
 	"strings"
@@ -99,9 +100,11 @@ type Outbox interface {
 	Add(ctx context.Context, m Outbound) error
 }
 
-// handlerScope is the outbox and identity of one handler invocation,
-// carried in ctx.
+// handlerScope is the outbox and identity of one handler invocation. It is
+// the handler's context as well: the parent context with the scope as the
+// value of scopeKey, without a second allocation for context.WithValue.
 type handlerScope struct {
+	context.Context
 	bus     *Bus
 	attrs   Attributes
 	handler string
@@ -113,6 +116,20 @@ type handlerScope struct {
 }
 
 type scopeKey struct{}
+
+// String names the context as the context package's own do.
+func (s *handlerScope) String() string {
+	return fmt.Sprint(s.Context) + ".WithHandlerScope(" + s.handler + ")"
+}
+
+// Value returns the scope itself for scopeKey and asks the parent context
+// for any other key.
+func (s *handlerScope) Value(key any) any {
+	if key == (scopeKey{}) {
+		return s
+	}
+	return s.Context.Value(key)
+}
 
 // scopeFrom returns the handler scope in ctx when it belongs to b.
 func scopeFrom(ctx context.Context, b *Bus) *handlerScope {

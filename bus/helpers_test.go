@@ -102,13 +102,19 @@ func (s *syncBuffer) String() string {
 // with 3 attempts and concurrency 1, starts it and stops it at cleanup.
 func newEnv(t *testing.T, broker *memory.Broker, opts ...bus.Option) *env {
 	t.Helper()
+	return newEnvOver(t, broker, func(r *recorder) bus.Transport { return r }, opts...)
+}
+
+// newEnvOver is newEnv with the recorder wrapped by wrap.
+func newEnvOver(t *testing.T, broker *memory.Broker, wrap func(*recorder) bus.Transport, opts ...bus.Option) *env {
+	t.Helper()
 	if broker == nil {
 		broker = memory.NewBroker()
 	}
 	e := &env{t: t, broker: broker, logs: &syncBuffer{}}
 	e.rec = &recorder{Transport: memory.New(memory.WithBroker(broker)), settled: make(chan settle, 1000)}
 	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	base := []bus.Option{bus.WithEndpoint("ep"), bus.WithTransport(e.rec), bus.WithMaxAttempts(3), bus.WithConcurrency(1), bus.WithLogger(logger)}
+	base := []bus.Option{bus.WithEndpoint("ep"), bus.WithTransport(wrap(e.rec)), bus.WithMaxAttempts(3), bus.WithConcurrency(1), bus.WithLogger(logger)}
 	b, err := bus.New(append(base, opts...)...)
 	if err != nil {
 		t.Fatalf("bus.New: %v", err)

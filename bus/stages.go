@@ -19,12 +19,13 @@ type incomingRun struct {
 	b        *Bus
 	d        *Delivery
 	endpoint string
+	escaped  bool // a handler run of d did not end clean
 }
 
 func newIncomingRun(b *Bus, p *pipe[Incoming], endpoint string) *incomingRun {
 	r := &incomingRun{b: b, endpoint: endpoint}
 	r.init(p, func(i int) Incoming { return Incoming{r: r, i: i} },
-		func(ctx context.Context) error { return r.b.dispatch(ctx, r.d) },
+		func(ctx context.Context) error { return r.b.dispatch(ctx, r) },
 		func() []any { return describeEnvelope(&r.d.Envelope) },
 		"message handled by incoming middleware; handlers skipped, message deleted")
 	return r
@@ -51,7 +52,8 @@ func (in *Incoming) Body() []byte { return in.r.d.Body }
 // ContentType returns the content type the message was encoded with.
 func (in *Incoming) ContentType() string { return in.r.d.ContentType }
 
-// Raw returns the transport-native message, for example an amqp091.Delivery.
+// Raw returns the transport-native message, for example a *amqp091.Delivery.
+// It is valid until the message is settled: a transport may reuse it.
 func (in *Incoming) Raw() any { return in.r.d.Raw }
 
 // Attempt returns the delivery attempt, 1 the first time.

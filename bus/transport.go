@@ -27,8 +27,9 @@ type Delivery struct {
 	// Attempt is 1 on the first delivery and grows by one each time the
 	// message is returned for retry.
 	Attempt int
-	// Raw is the transport-native message (amqp091.Delivery, an SQS
-	// types.Message, ...). Incoming middleware may read it.
+	// Raw is the transport-native message (*amqp091.Delivery, an SQS
+	// types.Message, ...). Middleware may read it while the message is
+	// processed; a [DeliveryReleaser] reuses it afterwards.
 	Raw any
 	// Err is set by a transport that received a message it could not read
 	// (missing name, malformed attributes). The bus dead-letters such a
@@ -62,6 +63,16 @@ type Topology struct {
 	// bus sets it when a middleware needs it (request/reply); Endpoint may
 	// then be empty.
 	Instance bool
+}
+
+// DeliveryReleaser is implemented by transports that reuse the memory of
+// the deliveries they return. The bus calls ReleaseDelivery once it is
+// done with d: settled, logged, and out of reach of every middleware (it
+// does not call it for a delivery that a stage run which did not end
+// clean may still read on another goroutine, nor for one given to
+// [Bus.Deliver]). The transport may then reuse d and what d.Raw points to.
+type DeliveryReleaser interface {
+	ReleaseDelivery(d *Delivery)
 }
 
 // InstanceReceiver is implemented by transports that can receive from the

@@ -51,8 +51,9 @@
 // metadata and are refused with a *bus.HeaderReservedError, as are "CC" and
 // "BCC", which RabbitMQ interprets for routing. Incoming headers of any
 // AMQP type (numbers, tables such as x-death) are read: non-string values
-// are turned into text, and the raw amqp091.Delivery is available to
-// incoming middleware as Delivery.Raw.
+// are turned into text, and the raw *amqp091.Delivery is available to
+// middleware as Delivery.Raw while the message is processed (the
+// transport reuses it once the bus releases the delivery).
 //
 // # Reconnection
 //

@@ -52,7 +52,7 @@ func Example_rawDelivery() {
 	mw := bus.Middleware{
 		Name: "x-death",
 		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-			if d, ok := in.Raw().(amqp.Delivery); ok {
+			if d, ok := in.Raw().(*amqp.Delivery); ok {
 				if deaths, ok := d.Headers["x-death"].([]any); ok {
 					in.Logger().InfoContext(ctx, "message was dead-lettered before", "times", len(deaths))
 				}

@@ -22,7 +22,7 @@ func TestSentAtTravelsInAUUIDv7ID(t *testing.T) {
 	}
 	got := make(chan seen, 2)
 	b := e.start(t, bus.WithMiddleware(bus.Middleware{Name: "look", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-		raw := in.Raw().(amqp.Delivery)
+		raw := in.Raw().(*amqp.Delivery)
 		_, has := raw.Headers[rabbitmq.HeaderSentAt]
 		got <- seen{in.Attributes().MessageID, has, in.Attributes().SentAt}
 		return next(ctx)

@@ -473,4 +473,5 @@ var (
 	_ bus.HeaderValidator  = (*Transport)(nil)
 	_ bus.InstanceQueuer   = (*Transport)(nil)
 	_ bus.InstanceReceiver = (*Transport)(nil)
+	_ bus.DeliveryReleaser = (*Transport)(nil)
 )

@@ -95,7 +95,7 @@ func TestHeaderArrivesNativelyAndAfterRetry(t *testing.T) {
 			},
 			Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
 				h, _ := in.Header("x-tenant")
-				raw, ok := in.Raw().(amqp.Delivery)
+				raw, ok := in.Raw().(*amqp.Delivery)
 				if !ok {
 					t.Errorf("Raw is %T, want amqp091.Delivery", in.Raw())
 				}

@@ -130,7 +130,7 @@ func TestResendOfForeignUserID(t *testing.T) {
 	// As if user alice had published it (RabbitMQ validates user-id, so
 	// the test cannot publish it as guest): rewrite the delivery.
 	foreign := func(d *bus.Delivery) *bus.Delivery {
-		m := d.Raw.(amqp.Delivery)
+		m := d.Raw.(*amqp.Delivery)
 		m.UserId = "alice"
 		d.Raw = m
 		return d
@@ -146,7 +146,7 @@ func TestResendOfForeignUserID(t *testing.T) {
 	if d.Attempt != 2 {
 		t.Errorf("returned copy has attempt %d, want 2", d.Attempt)
 	}
-	raw := d.Raw.(amqp.Delivery)
+	raw := d.Raw.(*amqp.Delivery)
 	if raw.UserId != "" || raw.Headers[rabbitmq.HeaderUserID] != "alice" {
 		t.Errorf("returned copy: user-id %q, header %s = %v; want no user-id and the header alice", raw.UserId, rabbitmq.HeaderUserID, raw.Headers[rabbitmq.HeaderUserID])
 	}
@@ -248,7 +248,7 @@ func TestQuorumQueueCountsCrashes(t *testing.T) {
 		t.Fatal(err)
 	}
 	d = receive(ctx, t, tr, 5*time.Second)
-	if _, ok := d.Raw.(amqp.Delivery).Headers["x-delivery-count"]; d.Attempt != 3 || ok {
+	if _, ok := d.Raw.(*amqp.Delivery).Headers["x-delivery-count"]; d.Attempt != 3 || ok {
 		t.Errorf("returned copy: attempt %d, x-delivery-count present %v; want 3 and absent", d.Attempt, ok)
 	}
 	if err := tr.Delete(ctx, d); err != nil {

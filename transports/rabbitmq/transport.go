@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -100,8 +101,9 @@ func describe(exchange, key, name string) string {
 
 // Receive returns the next message of the endpoint's queue or of the
 // instance queue. While the connection is down it waits for the next one. A message it cannot read
-// is returned with Delivery.Err set, for the bus to dead-letter. Raw is the
-// amqp091.Delivery.
+// is returned with Delivery.Err set, for the bus to dead-letter. Raw is a
+// *amqp091.Delivery, valid until the bus releases the delivery (after it
+// is settled).
 func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
 	return t.receive(ctx, false)
 }
@@ -153,15 +155,19 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 			}
 			endpoint = nil // never ready
 		}
+		// The delivery channels close when the session dies or the
+		// transport closes (amqp091 closes them with their channel), so
+		// waiting on them and ctx is enough; fewer channels make the wait
+		// cheaper, and a delivery already buffered is taken without one.
 		select {
 		case m, ok = <-endpoint:
-		case m, ok = <-s.instDeliveries:
-		case <-s.dead:
-			continue
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-t.done:
-			return nil, bus.ErrClosed
+		default:
+			select {
+			case m, ok = <-endpoint:
+			case m, ok = <-s.instDeliveries:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
 		}
 		if t.isClosed() {
 			return nil, bus.ErrClosed // m goes back to the queue with its channel
@@ -177,19 +183,45 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 	}
 }
 
+// received is a delivery and the amqp091 message it was read from, in one
+// allocation that is reused once the bus releases the delivery
+// ([Transport.ReleaseDelivery]): a message then costs the garbage
+// collector neither of them.
+type received struct {
+	d bus.Delivery
+	m amqp.Delivery
+	s *session
+}
+
+var receivedPool = sync.Pool{New: func() any { return new(received) }}
+
 func delivery(s *session, m *amqp.Delivery) *bus.Delivery {
-	env, attempt, err := envelope(m)
-	return &bus.Delivery{Envelope: env, Attempt: attempt, Raw: *m, Token: s, Err: err}
+	r := receivedPool.Get().(*received)
+	r.m, r.s = *m, s
+	env, attempt, err := envelope(&r.m)
+	r.d = bus.Delivery{Envelope: env, Attempt: attempt, Raw: &r.m, Token: r, Err: err}
+	return &r.d
+}
+
+// ReleaseDelivery implements [bus.DeliveryReleaser]: the bus is done with
+// d, and d and its Raw message are reused for a later delivery.
+func (t *Transport) ReleaseDelivery(d *bus.Delivery) {
+	r, ok := d.Token.(*received)
+	if !ok || r.s == nil || r.s.t != t || &r.d != d {
+		return
+	}
+	*r = received{}
+	receivedPool.Put(r)
 }
 
 // settling checks that d came from this transport and that its channel is
 // still open.
-func (t *Transport) settling(d *bus.Delivery) (*session, amqp.Delivery, error) {
-	s, ok1 := d.Token.(*session)
-	m, ok2 := d.Raw.(amqp.Delivery)
-	if !ok1 || !ok2 || s.t != t {
-		return nil, m, fmt.Errorf("rabbitmq: delivery of %s (id %s) was not received by this transport", d.Name, d.Attributes.MessageID)
+func (t *Transport) settling(d *bus.Delivery) (*session, *amqp.Delivery, error) {
+	r, ok := d.Token.(*received)
+	if !ok || r.s == nil || r.s.t != t {
+		return nil, nil, fmt.Errorf("rabbitmq: delivery of %s (id %s) was not received by this transport", d.Name, d.Attributes.MessageID)
 	}
+	s, m := r.s, &r.m
 	if t.isClosed() {
 		return nil, m, fmt.Errorf("rabbitmq: settling %s (id %s): %w; the broker redelivers it", d.Name, d.Attributes.MessageID, bus.ErrClosed)
 	}
@@ -215,7 +247,7 @@ func (t *Transport) Delete(_ context.Context, d *bus.Delivery) error {
 	if err != nil {
 		return err
 	}
-	return t.ack(s, d, &m)
+	return t.ack(s, d, m)
 }
 
 // Return publishes a copy of d to the end of the endpoint's queue with its
@@ -229,16 +261,16 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error 
 	if err != nil {
 		return err
 	}
-	msg, h := t.republishing(&m, 1)
+	msg, h := t.republishing(m, 1)
 	h[HeaderAttempt] = int32(d.Attempt + 1)
 	queue := t.topology().Endpoint
 	if m.ConsumerTag == instanceConsumer {
 		queue = t.instanceQueue()
 	}
-	if err := t.resend(ctx, s, d, &m, queue, &msg); err != nil {
+	if err := t.resend(ctx, s, d, m, queue, &msg); err != nil {
 		return err
 	}
-	return t.ack(s, d, &m)
+	return t.ack(s, d, m)
 }
 
 // Fail publishes a copy of d to the endpoint's dead-letter queue with f in
@@ -256,7 +288,7 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 		t.log.ErrorContext(ctx, "message of the instance queue failed and there is no endpoint dead-letter queue: dropped",
 			slog.String("queue", t.instanceQueue()), slog.String("message_name", d.Name), slog.String("message_id", d.Attributes.MessageID),
 			slog.String("reason", f.Reason), slog.Int("attempts", f.Attempts), slog.String("body", string(m.Body)))
-		return t.ack(s, d, &m)
+		return t.ack(s, d, m)
 	}
 	endpoint := f.Endpoint
 	if endpoint == "" {
@@ -265,15 +297,15 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 	if f.Time.IsZero() {
 		f.Time = time.Now()
 	}
-	msg, h := t.republishing(&m, 4)
+	msg, h := t.republishing(m, 4)
 	h[HeaderFailureReason] = f.Reason
 	h[HeaderFailureAttempts] = int32(f.Attempts)
 	h[HeaderFailureEndpoint] = endpoint
 	h[HeaderFailureTime] = f.Time.UTC().Format(time.RFC3339Nano)
-	if err := t.resend(ctx, s, d, &m, DeadLetterQueue(t.topology().Endpoint), &msg); err != nil {
+	if err := t.resend(ctx, s, d, m, DeadLetterQueue(t.topology().Endpoint), &msg); err != nil {
 		return err
 	}
-	return t.ack(s, d, &m)
+	return t.ack(s, d, m)
 }
 
 // resend publishes msg to queue on d's own session: if that connection is
