@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"time"
@@ -18,6 +19,9 @@ import (
 
 // DepthLayers are the middleware depths [Depth] measures.
 var DepthLayers = []int{0, 1, 2, 4, 8, 16}
+
+// depthInstances is how many times [Depth] builds each chain at each depth.
+const depthInstances = 5
 
 // Chain is one middleware chain measured at several depths: Build returns
 // the operation to time with layers no-op layers.
@@ -153,21 +157,33 @@ type DepthResult struct {
 // operations per sample. A point is the fastest of its samples (and the
 // median of their allocations): on a shared machine interference only
 // ever adds time, so the minimum is the steadiest estimate of a cost of
-// tens of nanoseconds.
+// tens of nanoseconds. The garbage collector is paused while a sample is
+// timed and runs between samples: what it collects is the same at every
+// depth (a layer allocates nothing), and a collection landing in one
+// sample and not in another would be read as a cost of the layers.
+//
+// Each chain is built depthInstances times at every depth and the passes
+// take the instances in turn: where an instance's memory happens to lie
+// changes its speed by more than a layer costs, and one instance per depth
+// would read that as a cost (or a gain) of the layers.
 func Depth(chains []Chain, layers []int, reps, iters int) ([]DepthResult, error) {
-	ops := make([][]func() error, len(chains))
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	ops := make([][][]func() error, len(chains))
 	for c, ch := range chains {
-		for _, n := range layers {
-			op, err := ch.Build(n)
-			if err != nil {
-				return nil, fmt.Errorf("bench: %s with %d layers: %w", ch.Name, n, err)
-			}
-			for range iters / 10 { // warm up: pools, caches
-				if err := op(); err != nil {
+		ops[c] = make([][]func() error, len(layers))
+		for l, n := range layers {
+			for range depthInstances {
+				op, err := ch.Build(n)
+				if err != nil {
 					return nil, fmt.Errorf("bench: %s with %d layers: %w", ch.Name, n, err)
 				}
+				for range iters / 10 { // warm up: pools, caches
+					if err := op(); err != nil {
+						return nil, fmt.Errorf("bench: %s with %d layers: %w", ch.Name, n, err)
+					}
+				}
+				ops[c][l] = append(ops[c][l], op)
 			}
-			ops[c] = append(ops[c], op)
 		}
 	}
 	ns := make([][][]float64, len(chains))
@@ -181,8 +197,9 @@ func Depth(chains []Chain, layers []int, reps, iters int) ([]DepthResult, error)
 			l := (r + k) % len(layers)
 			for j := range chains {
 				c := (r + j) % len(chains)
-				op := ops[c][l]
+				op := ops[c][l][r%depthInstances]
 				var before, after runtime.MemStats
+				runtime.GC()
 				runtime.ReadMemStats(&before)
 				start := time.Now()
 				for range iters {
