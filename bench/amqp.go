@@ -103,8 +103,9 @@ func (s *plugbusAMQPSide) Close(ctx context.Context) error {
 // NewWatermillAMQP starts a Watermill router over watermill-amqp with a
 // durable queue: persistent, mandatory messages, confirmed publishes on a
 // pool of pool channels (each held by one publish until its confirmation
-// arrives), cfg.Concurrency handlers, each its own subscription with an
-// equal share of cfg.Prefetch.
+// arrives; 0, watermill-amqp's default, opens and closes a channel for
+// every publish), cfg.Concurrency handlers, each its own subscription with
+// an equal share of cfg.Prefetch.
 func NewWatermillAMQP(ctx context.Context, cfg AMQPConfig, api WatermillAPI, pool int) (Side, error) {
 	queue := "bench-watermill-" + watermill.NewShortUUID()
 	c := wamqp.NewDurableQueueConfig(cfg.URL)
@@ -116,7 +117,11 @@ func NewWatermillAMQP(ctx context.Context, cfg AMQPConfig, api WatermillAPI, poo
 	if err != nil {
 		return nil, err
 	}
-	s := &watermillSide{name: fmt.Sprintf("watermill-amqp %s pool=%d", api, pool), senders: cfg.Senders}
+	name := fmt.Sprintf("watermill-amqp %s pool=%d", api, pool)
+	if pool == 0 {
+		name += " (default)"
+	}
+	s := &watermillSide{name: name, senders: cfg.Senders}
 	s.closers = append(s.closers, func() error { return broker{cfg.URL}.cleanup([]string{queue}, nil) }, conn.Close)
 	pub, err := wamqp.NewPublisherWithConnection(c, watermill.NopLogger{}, conn)
 	if err != nil {

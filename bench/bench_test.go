@@ -45,6 +45,7 @@ func amqpMakers(cfg bench.AMQPConfig) []maker {
 	return []maker{
 		{"plugbus", func(ctx context.Context) (bench.Side, error) { return bench.NewPlugbusRabbitMQ(ctx, cfg) }},
 		{"amqp091-go", func(ctx context.Context) (bench.Side, error) { return bench.NewRawAMQP(ctx, cfg) }},
+		{"watermill-amqp pool=0 (default)", wm(0)},
 		{"watermill-amqp pool=channels", wm(cfg.PublisherChannels)},
 		{"watermill-amqp pool=senders", wm(cfg.Senders)},
 	}

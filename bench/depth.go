@@ -200,6 +200,11 @@ func Depth(chains []Chain, layers []int, reps, iters int) ([]DepthResult, error)
 				op := ops[c][l][r%depthInstances]
 				var before, after runtime.MemStats
 				runtime.GC()
+				for range 3 { // refill the pools the collection emptied
+					if err := op(); err != nil {
+						return nil, fmt.Errorf("bench: %s with %d layers: %w", chains[c].Name, layers[l], err)
+					}
+				}
 				runtime.ReadMemStats(&before)
 				start := time.Now()
 				for range iters {
