@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"runtime/debug"
-	"slices"
 	"strconv"
 	"time"
 
@@ -147,27 +145,29 @@ type DepthPoint struct {
 type DepthResult struct {
 	Chain  string
 	Points []DepthPoint
-	// NsPerLayer and AllocsPerLayer are the least-squares slopes of the
-	// points: what one more layer costs.
+	// NsPerLayer is what one more layer costs: the median, over passes,
+	// of each pass's least-squares slope. AllocsPerLayer is the slope of
+	// the points' allocations.
 	NsPerLayer, AllocsPerLayer float64
 }
 
-// Depth measures every chain at every depth of layers: reps passes, each
-// going through the depths and chains in a rotated order and timing iters
-// operations per sample. A point is the fastest of its samples (and the
-// median of their allocations): on a shared machine interference only
-// ever adds time, so the minimum is the steadiest estimate of a cost of
-// tens of nanoseconds. The garbage collector is paused while a sample is
-// timed and runs between samples: what it collects is the same at every
-// depth (a layer allocates nothing), and a collection landing in one
-// sample and not in another would be read as a cost of the layers.
+// Depth measures every chain at every depth of layers in reps short
+// passes. A pass times iters operations of each chain at each depth, in
+// an order rotated from pass to pass, and gives one slope per chain: the
+// depths of one pass run within milliseconds of each other, so a slower
+// or faster spell of a shared machine moves all of them together and
+// leaves the slope alone. A chain's cost per layer is the median of its
+// pass slopes; a point is the median of its samples. Neither is the
+// fastest sample: on a machine whose speed swings, the fastest samples
+// of different depths come from different spells, and their slope is
+// noise.
 //
-// Each chain is built depthInstances times at every depth and the passes
-// take the instances in turn: where an instance's memory happens to lie
-// changes its speed by more than a layer costs, and one instance per depth
-// would read that as a cost (or a gain) of the layers.
+// The garbage collector runs as it would in a service (pausing it makes
+// every allocation touch fresh memory and slows everything down). Each
+// chain is built depthInstances times at every depth and the passes take
+// the instances in turn: where an instance's memory happens to lie changes
+// its speed by more than a layer costs.
 func Depth(chains []Chain, layers []int, reps, iters int) ([]DepthResult, error) {
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	ops := make([][][]func() error, len(chains))
 	for c, ch := range chains {
 		ops[c] = make([][]func() error, len(layers))
@@ -177,40 +177,41 @@ func Depth(chains []Chain, layers []int, reps, iters int) ([]DepthResult, error)
 				if err != nil {
 					return nil, fmt.Errorf("bench: %s with %d layers: %w", ch.Name, n, err)
 				}
-				for range iters / 10 { // warm up: pools, caches
-					if err := op(); err != nil {
-						return nil, fmt.Errorf("bench: %s with %d layers: %w", ch.Name, n, err)
-					}
-				}
 				ops[c][l] = append(ops[c][l], op)
 			}
 		}
 	}
-	ns := make([][][]float64, len(chains))
-	allocs := make([][][]float64, len(chains))
+	run := func(c, l, r, n int) error {
+		for range n {
+			if err := ops[c][l][r%depthInstances](); err != nil {
+				return fmt.Errorf("bench: %s with %d layers: %w", chains[c].Name, layers[l], err)
+			}
+		}
+		return nil
+	}
+	ns := make([][][]float64, len(chains))     // [chain][depth][pass]
+	allocs := make([][][]float64, len(chains)) // [chain][depth][pass]
 	for c := range chains {
 		ns[c] = make([][]float64, len(layers))
 		allocs[c] = make([][]float64, len(layers))
 	}
 	for r := range reps {
+		for c := range chains { // warm up this pass's instances: pools, caches
+			for l := range layers {
+				if err := run(c, l, r, max(iters/10, 3)); err != nil {
+					return nil, err
+				}
+			}
+		}
 		for k := range layers {
 			l := (r + k) % len(layers)
 			for j := range chains {
 				c := (r + j) % len(chains)
-				op := ops[c][l][r%depthInstances]
 				var before, after runtime.MemStats
-				runtime.GC()
-				for range 3 { // refill the pools the collection emptied
-					if err := op(); err != nil {
-						return nil, fmt.Errorf("bench: %s with %d layers: %w", chains[c].Name, layers[l], err)
-					}
-				}
 				runtime.ReadMemStats(&before)
 				start := time.Now()
-				for range iters {
-					if err := op(); err != nil {
-						return nil, fmt.Errorf("bench: %s with %d layers: %w", chains[c].Name, layers[l], err)
-					}
+				if err := run(c, l, r, iters); err != nil {
+					return nil, err
 				}
 				elapsed := time.Since(start)
 				runtime.ReadMemStats(&after)
@@ -219,16 +220,28 @@ func Depth(chains []Chain, layers []int, reps, iters int) ([]DepthResult, error)
 			}
 		}
 	}
+	xs := make([]float64, len(layers))
+	for l, n := range layers {
+		xs[l] = float64(n)
+	}
 	out := make([]DepthResult, len(chains))
 	for c, ch := range chains {
 		res := DepthResult{Chain: ch.Name}
-		xs, ys, as := make([]float64, len(layers)), make([]float64, len(layers)), make([]float64, len(layers))
+		as := make([]float64, len(layers))
 		for l, n := range layers {
-			p := DepthPoint{Layers: n, NsPerOp: slices.Min(ns[c][l]), AllocsPerOp: Median(allocs[c][l])}
+			p := DepthPoint{Layers: n, NsPerOp: Median(ns[c][l]), AllocsPerOp: Median(allocs[c][l])}
 			res.Points = append(res.Points, p)
-			xs[l], ys[l], as[l] = float64(n), p.NsPerOp, p.AllocsPerOp
+			as[l] = p.AllocsPerOp
 		}
-		res.NsPerLayer, res.AllocsPerLayer = Slope(xs, ys), Slope(xs, as)
+		slopes := make([]float64, reps)
+		ys := make([]float64, len(layers))
+		for r := range reps {
+			for l := range layers {
+				ys[l] = ns[c][l][r]
+			}
+			slopes[r] = Slope(xs, ys)
+		}
+		res.NsPerLayer, res.AllocsPerLayer = Median(slopes), Slope(xs, as)
 		out[c] = res
 	}
 	return out, nil

@@ -57,8 +57,8 @@ func run() error {
 	flag.IntVar(&c.n, "n", 20000, "messages per round in the memory suites")
 	flag.IntVar(&c.amqpRounds, "amqp-rounds", 7, "rounds of each side in the RabbitMQ suite")
 	flag.IntVar(&c.amqpN, "amqp-n", 2000, "messages per round in the RabbitMQ suite")
-	flag.IntVar(&c.depthReps, "depth-reps", 60, "passes over the depths in the depth suite")
-	flag.IntVar(&c.depthIters, "depth-iters", 2000, "operations per sample in the depth suite")
+	flag.IntVar(&c.depthReps, "depth-reps", 200, "passes over the depths in the depth suite")
+	flag.IntVar(&c.depthIters, "depth-iters", 500, "operations per sample in the depth suite")
 	flag.IntVar(&c.concurrency, "concurrency", 1, "plugbus workers in the memory suites (Watermill's GoChannel hands a subscriber one message at a time)")
 	flag.StringVar(&c.amqpURL, "amqp-url", getenv("PLUGBUS_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.BoolVar(&c.markdown, "markdown", false, "print Markdown tables")
@@ -218,7 +218,7 @@ func depthSuite(w io.Writer, c config) ([]check, error) {
 	if err != nil {
 		return nil, err
 	}
-	note := fmt.Sprintf("one synchronous operation per op (plugbus: Bus.Deliver or Bus.Publish; Watermill: the composed handler function); per layer = least-squares slope; fastest of %d passes of %d ops", c.depthReps, c.depthIters)
+	note := fmt.Sprintf("one synchronous operation per op (plugbus: Bus.Deliver or Bus.Publish; Watermill: the composed handler function); points are medians of %d passes of %d ops per depth; per layer = the median of the passes' least-squares slopes", c.depthReps, c.depthIters)
 	if err := bench.WriteDepth(w, "middleware depth: cost of one more no-op layer", note, rs, c.markdown); err != nil {
 		return nil, err
 	}
