@@ -403,7 +403,7 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 	if d.ContentType != "" && d.ContentType != b.contentType {
 		return &DecodeError{Message: d.Name, Type: hs[0].typ, Err: fmt.Errorf("content type %q, the bus's serializer reads %q", d.ContentType, b.contentType)}
 	}
-	var small [4]Message
+	var small [4]any
 	msgs := small[:0]
 	for _, h := range hs {
 		m, err := h.decode(b.ser, d.Body)
@@ -426,7 +426,7 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 
 // runHandler runs one handler inside its handler chain and scope, then
 // flushes what it sent when it succeeded.
-func (b *Bus) runHandler(ctx context.Context, h *handler, msg Message, in *incomingRun) error {
+func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, in *incomingRun) error {
 	d := in.d
 	// The scope is the handler's context too: one allocation for both.
 	scope := &handlerScope{Context: ctx, bus: b, attrs: d.Attributes, handler: h.name}

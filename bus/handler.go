@@ -15,8 +15,11 @@ type handler struct {
 	name    string
 	msgName string
 	typ     string
-	decode  func(s Serializer, body []byte) (Message, error)
+	decode  func(s Serializer, body []byte) (any, error)
 	invoke  func(ctx context.Context, msg any, attrs Attributes) error
+	// shown turns what decode returned into what the handler receives,
+	// for Handling.Message; nil when they are the same.
+	shown func(any) Message
 }
 
 // HandlerOption configures one handler.
@@ -46,21 +49,29 @@ func WithHandler[T Message](fn func(ctx context.Context, msg T, attrs Attributes
 		if rt.Kind() == reflect.Pointer {
 			elem := rt.Elem()
 			h.msgName = reflect.New(elem).Interface().(T).MessageName()
-			h.decode = func(s Serializer, body []byte) (Message, error) {
+			h.decode = func(s Serializer, body []byte) (any, error) {
 				v := reflect.New(elem).Interface().(T)
 				return v, s.Unmarshal(body, v)
+			}
+			h.invoke = func(ctx context.Context, msg any, attrs Attributes) error {
+				return fn(ctx, msg.(T), attrs)
 			}
 		} else {
 			var zero T
 			h.msgName = zero.MessageName()
-			h.decode = func(s Serializer, body []byte) (Message, error) {
-				var v T
-				err := s.Unmarshal(body, &v)
-				return v, err
+			// A value-typed message is decoded into a *T (the decoder needs
+			// a pointer, so it is on the heap anyway) and kept as that
+			// pointer: boxing the value again would copy it to the heap a
+			// second time. The handler gets the value.
+			h.decode = func(s Serializer, body []byte) (any, error) {
+				p := new(T)
+				err := s.Unmarshal(body, p)
+				return p, err
 			}
-		}
-		h.invoke = func(ctx context.Context, msg any, attrs Attributes) error {
-			return fn(ctx, msg.(T), attrs)
+			h.invoke = func(ctx context.Context, msg any, attrs Attributes) error {
+				return fn(ctx, *msg.(*T), attrs)
+			}
+			h.shown = func(m any) Message { return *m.(*T) }
 		}
 		for _, o := range opts {
 			o(h)

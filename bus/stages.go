@@ -80,7 +80,7 @@ type handlingRun struct {
 	run[Handling]
 	b     *Bus
 	h     *handler
-	msg   Message
+	msg   any // as the handler's decode returned it (see handler.shown)
 	d     *Delivery
 	scope *handlerScope
 }
@@ -102,7 +102,13 @@ func (h *Handling) MessageName() string { return h.r.d.Name }
 
 // Message returns the decoded message the handler will receive. It must not
 // be modified.
-func (h *Handling) Message() Message { return h.r.msg }
+func (h *Handling) Message() Message {
+	if show := h.r.h.shown; show != nil {
+		return show(h.r.msg)
+	}
+	m, _ := h.r.msg.(Message)
+	return m
+}
 
 // Attributes returns the message's attributes.
 func (h *Handling) Attributes() Attributes { return h.r.d.Attributes }

@@ -314,6 +314,28 @@ func TestHandlingSeesHandlerAndMessage(t *testing.T) {
 	e.expect("delete")
 }
 
+// A handler of a pointer type gets, and its middleware sees, a pointer.
+func TestHandlingSeesAPointerMessageAsAPointer(t *testing.T) {
+	seen, handled := make(chan bus.Message, 1), make(chan *orderPlaced, 1)
+	e := newEnv(t, nil,
+		bus.WithMiddleware(bus.Middleware{Name: "look", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			seen <- h.Message()
+			return next(ctx)
+		}}),
+		bus.WithHandler(func(ctx context.Context, m *orderPlaced, a bus.Attributes) error { handled <- m; return nil }))
+	if err := e.bus.Send(t.Context(), &orderPlaced{ID: "o-7", Total: 3}); err != nil {
+		t.Fatal(err)
+	}
+	m, ok := recv(t, seen).(*orderPlaced)
+	if !ok || *m != (orderPlaced{ID: "o-7", Total: 3}) {
+		t.Fatalf("middleware saw %#v", m)
+	}
+	if h := recv(t, handled); h != m {
+		t.Fatalf("handler got %p, middleware saw %p: want the same message", h, m)
+	}
+	e.expect("delete")
+}
+
 func TestOutgoingMutatesAttributesAndHeaders(t *testing.T) {
 	type seen struct {
 		attrs  bus.Attributes
