@@ -32,6 +32,7 @@ type Bus struct {
 	t              Transport
 	hv             HeaderValidator
 	releaser       DeliveryReleaser
+	lendEnvelopes  bool // the transport copies envelopes: a sent one can live in its pooled run
 	logger         *slog.Logger
 	ser            Serializer
 	contentType    string
@@ -97,6 +98,9 @@ func New(opts ...Option) (*Bus, error) {
 	}
 	b.hv, _ = c.transport.(HeaderValidator)
 	b.releaser, _ = c.transport.(DeliveryReleaser)
+	if ec, ok := c.transport.(EnvelopeCopier); ok {
+		b.lendEnvelopes = ec.CopiesEnvelopes()
+	}
 	for _, h := range c.handlers {
 		for _, other := range b.handlers[h.msgName] {
 			if other.name == h.name {
@@ -557,18 +561,28 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 	if err != nil {
 		return fmt.Errorf("bus: encoding %s: %w", r.msgName, err)
 	}
-	m := Outbound{
-		Kind:     r.kind,
-		Envelope: &Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers},
-		Options:  SendOptions{Destination: r.dest},
-	}
+	m := Outbound{Kind: r.kind, Options: SendOptions{Destination: r.dest}}
+	env := Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers}
 	r.owned = 0 // the envelope owns the maps now
 	r.headers = nil
-	if r.buffer {
+	if r.buffer { // kept after this returns
+		m.Envelope = new(Envelope)
+		*m.Envelope = env
 		return r.scope.add(ctx, m)
 	}
-	if o := outboxFrom(ctx, b); o != nil && r.scope == nil {
+	if o := outboxFrom(ctx, b); o != nil && r.scope == nil { // kept too
+		m.Envelope = new(Envelope)
+		*m.Envelope = env
 		return o.Add(ctx, m)
+	}
+	if b.lendEnvelopes {
+		// Handed straight to a transport that copies what it keeps: the
+		// envelope lives in the run, reused only once the run ended clean.
+		r.env = env
+		m.Envelope = &r.env
+	} else {
+		m.Envelope = new(Envelope)
+		*m.Envelope = env
 	}
 	return b.transmit(ctx, m)
 }

@@ -244,6 +244,10 @@ func copyEnvelope(env *Envelope) Envelope {
 	return c
 }
 
+// CopiesEnvelopes implements [EnvelopeCopier]: Send and Publish queue a
+// copy of the envelope.
+func (t *MemoryTransport) CopiesEnvelopes() bool { return true }
+
 // Send puts env on the queue of opts.Destination.
 func (t *MemoryTransport) Send(ctx context.Context, env *Envelope, opts SendOptions) error {
 	if err := t.check(ctx); err != nil {
@@ -446,4 +450,5 @@ var (
 	_ Transport        = (*MemoryTransport)(nil)
 	_ InstanceQueuer   = (*MemoryTransport)(nil)
 	_ InstanceReceiver = (*MemoryTransport)(nil)
+	_ EnvelopeCopier   = (*MemoryTransport)(nil)
 )

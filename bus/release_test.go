@@ -3,10 +3,12 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/transports/memory"
 )
 
 // releaser is a recorder that also takes deliveries back
@@ -114,5 +116,64 @@ func TestDeliverDoesNotRelease(t *testing.T) {
 	case s := <-e.rec.settled:
 		t.Fatalf("%s of %s", s.op, s.d.Attributes.MessageID)
 	default:
+	}
+}
+
+// keeper records the envelopes it is given, as a test fake does: it is not
+// a bus.EnvelopeCopier, so every envelope it gets must stay its own.
+type keeper struct {
+	bus.Transport
+	mu   sync.Mutex
+	envs []*bus.Envelope
+	ids  []string // message ids as they were during Send
+}
+
+func (k *keeper) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.envs = append(k.envs, env)
+	k.ids = append(k.ids, env.Attributes.MessageID)
+	return nil
+}
+
+// copier is the same fake claiming to copy envelopes: the bus may then
+// hand it envelopes it reuses (whether it does depends on sync.Pool).
+type copier struct{ *keeper }
+
+func (copier) CopiesEnvelopes() bool { return true }
+
+func TestEnvelopesAreReusedOnlyForTransportsThatCopyThem(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		wrap func(*keeper) bus.Transport
+		kept bool
+	}{
+		{"keeper", func(k *keeper) bus.Transport { return k }, true},
+		{"copier", func(k *keeper) bus.Transport { return copier{k} }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := &keeper{Transport: memory.New()}
+			b, err := bus.New(bus.WithTransport(c.wrap(k)), bus.WithRoute("elsewhere", orderPlaced{}), bus.WithLogger(discard()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := []string{"first", "second", "third"}
+			for _, id := range ids {
+				if err := b.Send(t.Context(), orderPlaced{ID: id}, bus.WithMessageID(id)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(k.envs) != len(ids) {
+				t.Fatalf("transport got %d envelopes", len(k.envs))
+			}
+			for i, id := range ids {
+				if k.ids[i] != id {
+					t.Errorf("send %d: the transport saw message %s, want %s", i+1, k.ids[i], id)
+				}
+				if c.kept && k.envs[i].Attributes.MessageID != id {
+					t.Errorf("envelope %d kept by the transport now holds message %s, want %s: the bus reused it", i+1, k.envs[i].Attributes.MessageID, id)
+				}
+			}
+		})
 	}
 }

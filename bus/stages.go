@@ -177,6 +177,7 @@ type outgoingRun struct {
 	headers Headers
 	scope   *handlerScope // the handler scope it inherits from, if any
 	buffer  bool          // buffer in scope's outbox (not Immediately)
+	env     Envelope      // handed to a transport that copies envelopes (see EnvelopeCopier)
 }
 
 const (
@@ -200,6 +201,7 @@ func (r *outgoingRun) reset() {
 	r.msg, r.scope, r.headers, r.buffer = nil, nil, nil, false
 	r.attrs = Attributes{}
 	r.owned = 0
+	r.env = Envelope{}
 }
 
 // Message returns the message being sent. It must not be modified.

@@ -75,6 +75,17 @@ type DeliveryReleaser interface {
 	ReleaseDelivery(d *Delivery)
 }
 
+// EnvelopeCopier is implemented by transports whose Send and Publish keep
+// no pointer to env once they return: they copy what they keep (the
+// Envelope struct; its body and maps are never reused by the bus). When
+// CopiesEnvelopes reports true, the bus hands such a transport envelopes
+// it reuses for later messages, which saves an allocation per message.
+// A transport that keeps env itself, such as a fake recording what was
+// sent, must not implement it.
+type EnvelopeCopier interface {
+	CopiesEnvelopes() bool
+}
+
 // InstanceReceiver is implemented by transports that can receive from the
 // instance queue alone. The bus then reads it with a receive loop of its
 // own, beside its handler workers, so that a handler waiting for a reply

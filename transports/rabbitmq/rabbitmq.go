@@ -474,4 +474,5 @@ var (
 	_ bus.InstanceQueuer   = (*Transport)(nil)
 	_ bus.InstanceReceiver = (*Transport)(nil)
 	_ bus.DeliveryReleaser = (*Transport)(nil)
+	_ bus.EnvelopeCopier   = (*Transport)(nil)
 )

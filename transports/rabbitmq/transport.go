@@ -37,6 +37,10 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOp
 	return err
 }
 
+// CopiesEnvelopes implements [bus.EnvelopeCopier]: Send and Publish keep
+// nothing of env once the broker confirmed it.
+func (t *Transport) CopiesEnvelopes() bool { return true }
+
 // Publish publishes env to the topic exchange with its name as routing key:
 // every endpoint that handles the name gets a copy. It returns once the
 // broker confirmed it; when no endpoint subscribes it is an

@@ -497,6 +497,10 @@ func (t *Transport) checkOpen(ctx context.Context) error {
 	return nil
 }
 
+// CopiesEnvelopes implements [bus.EnvelopeCopier]: Send and Publish encode
+// env into the request and keep nothing of it.
+func (t *Transport) CopiesEnvelopes() bool { return true }
+
 // Send puts env on the queue of the endpoint opts.Destination. The queue
 // must exist: the receiving endpoint declares it in its Setup. A
 // Destination that is a queue URL (an instance address,
@@ -586,4 +590,5 @@ var (
 	_ bus.HeaderValidator  = (*Transport)(nil)
 	_ bus.InstanceQueuer   = (*Transport)(nil)
 	_ bus.InstanceReceiver = (*Transport)(nil)
+	_ bus.EnvelopeCopier   = (*Transport)(nil)
 )
