@@ -418,7 +418,7 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 	}
 	var failures []HandlerFailure
 	for i, h := range hs {
-		if err := b.runHandler(ctx, h, msgs[i], r); err != nil {
+		if err := b.runHandler(ctx, h, msgs[i], d, r); err != nil {
 			failures = append(failures, HandlerFailure{Handler: h.name, Err: err})
 		}
 	}
@@ -430,8 +430,7 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 
 // runHandler runs one handler inside its handler chain and scope, then
 // flushes what it sent when it succeeded.
-func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, in *incomingRun) error {
-	d := in.d
+func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, in *incomingRun) error {
 	// The scope is the handler's context too: one allocation for both.
 	scope := &handlerScope{Context: ctx, bus: b, attrs: d.Attributes, handler: h.name}
 	r := b.hdPool.Get().(*handlingRun)

@@ -41,6 +41,7 @@ type run[C any] struct {
 	ctxs     []C
 	nexts    []Next
 	state    []atomic.Uint64 // phase of each layer in the current epoch
+	term     atomic.Uint64   // the last epoch whose terminal step returned
 	epoch    atomic.Uint64   // the current invocation
 	unclean  atomic.Bool     // a layer returned without calling next first
 	loggers  []*slog.Logger
@@ -75,12 +76,19 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 		// the middleware's own, so deep chains stay cheap.
 		j := i + 1
 		if j >= len(fns) {
+			// The innermost next runs the terminal step. No layer inside
+			// it records when it returns, so it records that itself: an
+			// innermost middleware that hands next to another goroutine
+			// and returns must not leave the run reusable while the
+			// terminal step still runs there.
 			r.nexts[i] = func(ctx context.Context) error {
 				e := r.epoch.Load()
 				if !si.CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
 					return r.badNext(i)
 				}
-				return r.terminal(ctx)
+				err := r.terminal(ctx)
+				r.term.Store(e)
+				return err
 			}
 			continue
 		}
@@ -102,7 +110,7 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 // start runs the chain as a new epoch.
 func (r *run[C]) start(ctx context.Context) error {
 	if len(r.p.fns) == 0 {
-		return r.terminal(ctx)
+		return r.terminal(ctx) // on this goroutine: reusable needs no record
 	}
 	clear(r.loggers)
 	e := r.epoch.Load() + 1
@@ -130,12 +138,17 @@ func (r *run[C]) leftEarly(ctx context.Context, i int, err error) {
 }
 
 // reusable reports whether the run may go back to its pool: every layer
-// called next and returned after it, and no next is still running.
+// called next and returned after it, the terminal step returned, and no
+// next is still running.
 func (r *run[C]) reusable() bool {
 	if r.unclean.Load() {
 		return false
 	}
-	done := phase(r.epoch.Load(), phaseDone)
+	e := r.epoch.Load()
+	if len(r.state) > 0 && r.term.Load() != e {
+		return false // the terminal step has not returned (or never ran)
+	}
+	done := phase(e, phaseDone)
 	for i := range r.state {
 		if r.state[i].Load() != done {
 			return false

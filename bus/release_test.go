@@ -177,3 +177,131 @@ func TestEnvelopesAreReusedOnlyForTransportsThatCopyThem(t *testing.T) {
 		})
 	}
 }
+
+// detachInnermost is a timeout middleware that is the innermost (only)
+// layer of its stage: for message "slow" (in the handler stage: its
+// handler "first") it runs next on another goroutine and returns once next
+// has started, leaving the terminal step running there. late receives what
+// that next returns.
+func detachInnermost(stage bus.Stage, entered <-chan struct{}, late chan<- error) bus.Middleware {
+	detach := func(ctx context.Context, id string, next bus.Next) error {
+		if id != "slow" {
+			return next(ctx)
+		}
+		go func() { late <- next(ctx) }()
+		<-entered
+		return errors.New("timed out")
+	}
+	if stage == bus.StageHandler {
+		return bus.Middleware{Name: "timeout", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			if h.HandlerName() != "first" {
+				return next(ctx)
+			}
+			return detach(ctx, h.Attributes().MessageID, next)
+		}}
+	}
+	return bus.Middleware{Name: "timeout", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		return detach(ctx, in.Attributes().MessageID, next)
+	}}
+}
+
+// The terminal step of a stage still running on another goroutine keeps
+// the delivery from being released, and the run from being reused: the
+// handlers of "slow" run after the middleware returned and the message was
+// dead-lettered, and the second still reads its own delivery.
+func TestDeliveryNotReleasedWhileADetachedTerminalRuns(t *testing.T) {
+	for _, stage := range []bus.Stage{bus.StageIncoming, bus.StageHandler} {
+		t.Run(stage.String(), func(t *testing.T) {
+			entered, proceed, late := make(chan struct{}), make(chan struct{}), make(chan error, 2)
+			secondSaw := make(chan string, 1)
+			var once sync.Once
+			e := newReleasingEnv(t, bus.WithMiddleware(detachInnermost(stage, entered, late)), bus.WithMaxAttempts(1),
+				bus.WithHandler(func(_ context.Context, _ orderPlaced, a bus.Attributes) error {
+					if a.MessageID == "slow" {
+						once.Do(func() { close(entered) })
+						<-proceed
+					}
+					return nil
+				}, bus.HandlerName("first")),
+				bus.WithHandler(func(_ context.Context, _ orderPlaced, a bus.Attributes) error {
+					if a.MessageID == "slow" && stage == bus.StageIncoming {
+						secondSaw <- a.MessageID
+					}
+					return nil
+				}, bus.HandlerName("second")))
+			ctx := t.Context()
+			if err := e.bus.Send(ctx, orderPlaced{}, bus.WithMessageID("slow")); err != nil {
+				t.Fatal(err)
+			}
+			// With one worker, a release of "slow" would come right after
+			// its dead-lettering, before anything of the next message.
+			e.expectSeq("fail", "slow")
+			if err := e.bus.Send(ctx, orderPlaced{}, bus.WithMessageID("fast")); err != nil {
+				t.Fatal(err)
+			}
+			e.expectSeq("delete", "fast", "release", "fast")
+			close(proceed)
+			if err := recv(t, late); err != nil {
+				t.Fatalf("detached next: %v", err)
+			}
+			if stage == bus.StageIncoming {
+				if got := recv(t, secondSaw); got != "slow" {
+					t.Fatalf("second handler of slow saw %s", got)
+				}
+			}
+		})
+	}
+}
+
+// slowCopier copies envelopes (bus.EnvelopeCopier) but takes its time with
+// "slow": it reads the envelope again once told to proceed.
+type slowCopier struct {
+	bus.Transport
+	entered, proceed chan struct{}
+	seen             chan string
+}
+
+func (*slowCopier) CopiesEnvelopes() bool { return true }
+
+func (s *slowCopier) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+	if env.Attributes.MessageID == "slow" {
+		close(s.entered)
+		<-s.proceed
+		s.seen <- env.Attributes.MessageID
+	}
+	return nil
+}
+
+// An outgoing timeout middleware that returns while the transport still
+// sends keeps the run, and the envelope in it, from being reused.
+func TestEnvelopeNotReusedWhileADetachedSendRuns(t *testing.T) {
+	tr := &slowCopier{Transport: memory.New(), entered: make(chan struct{}), proceed: make(chan struct{}), seen: make(chan string, 1)}
+	late := make(chan error, 1)
+	timeout := bus.Middleware{Name: "timeout", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		if out.MessageID() != "slow" {
+			return next(ctx)
+		}
+		go func() { late <- next(ctx) }()
+		<-tr.entered
+		return errors.New("send timed out")
+	}}
+	b, err := bus.New(bus.WithTransport(tr), bus.WithRoute("elsewhere", orderPlaced{}), bus.WithLogger(discard()), bus.WithMiddleware(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(t.Context(), orderPlaced{}, bus.WithMessageID("slow")); err == nil {
+		t.Fatal("send of slow: want the timeout's error")
+	}
+	for range 3 { // would take the pooled run of slow, were it back in the pool
+		if err := b.Send(t.Context(), orderPlaced{}, bus.WithMessageID("fast")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(tr.proceed)
+	if got := recv(t, tr.seen); got != "slow" {
+		t.Fatalf("the transport, still sending slow, reads message %q in its envelope", got)
+	}
+	if err := recv(t, late); err != nil {
+		t.Fatalf("detached send: %v", err)
+	}
+}

@@ -73,7 +73,7 @@ func NewOutgoing(m OutgoingMessage, info StageInfo) *Outgoing {
 		r.msgName = m.Message.MessageName()
 	}
 	if m.InHandler {
-		r.scope, r.buffer = &handlerScope{}, true
+		r.scope, r.buffer = &handlerScope{Context: context.Background()}, true
 	}
 	r.init(standalonePipe[Outgoing](StageOutgoing, info), func(i int) Outgoing { return Outgoing{r: r, i: i} },
 		noTerminal, func() []any {

@@ -106,8 +106,8 @@ func describe(exchange, key, name string) string {
 // Receive returns the next message of the endpoint's queue or of the
 // instance queue. While the connection is down it waits for the next one. A message it cannot read
 // is returned with Delivery.Err set, for the bus to dead-letter. Raw is a
-// *amqp091.Delivery, valid until the bus releases the delivery (after it
-// is settled).
+// *amqp091.Delivery, to be read and not modified, valid until the bus
+// releases the delivery (after it is settled).
 func (t *Transport) Receive(ctx context.Context) (*bus.Delivery, error) {
 	return t.receive(ctx, false)
 }
@@ -159,16 +159,18 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 			}
 			endpoint = nil // never ready
 		}
-		// The delivery channels close when the session dies or the
-		// transport closes (amqp091 closes them with their channel), so
-		// waiting on them and ctx is enough; fewer channels make the wait
-		// cheaper, and a delivery already buffered is taken without one.
+		// A delivery already buffered is taken without a blocking select.
+		// Otherwise the wait needs no case for Close: Close ends the
+		// session, which closes s.dead (and, with the connection, the
+		// delivery channels).
 		select {
 		case m, ok = <-endpoint:
 		default:
 			select {
 			case m, ok = <-endpoint:
 			case m, ok = <-s.instDeliveries:
+			case <-s.dead:
+				continue
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
