@@ -24,6 +24,14 @@ func newReleasingEnv(t *testing.T, opts ...bus.Option) *env {
 	return newEnvOver(t, nil, func(r *recorder) bus.Transport { return releaser{r} }, opts...)
 }
 
+// sendID sends an orderPlaced with message id id to the env's bus.
+func (e *env) sendID(id string) {
+	e.t.Helper()
+	if err := e.bus.Send(e.t.Context(), orderPlaced{}, bus.WithMessageID(id)); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // expectSeq reads the next settlements and checks their operations and
 // message ids.
 func (e *env) expectSeq(ops ...string) {
@@ -77,16 +85,11 @@ func TestDeliveryNotReleasedWhileAMiddlewareMayReadIt(t *testing.T) {
 	}}
 	e := newReleasingEnv(t, bus.WithMiddleware(detach, probe),
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
-	ctx := t.Context()
-	if err := e.bus.Send(ctx, orderPlaced{}, bus.WithMessageID("slow")); err != nil {
-		t.Fatal(err)
-	}
+	e.sendID("slow")
 	// With one worker, a release of "slow" would come right after its
 	// return, before anything of the next message.
 	e.expectSeq("return", "slow")
-	if err := e.bus.Send(ctx, orderPlaced{}, bus.WithMessageID("fast")); err != nil {
-		t.Fatal(err)
-	}
+	e.sendID("fast")
 	settled := map[string]bool{}
 	for range 4 { // fast, and the retry of slow, in either order
 		s := e.next()
@@ -229,16 +232,11 @@ func TestDeliveryNotReleasedWhileADetachedTerminalRuns(t *testing.T) {
 					}
 					return nil
 				}, bus.HandlerName("second")))
-			ctx := t.Context()
-			if err := e.bus.Send(ctx, orderPlaced{}, bus.WithMessageID("slow")); err != nil {
-				t.Fatal(err)
-			}
+			e.sendID("slow")
 			// With one worker, a release of "slow" would come right after
 			// its dead-lettering, before anything of the next message.
 			e.expectSeq("fail", "slow")
-			if err := e.bus.Send(ctx, orderPlaced{}, bus.WithMessageID("fast")); err != nil {
-				t.Fatal(err)
-			}
+			e.sendID("fast")
 			e.expectSeq("delete", "fast", "release", "fast")
 			close(proceed)
 			if err := recv(t, late); err != nil {
