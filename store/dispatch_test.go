@@ -122,8 +122,8 @@ func TestUndecodableRowIsParked(t *testing.T) {
 			return nil
 		})
 		var de *store.DispatchError
-		if n != 2 || !errors.As(err, &de) || !de.Parked || de.MessageID != "id-1" || fmt.Sprint(got) != "[id-0 id-2]" {
-			t.Fatalf("DispatchPending = %d, %v, %v; want id-0 and id-2 dispatched, id-1 parked", n, err, got)
+		if n != 2 || !errors.As(err, &de) || !de.Parked || !de.RetryAt.IsZero() || de.MessageID != "id-1" || fmt.Sprint(got) != "[id-0 id-2]" {
+			t.Fatalf("DispatchPending = %d, %v, %v; want id-0 and id-2 dispatched, id-1 parked (no retry time)", n, err, got)
 		}
 		if c, _ := st.ParkedCount(ctx); c != 1 {
 			t.Fatalf("ParkedCount = %d", c)

@@ -99,11 +99,12 @@ var ErrParked = errors.New("store: outbox row parked")
 // again after a backoff ([WithDispatchBackoff]) while the other messages
 // go on, or, when Parked, no longer dispatched until [Store.Requeue].
 type DispatchError struct {
-	ID        int64  // row id in the outbox table
-	MessageID string // the message's id
-	Name      string // the message's name
-	Attempts  int    // failed attempts so far, this one included
-	Parked    bool   // the row is parked: out of attempts, or undecodable
+	ID        int64     // row id in the outbox table
+	MessageID string    // the message's id
+	Name      string    // the message's name
+	Attempts  int       // failed attempts so far, this one included
+	Parked    bool      // the row is parked: out of attempts, or undecodable
+	RetryAt   time.Time // when the row is due again; zero when parked
 	Err       error
 }
 
@@ -288,8 +289,11 @@ func (s *Store) mark(ctx context.Context, x execer, ids []int64, failed []*Dispa
 		if de.Parked {
 			parked = now.UnixNano()
 		}
-		next := now.Add(s.retry.after(de.Attempts)).UnixNano()
-		if _, err := x.ExecContext(ctx, s.q.markFailed, de.Attempts, de.Err.Error(), next, parked, de.ID); err != nil {
+		retryAt := now.Add(s.retry.after(de.Attempts))
+		if !de.Parked {
+			de.RetryAt = retryAt
+		}
+		if _, err := x.ExecContext(ctx, s.q.markFailed, de.Attempts, de.Err.Error(), retryAt.UnixNano(), parked, de.ID); err != nil {
 			return fmt.Errorf("store: recording the dispatch error of outbox row %d: %w", de.ID, err)
 		}
 		if de.Parked {

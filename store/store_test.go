@@ -131,6 +131,7 @@ func TestStore(t *testing.T) {
 			// for its backoff (1s by default, longer than this test).
 			var got []bus.Outbound
 			fail := errors.New("transport down")
+			before := time.Now()
 			n, err := st.DispatchPending(ctx, 10, func(_ context.Context, m bus.Outbound) error {
 				if m.Envelope.Attributes.MessageID == "id-2" {
 					return fail
@@ -141,6 +142,11 @@ func TestStore(t *testing.T) {
 			var de *store.DispatchError
 			if n != 4 || !errors.As(err, &de) || !errors.Is(err, fail) || de.MessageID != "id-2" || de.Attempts != 1 || de.Parked {
 				t.Fatalf("DispatchPending = %d, %v; want 4, DispatchError for id-2", n, err)
+			}
+			// The error says when the row is due again: after the default
+			// first backoff.
+			if early, late := before.Add(store.DefaultDispatchBackoff), time.Now().Add(store.DefaultDispatchBackoff); de.RetryAt.Before(early) || de.RetryAt.After(late) {
+				t.Fatalf("RetryAt = %v, want between %v and %v", de.RetryAt, early, late)
 			}
 			if p, _ := st.Pending(ctx); p != 1 {
 				t.Fatalf("pending = %d, want 1", p)

@@ -211,13 +211,20 @@ func (r *relay) stop(context.Context) error {
 
 func (r *relay) loop(ctx context.Context) {
 	var backoff time.Duration
+	var retryAt time.Time // the earliest retry of a row this relay saw refused
 	poll := time.NewTimer(r.cfg.poll)
 	defer poll.Stop()
 	for {
 		woken := r.s.Committed()
+		if !retryAt.IsZero() && !time.Now().Before(retryAt) {
+			retryAt = time.Time{} // due: this DispatchPending takes it
+		}
 		n, err := r.s.DispatchPending(ctx, r.cfg.batch, r.b.Dispatch)
 		if ctx.Err() != nil {
 			return
+		}
+		if t := earliestRetry(err); !t.IsZero() && (retryAt.IsZero() || t.Before(retryAt)) {
+			retryAt = t
 		}
 		if err != nil {
 			// Refused rows wait for their own retry time (or are parked)
@@ -241,7 +248,14 @@ func (r *relay) loop(ctx context.Context) {
 		if n == r.cfg.batch {
 			continue // more may be waiting
 		}
-		poll.Reset(r.cfg.poll)
+		// Wait for a commit, the poll, or the first refused row's retry,
+		// whichever comes first: a row the transport refused is retried
+		// when its backoff ends, not at the next poll.
+		wait := r.cfg.poll
+		if !retryAt.IsZero() {
+			wait = max(min(wait, time.Until(retryAt)), 0)
+		}
+		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
@@ -249,6 +263,29 @@ func (r *relay) loop(ctx context.Context) {
 		case <-poll.C:
 		}
 	}
+}
+
+// earliestRetry returns the earliest RetryAt of the refused rows in err
+// (a *store.DispatchError, or several joined), zero when there is none.
+func earliestRetry(err error) time.Time {
+	var t time.Time
+	var visit func(error)
+	visit = func(err error) {
+		var de *store.DispatchError
+		switch e := err.(type) {
+		case nil:
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				visit(inner)
+			}
+		default:
+			if errors.As(err, &de) && !de.RetryAt.IsZero() && (t.IsZero() || de.RetryAt.Before(t)) {
+				t = de.RetryAt
+			}
+		}
+	}
+	visit(err)
+	return t
 }
 
 func (r *relay) cleanupLoop(ctx context.Context) {

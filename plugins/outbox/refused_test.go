@@ -73,3 +73,45 @@ func TestRefusedMessageDoesNotBlock(t *testing.T) {
 		waitFor(t, "every delivered row marked dispatched", func() bool { n, _ := st.Pending(ctx); return n == 0 })
 	})
 }
+
+// refusingOnce refuses the first attempt at each message, as a broker
+// briefly out of resources would, and counts the attempts.
+type refusingOnce struct {
+	bus.Transport
+	attempts atomic.Int64
+}
+
+func (r *refusingOnce) Send(ctx context.Context, e *bus.Envelope, o bus.SendOptions) error {
+	if r.attempts.Add(1) == 1 {
+		return errors.New("resource alarm")
+	}
+	return r.Transport.Send(ctx, e, o)
+}
+
+// A refused message is retried when its backoff ends, not at the next
+// poll: with a poll of one hour and a backoff of 200ms it arrives within
+// seconds.
+func TestRefusedMessageRetriedWhenItsBackoffEnds(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		st := db.Open(t, store.WithDispatchBackoff(200*time.Millisecond, time.Second))
+		broker := memory.NewBroker()
+		got := sink(t, broker)
+		tr := &refusingOnce{Transport: memory.New(memory.WithBroker(broker))}
+		b, err := bus.New(bus.WithTransport(tr), bus.WithMiddleware(outbox.New(st, outbox.WithPollInterval(time.Hour))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start(t, b)
+		if err := outbox.Within(context.Background(), b, st, func(ctx context.Context, _ *sql.Tx) error {
+			return b.Send(ctx, Done{N: 7}, bus.To("sink"))
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if m := receive(t, got); m.msg.N != 7 { // within 10s, against a poll of an hour
+			t.Fatalf("received %d", m.msg.N)
+		}
+		if n := tr.attempts.Load(); n != 2 {
+			t.Fatalf("%d attempts, want 2", n)
+		}
+	})
+}
