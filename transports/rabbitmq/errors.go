@@ -25,7 +25,8 @@ var (
 // channel it was published on with a channel-level error (for example 406
 // PRECONDITION_FAILED for a body over the broker's max_message_size or a
 // user-id of another user, 404 NOT_FOUND for an exchange that does not
-// exist, 403 ACCESS_REFUSED). The message was not stored; sending it again
+// exist and could not be declared again, 403 ACCESS_REFUSED). The message
+// was not stored; sending it again
 // unchanged fails the same way. The transport replaced the channel: other
 // messages are not affected.
 type RefusedError struct {

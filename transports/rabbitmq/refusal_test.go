@@ -36,6 +36,12 @@ func (l *logBuffer) reconnections() int {
 	return strings.Count(l.buf.String(), "connection to RabbitMQ lost")
 }
 
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
 func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
 func message(name, id string) *bus.Envelope {
@@ -161,16 +167,17 @@ func TestResendOfForeignUserID(t *testing.T) {
 	}
 }
 
-// A message the broker refuses by closing the publisher channel (here: a
-// publish to an exchange that does not exist, 404 NOT_FOUND) is returned
-// to the caller as a *RefusedError; only that channel is replaced: the
-// connection and its deliveries stay.
+// A publish the broker refuses by closing its channel — here, to the topic
+// exchange deleted behind the transport's back (404 NOT_FOUND) — replaces
+// that channel only: the connection and its deliveries stay. The exchange
+// is declared again with the endpoint's bindings and the publish goes
+// through.
 func TestRefusedPublishKeepsConnection(t *testing.T) {
 	e := newEnv(t)
 	var logs logBuffer
 	tr := e.transport(t, rabbitmq.WithLogger(logs.logger()), rabbitmq.WithPublisherChannels(1))
 	ctx := testContext(t, 30*time.Second)
-	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 2}); err != nil {
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Handles: []string{"test.gone"}, Concurrency: 1, MaxAttempts: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tr.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
@@ -178,10 +185,11 @@ func TestRefusedPublishKeepsConnection(t *testing.T) {
 	}
 	d := receive(ctx, t, tr, 5*time.Second)
 	e.adm.deleteExchange(t, e.exchange)
-	err := tr.Publish(testContext(t, 10*time.Second), message("test.gone", "g"), bus.SendOptions{})
-	var re *rabbitmq.RefusedError
-	if !errors.As(err, &re) || !errors.Is(err, rabbitmq.ErrRefused) || re.Code != amqp.NotFound || re.Message != "test.gone" {
-		t.Fatalf("Publish to a deleted exchange: %v, want *rabbitmq.RefusedError 404", err)
+	if err := tr.Publish(testContext(t, 10*time.Second), message("test.gone", "g"), bus.SendOptions{}); err != nil {
+		t.Fatalf("Publish to the deleted exchange: %v, want it declared again and the publish through", err)
+	}
+	if !strings.Contains(logs.String(), "declared it again") {
+		t.Errorf("no warning about the exchange declared again; logs:\n%s", logs.String())
 	}
 	// The publisher channel was replaced: a send works, and the delivery
 	// of the same connection can still be settled.
@@ -190,6 +198,17 @@ func TestRefusedPublishKeepsConnection(t *testing.T) {
 	}
 	if err := tr.Delete(ctx, d); err != nil {
 		t.Errorf("Delete of a delivery received before the refusal: %v", err)
+	}
+	got := map[string]bool{}
+	for range 2 { // the publish (through the binding declared again) and B
+		d := receive(ctx, t, tr, 10*time.Second)
+		got[d.Attributes.MessageID] = true
+		if err := tr.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !got["g"] || !got["b"] {
+		t.Errorf("received %v, want g and b", got)
 	}
 	if n := logs.reconnections(); n != 0 {
 		t.Errorf("the connection was lost %d times", n)

@@ -291,6 +291,32 @@ func (s *session) setup(topo *bus.Topology) error {
 	return nil
 }
 
+// redeclare declares the topic exchange again, and the bindings of topo's
+// endpoint to it, which the broker deleted with it: for an exchange
+// deleted behind the transport's back (by an operator, say).
+func (s *session) redeclare(topo *bus.Topology) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch, err := s.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening a channel: %w", err)
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclare(s.t.o.exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declaring the topic exchange %q: %w", s.t.o.exchange, err)
+	}
+	if topo == nil || topo.Endpoint == "" {
+		return nil
+	}
+	for _, name := range topo.Handles {
+		if err := ch.QueueBind(topo.Endpoint, name, s.t.o.exchange, false, nil); err != nil {
+			return fmt.Errorf("binding queue %q to %q on exchange %q: %w", topo.Endpoint, name, s.t.o.exchange, err)
+		}
+		s.declared["b:"+name] = true
+	}
+	return nil
+}
+
 // instanceConsumer is the consumer tag of the instance queue's consumer,
 // which tells its deliveries from the endpoint queue's.
 const instanceConsumer = "plugbus-instance"

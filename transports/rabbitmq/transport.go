@@ -66,7 +66,7 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 	if err != nil {
 		return err
 	}
-	refused := 0
+	refused, redeclared := 0, false
 	for {
 		s, err := t.session(ctx)
 		if err != nil {
@@ -80,6 +80,20 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 		case errors.Is(err, errRetry), errors.Is(err, errChannelClosed):
 			continue
 		case errors.As(err, &re):
+			if re.Code == amqp.NotFound && exchange != "" && !redeclared {
+				// Our topic exchange is gone (deleted behind our back):
+				// declare it again, with this endpoint's bindings, and
+				// publish again. Other endpoints' bindings come back when
+				// their transports do the same or reconnect; until then a
+				// publish they should get is unroutable, not lost.
+				redeclared = true
+				if derr := s.redeclare(t.topology()); derr != nil {
+					return fmt.Errorf("rabbitmq: %s: %w (declaring the exchange again failed: %w)", describe(exchange, key, env.Name), re, derr)
+				}
+				t.log.WarnContext(ctx, "the topic exchange was gone; declared it again with this endpoint's bindings",
+					slog.String("exchange", exchange), slog.String("message_name", env.Name))
+				continue
+			}
 			// The channel closed for a message in flight on it, not
 			// necessarily this one: one more try on its replacement
 			// tells. A message the broker refuses is never retried on
