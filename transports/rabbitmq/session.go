@@ -211,6 +211,12 @@ func (s *session) close() {
 // failed declaration closes its channel) and starts the consumers once: of
 // the endpoint's queue and, with topo.Instance, of the instance queue.
 func (s *session) setup(topo *bus.Topology) error {
+	return s.declaring(func(ch *amqp.Channel) error { return s.declare(ch, topo) })
+}
+
+// declaring runs f on a channel of its own (a failed declaration closes
+// its channel), one declaration at a time.
+func (s *session) declaring(f func(ch *amqp.Channel) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ch, err := s.conn.Channel()
@@ -218,6 +224,26 @@ func (s *session) setup(topo *bus.Topology) error {
 		return fmt.Errorf("opening a channel: %w", err)
 	}
 	defer ch.Close()
+	return f(ch)
+}
+
+// bind binds topo's endpoint queue to the topic exchange for each name it
+// handles, skipping those already bound on this session unless again.
+func (s *session) bind(ch *amqp.Channel, topo *bus.Topology, again bool) error {
+	for _, name := range topo.Handles {
+		if s.declared["b:"+name] && !again {
+			continue
+		}
+		if err := ch.QueueBind(topo.Endpoint, name, s.t.o.exchange, false, nil); err != nil {
+			return fmt.Errorf("binding queue %q to %q on exchange %q: %w", topo.Endpoint, name, s.t.o.exchange, err)
+		}
+		s.declared["b:"+name] = true
+	}
+	return nil
+}
+
+// declare is setup's work, on ch with s.mu held.
+func (s *session) declare(ch *amqp.Channel, topo *bus.Topology) error {
 	args := s.t.o.queueArgs
 	var queues []string
 	if topo.Endpoint != "" {
@@ -232,14 +258,8 @@ func (s *session) setup(topo *bus.Topology) error {
 		}
 		s.declared["q:"+q] = true
 	}
-	for _, name := range topo.Handles {
-		if s.declared["b:"+name] {
-			continue
-		}
-		if err := ch.QueueBind(topo.Endpoint, name, s.t.o.exchange, false, nil); err != nil {
-			return fmt.Errorf("binding queue %q to %q on exchange %q: %w", topo.Endpoint, name, s.t.o.exchange, err)
-		}
-		s.declared["b:"+name] = true
+	if err := s.bind(ch, topo, false); err != nil {
+		return err
 	}
 	inst := ""
 	if topo.Instance {
@@ -295,26 +315,15 @@ func (s *session) setup(topo *bus.Topology) error {
 // endpoint to it, which the broker deleted with it: for an exchange
 // deleted behind the transport's back (by an operator, say).
 func (s *session) redeclare(topo *bus.Topology) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch, err := s.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("opening a channel: %w", err)
-	}
-	defer ch.Close()
-	if err := ch.ExchangeDeclare(s.t.o.exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declaring the topic exchange %q: %w", s.t.o.exchange, err)
-	}
-	if topo == nil || topo.Endpoint == "" {
-		return nil
-	}
-	for _, name := range topo.Handles {
-		if err := ch.QueueBind(topo.Endpoint, name, s.t.o.exchange, false, nil); err != nil {
-			return fmt.Errorf("binding queue %q to %q on exchange %q: %w", topo.Endpoint, name, s.t.o.exchange, err)
+	return s.declaring(func(ch *amqp.Channel) error {
+		if err := ch.ExchangeDeclare(s.t.o.exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declaring the topic exchange %q: %w", s.t.o.exchange, err)
 		}
-		s.declared["b:"+name] = true
-	}
-	return nil
+		if topo == nil || topo.Endpoint == "" {
+			return nil
+		}
+		return s.bind(ch, topo, true)
+	})
 }
 
 // instanceConsumer is the consumer tag of the instance queue's consumer,
