@@ -48,6 +48,14 @@ func message(name, id string) *bus.Envelope {
 	return &bus.Envelope{Name: name, ContentType: "application/json", Body: []byte(`{}`), Attributes: bus.NewAttributes(id, id, time.Now(), nil, nil)}
 }
 
+// sendTo sends env to endpoint on tr, failing the test if it cannot.
+func sendTo(ctx context.Context, t *testing.T, tr *rabbitmq.Transport, endpoint string, env *bus.Envelope) {
+	t.Helper()
+	if err := tr.Send(ctx, env, bus.SendOptions{Destination: endpoint}); err != nil {
+		t.Fatalf("Send of %s to %s: %v", env.Name, endpoint, err)
+	}
+}
+
 func receive(ctx context.Context, t *testing.T, tr *rabbitmq.Transport, within time.Duration) *bus.Delivery {
 	t.Helper()
 	rctx, cancel := context.WithTimeout(ctx, within)
@@ -71,13 +79,9 @@ func TestRefusedResendRequeuesOriginal(t *testing.T) {
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 5}); err != nil {
 			t.Fatal(err)
 		}
-		if err := tr.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
-			t.Fatal(err)
-		}
+		sendTo(ctx, t, tr, e.endpoint, message("A", "a"))
 		a := receive(ctx, t, tr, 5*time.Second)
-		if err := tr.Send(ctx, message("B", "b"), bus.SendOptions{Destination: e.endpoint}); err != nil {
-			t.Fatal(err)
-		}
+		sendTo(ctx, t, tr, e.endpoint, message("B", "b"))
 		// The queue is full (B): the copy of A is nacked.
 		if err := tr.Return(ctx, a, errors.New("handler failed")); !errors.Is(err, rabbitmq.ErrNacked) {
 			t.Fatalf("Return into a full queue: %v, want rabbitmq.ErrNacked", err)
@@ -101,9 +105,7 @@ func TestRefusedResendRequeuesOriginal(t *testing.T) {
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 1}); err != nil {
 			t.Fatal(err)
 		}
-		if err := tr.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
-			t.Fatal(err)
-		}
+		sendTo(ctx, t, tr, e.endpoint, message("A", "a"))
 		a := receive(ctx, t, tr, 5*time.Second)
 		e.adm.do(t, func(ch *amqp.Channel) error {
 			_, err := ch.QueueDelete(rabbitmq.DeadLetterQueue(e.endpoint), false, false, false)
@@ -141,9 +143,7 @@ func TestResendOfForeignUserID(t *testing.T) {
 		d.Raw = m
 		return d
 	}
-	if err := tr.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
-		t.Fatal(err)
-	}
+	sendTo(ctx, t, tr, e.endpoint, message("A", "a"))
 	d := foreign(receive(ctx, t, tr, 5*time.Second))
 	if err := tr.Return(ctx, d, errors.New("boom")); err != nil {
 		t.Fatalf("Return of a message with another user's user-id: %v", err)
@@ -180,9 +180,7 @@ func TestRefusedPublishKeepsConnection(t *testing.T) {
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Handles: []string{"test.gone"}, Concurrency: 1, MaxAttempts: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
-		t.Fatal(err)
-	}
+	sendTo(ctx, t, tr, e.endpoint, message("A", "a"))
 	d := receive(ctx, t, tr, 5*time.Second)
 	e.adm.deleteExchange(t, e.exchange)
 	if err := tr.Publish(testContext(t, 10*time.Second), message("test.gone", "g"), bus.SendOptions{}); err != nil {
@@ -245,9 +243,7 @@ func TestQuorumQueueCountsCrashes(t *testing.T) {
 	if err := crashed.Setup(ctx, topo); err != nil {
 		t.Fatal(err)
 	}
-	if err := crashed.Send(ctx, message("A", "a"), bus.SendOptions{Destination: e.endpoint}); err != nil {
-		t.Fatal(err)
-	}
+	sendTo(ctx, t, crashed, e.endpoint, message("A", "a"))
 	if d := receive(ctx, t, crashed, 5*time.Second); d.Attempt != 1 {
 		t.Fatalf("first delivery has attempt %d", d.Attempt)
 	}

@@ -86,12 +86,9 @@ func TestRetriesThenDeadLetter(t *testing.T) {
 // The queue's redrive policy dead-letters a message that is received
 // MaxAttempts times and never settled (a consumer that keeps crashing).
 func TestRedrivePolicy(t *testing.T) {
-	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	tr := sqs.New(cfg, fastOptions(prefix)...)
-	defer tr.Close(context.Background())
+	tr, _ := openTransport(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "crashy", MaxAttempts: 2, Concurrency: 1}); err != nil {
 		t.Fatal(err)
 	}

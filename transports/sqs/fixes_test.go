@@ -115,10 +115,7 @@ func TestSettleDuringClose(t *testing.T) {
 // Only a missing instance queue is dropped: a queue URL that names any
 // other queue that does not exist is a *NoQueueError.
 func TestSendToMissingQueueURL(t *testing.T) {
-	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
-	tr := sqs.New(cfg, fastOptions(prefix)...)
-	defer tr.Close(context.Background())
+	tr, prefix := openTransport(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 1}); err != nil {
@@ -143,10 +140,7 @@ func TestSendToMissingQueueURL(t *testing.T) {
 // A message of the instance queue that fails for good goes to the
 // endpoint's dead-letter queue when there is an endpoint.
 func TestInstanceFailureDeadLettered(t *testing.T) {
-	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
-	tr := sqs.New(cfg, fastOptions(prefix)...)
-	defer tr.Close(context.Background())
+	tr, _ := openTransport(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 1, Instance: true}); err != nil {
@@ -205,12 +199,9 @@ func (decodeFailure) MessageName() string { return "test.decode-failure" }
 // one that wraps a *bus.DecodeError: only the bus's own decode failure is
 // poison.
 func TestLambdaHandlerErrorWithDecodeErrorIsRetried(t *testing.T) {
-	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	tr := sqs.New(cfg, fastOptions(prefix)...)
-	defer tr.Close(context.Background())
+	tr, _ := openTransport(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "worker", Handles: []string{"test.decode-failure"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -199,10 +199,7 @@ func TestMessageTooLarge(t *testing.T) {
 }
 
 func TestSendToMissingQueue(t *testing.T) {
-	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
-	tr := sqs.New(cfg, fastOptions(prefix)...)
-	defer tr.Close(context.Background())
+	tr, _ := openTransport(t)
 	err := tr.Send(t.Context(), &bus.Envelope{Name: "n", Body: []byte("{}")}, bus.SendOptions{Destination: "nobody"})
 	var nq *sqs.NoQueueError
 	if !errors.As(err, &nq) || !errors.Is(err, bus.ErrNoRoute) || nq.Endpoint != "nobody" {

@@ -62,12 +62,9 @@ type job struct {
 func (job) MessageName() string { return "test.job" }
 
 func TestLambdaHandlerReportsFailedRecords(t *testing.T) {
-	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	tr := sqs.New(cfg, fastOptions(prefix)...)
-	defer tr.Close(context.Background())
+	tr, _ := openTransport(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "worker", Handles: []string{"test.job"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -116,12 +116,9 @@ func TestReceiveBeforeSetup(t *testing.T) {
 
 // Bodies SQS cannot carry as text (binary, empty) survive Send and Publish.
 func TestBinaryBodiesThroughSQSAndSNS(t *testing.T) {
-	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	tr := sqs.New(cfg, fastOptions(prefix)...)
-	defer tr.Close(context.Background())
+	tr, _ := openTransport(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "bin", Handles: []string{"test.blob"}, MaxAttempts: 5, Concurrency: 4}); err != nil {
 		t.Fatal(err)
 	}

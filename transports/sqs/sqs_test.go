@@ -61,6 +61,18 @@ func uniquePrefix(t testing.TB, cfg aws.Config) string {
 	return prefix
 }
 
+// openTransport returns a transport with fastOptions on a fresh prefix,
+// closed at the end of the test (before its queues are deleted), and the
+// prefix.
+func openTransport(t testing.TB) (*sqs.Transport, string) {
+	t.Helper()
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	tr := sqs.New(cfg, fastOptions(prefix)...)
+	t.Cleanup(func() { _ = tr.Close(context.Background()) })
+	return tr, prefix
+}
+
 // deadLetters receives up to n messages from endpoint's dead-letter
 // queue, deleting them, until there are n or ctx ends.
 func deadLetters(ctx context.Context, t testing.TB, tr *sqs.Transport, endpoint string, n int) []bus.DeadLetter {
