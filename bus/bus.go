@@ -233,15 +233,18 @@ func (b *Bus) stopMiddleware(ctx context.Context, n int) error {
 	return errors.Join(errs...)
 }
 
-// StopGrace is how long Stop waits for handlers to return after it
-// cancelled their contexts because its own context ended.
+// StopGrace bounds each of the steps of Stop that must run even when
+// Stop's own context ended: the wait for handlers after their contexts
+// were cancelled, the middleware Stop hooks, and closing the transport.
+// Each gets up to StopGrace, whatever is left of Stop's context.
 const StopGrace = 5 * time.Second
 
 // Stop stops receiving and waits for in-flight messages to finish, bounded
 // by ctx. When ctx ends first, Stop cancels the handlers' contexts, waits
 // up to [StopGrace] for them to return (their messages are returned for
 // retry) and reports ctx's error. Then it runs the middleware Stop hooks in
-// reverse order and closes the transport. Stop on a stopped bus returns
+// reverse order and closes the transport, each bounded by [StopGrace]
+// rather than by ctx, so that they run even after ctx ended. Stop on a stopped bus returns
 // nil. Stop from inside a handler of the same bus waits for that handler,
 // that is until ctx ends.
 func (b *Bus) Stop(ctx context.Context) error {
@@ -334,7 +337,7 @@ func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 	switch {
 	case err == nil:
 		serr = b.t.Delete(sctx, d)
-	case isPoison(err) || d.Attempt >= b.maxAttempts:
+	case IsPoison(err) || d.Attempt >= b.maxAttempts:
 		serr = b.t.Fail(sctx, d, Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
 		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
 	default:
@@ -349,8 +352,8 @@ func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 // Deliver runs one message delivered from outside (pushed, for example by
 // an AWS Lambda SQS event) through the incoming pipeline and its handlers.
 // It returns nil when the message is handled and may be deleted, and an
-// error when it must be retried; errors.Is(err, ErrDecode) tells a message
-// that will never succeed. Deliver does not call the transport to settle
+// error when it must be retried; [IsPoison](err) tells a message that
+// will never succeed. Deliver does not call the transport to settle
 // the message: the caller does. It works on a bus that was not started.
 func (b *Bus) Deliver(ctx context.Context, d *Delivery) error {
 	b.mu.Lock()
@@ -564,24 +567,24 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 	env := Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers}
 	r.owned = 0 // the envelope owns the maps now
 	r.headers = nil
-	if r.buffer { // kept after this returns
-		m.Envelope = new(Envelope)
-		*m.Envelope = env
-		return r.scope.add(ctx, m)
+	var o Outbox // the durable outbox of a send outside handlers
+	if !r.buffer && r.scope == nil {
+		o = outboxFrom(ctx, b)
 	}
-	if o := outboxFrom(ctx, b); o != nil && r.scope == nil { // kept too
-		m.Envelope = new(Envelope)
-		*m.Envelope = env
-		return o.Add(ctx, m)
-	}
-	if b.lendEnvelopes {
+	if !r.buffer && o == nil && b.lendEnvelopes {
 		// Handed straight to a transport that copies what it keeps: the
 		// envelope lives in the run, reused only once the run ended clean.
 		r.env = env
 		m.Envelope = &r.env
-	} else {
+	} else { // kept after this returns, or by a transport that may keep it
 		m.Envelope = new(Envelope)
 		*m.Envelope = env
+	}
+	switch {
+	case r.buffer:
+		return r.scope.add(ctx, m)
+	case o != nil:
+		return o.Add(ctx, m)
 	}
 	return b.transmit(ctx, m)
 }
@@ -632,9 +635,7 @@ func newIDAt(now time.Time) string {
 // retry may fix. It looks for a *DecodeError from the bus itself, possibly
 // wrapped by middleware, but not one a handler returned (a handler's error
 // inside a HandlerDispatchRejectedError is retried like any other).
-func IsPoison(err error) bool { return isPoison(err) }
-
-func isPoison(err error) bool {
+func IsPoison(err error) bool {
 	for err != nil {
 		switch e := err.(type) {
 		case *DecodeError:
@@ -643,7 +644,7 @@ func isPoison(err error) bool {
 			return false
 		case interface{ Unwrap() []error }:
 			for _, inner := range e.Unwrap() {
-				if isPoison(inner) {
+				if IsPoison(inner) {
 					return true
 				}
 			}

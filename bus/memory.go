@@ -322,11 +322,15 @@ func (t *MemoryTransport) receive(ctx context.Context, q, iq *memQueue) (*Delive
 	if iq != nil {
 		isig = iq.signal
 	}
+	// leave passes the wake-up this receiver may hold to another one.
+	leave := func(err error) (*Delivery, error) {
+		q.wakeIfWaiting()
+		iq.wakeIfWaiting()
+		return nil, err
+	}
 	for {
 		if err := t.check(ctx); err != nil {
-			q.wakeIfWaiting() // the token this receiver may hold goes to another
-			iq.wakeIfWaiting()
-			return nil, err
+			return leave(err)
 		}
 		it := iq.popOrNil()
 		if it == nil {
@@ -349,13 +353,9 @@ func (t *MemoryTransport) receive(ctx context.Context, q, iq *memQueue) (*Delive
 		case <-qsig:
 		case <-isig:
 		case <-ctx.Done():
-			q.wakeIfWaiting()
-			iq.wakeIfWaiting()
-			return nil, ctx.Err()
+			return leave(ctx.Err())
 		case <-t.closed:
-			q.wakeIfWaiting()
-			iq.wakeIfWaiting()
-			return nil, ErrClosed
+			return leave(ErrClosed)
 		}
 	}
 }
@@ -425,7 +425,7 @@ func (t *MemoryTransport) Close(context.Context) error {
 	// it: nobody can receive it any more.
 	back := make([]*memItem, 0, len(t.inflight))
 	for it := range t.inflight {
-		if it.q != t.iq || t.iq == nil {
+		if it.q != t.iq { // every item has its queue: with no instance queue, all go back
 			back = append(back, it)
 		}
 	}

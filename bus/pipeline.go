@@ -99,6 +99,8 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 				return r.badNext(i)
 			}
 			err := fn(ctx, sc, nj)
+			// leave, written out: the generic method is too big to be
+			// inlined here, and a call per hop shows in deep chains.
 			if prev := sj.Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
 				r.leftEarly(ctx, j, err)
 			}

@@ -115,7 +115,7 @@ func TestUndecodableRowIsParked(t *testing.T) {
 			t.Fatal(err)
 		}
 		addAll(t, st, outbound(0), outbound(1), outbound(2))
-		execSQL(t, st.DB(), db.Rebind("UPDATE "+st.OutboxTable()+" SET headers = '{not json' WHERE message_id = ?"), "id-1")
+		storetest.Exec(t, st.DB(), db.Rebind("UPDATE "+st.OutboxTable()+" SET headers = '{not json' WHERE message_id = ?"), "id-1")
 		var got []string
 		n, err := st.DispatchPending(ctx, 10, func(_ context.Context, m bus.Outbound) error {
 			got = append(got, m.Envelope.Attributes.MessageID)
@@ -186,11 +186,11 @@ func TestMigrateAddsColumns(t *testing.T) {
 		if db.Kind == storetest.Postgres {
 			blob, serial = "BYTEA", "BIGSERIAL PRIMARY KEY"
 		}
-		execSQL(t, st.DB(), `CREATE TABLE `+st.OutboxTable()+` (id `+serial+`, message_id TEXT NOT NULL, kind SMALLINT NOT NULL,
+		storetest.Exec(t, st.DB(), `CREATE TABLE `+st.OutboxTable()+` (id `+serial+`, message_id TEXT NOT NULL, kind SMALLINT NOT NULL,
 	destination TEXT NOT NULL, name TEXT NOT NULL, content_type TEXT NOT NULL, body `+blob+` NOT NULL, correlation_id TEXT NOT NULL,
 	sent_at BIGINT NOT NULL, attrs TEXT NOT NULL, headers TEXT NOT NULL, created_at BIGINT NOT NULL, dispatched_at BIGINT,
 	attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT)`)
-		execSQL(t, st.DB(), `INSERT INTO `+st.OutboxTable()+` (message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, created_at)
+		storetest.Exec(t, st.DB(), `INSERT INTO `+st.OutboxTable()+` (message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, created_at)
 	VALUES ('old-1', 1, 'dest', 'test.msg', 'application/json', '{}', 'c', 0, '{}', '{}', 0)`)
 		for range 2 { // idempotent
 			if err := st.Migrate(ctx); err != nil {

@@ -17,8 +17,9 @@ type queries struct {
 	notify                                               string
 }
 
-// rebind turns ? placeholders into $1, $2, ... for PostgreSQL.
-func rebind(d Dialect, q string) string {
+// Rebind rewrites the ? placeholders of q for d: $1, $2, ... on PostgreSQL,
+// unchanged on SQLite.
+func (d Dialect) Rebind(q string) string {
 	if !d.numbered {
 		return q
 	}
@@ -109,7 +110,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 	}
 	for _, p := range []*string{&q.insertOutbox, &q.claim, &q.claimForUpdate, &q.markDispatched, &q.markFailed,
 		&q.purgeOutbox, &q.listParked, &q.requeue, &q.inboxProcessed, &q.inboxInsert, &q.inboxDelete, &q.purgeInbox, &q.notify} {
-		*p = rebind(d, *p)
+		*p = d.Rebind(*p)
 	}
 	return q
 }

@@ -28,15 +28,6 @@ func outbound(i int) bus.Outbound {
 			Attributes: attrs, Headers: bus.Headers{"x-h": "v"}}}
 }
 
-// q rewrites ? placeholders for PostgreSQL.
-
-func execSQL(t testing.TB, db *sql.DB, query string, args ...any) {
-	t.Helper()
-	if _, err := db.ExecContext(context.Background(), query, args...); err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-}
-
 func TestInvalidTableNames(t *testing.T) {
 	db := &sql.DB{} // never used: names are checked before any query
 	cases := []struct {
@@ -159,7 +150,7 @@ func TestStore(t *testing.T) {
 				t.Fatalf("second DispatchPending = %d, %v", n, err)
 			}
 			// Its retry time comes (set it to now, as a later round would see it).
-			execSQL(t, st.DB(), db.Rebind("UPDATE "+st.OutboxTable()+" SET next_attempt_at = 0"))
+			storetest.Exec(t, st.DB(), db.Rebind("UPDATE "+st.OutboxTable()+" SET next_attempt_at = 0"))
 			n, err = st.DispatchPending(ctx, 10, func(_ context.Context, m bus.Outbound) error {
 				got = append(got, m)
 				return nil

@@ -147,8 +147,6 @@ func TestDuplicateSkipped(t *testing.T) {
 	})
 }
 
-// TestSeveralHandlers: with a SQL store each handler is recorded in its
-// own transaction, so a redelivery runs only the handler that failed.
 // TestSeveralHandlers: with the outbox on the same store (either order),
 // a handler that committed is skipped when another one failed.
 func TestSeveralHandlers(t *testing.T) {

@@ -260,7 +260,7 @@ func TestCrash(t *testing.T) {
 				t.Fatal(err)
 			}
 			counters := d.Table("counters")
-			execSQL(t, db, "CREATE TABLE "+counters+" (k INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+			storetest.Exec(t, db, "CREATE TABLE "+counters+" (k INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)

@@ -33,15 +33,6 @@ type Done struct{ N int }
 
 func (Done) MessageName() string { return "test.done" }
 
-// q adapts ? placeholders to the dialect.
-
-func execSQL(t testing.TB, db *sql.DB, query string, args ...any) {
-	t.Helper()
-	if _, err := db.ExecContext(context.Background(), query, args...); err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-}
-
 func count(t testing.TB, db *sql.DB, query string, args ...any) int {
 	t.Helper()
 	var n int
@@ -102,7 +93,7 @@ func TestHandlerTransaction(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
 		st := db.Open(t)
 		data := db.Table("data")
-		execSQL(t, st.DB(), "CREATE TABLE "+data+" (n INTEGER NOT NULL)")
+		storetest.Exec(t, st.DB(), "CREATE TABLE "+data+" (n INTEGER NOT NULL)")
 		broker := memory.NewBroker()
 		got := sink(t, broker)
 		var attempts atomic.Int32
@@ -160,7 +151,7 @@ func TestWithin(t *testing.T) {
 		ctx := context.Background()
 		st := db.Open(t)
 		orders := db.Table("orders")
-		execSQL(t, st.DB(), "CREATE TABLE "+orders+" (id INTEGER NOT NULL)")
+		storetest.Exec(t, st.DB(), "CREATE TABLE "+orders+" (id INTEGER NOT NULL)")
 		broker := memory.NewBroker()
 		got := sink(t, broker)
 		b, err := bus.New(bus.WithName("api"), bus.WithTransport(memory.New(memory.WithBroker(broker))),
@@ -251,7 +242,7 @@ func TestSeveralInstances(t *testing.T) {
 		ctx := context.Background()
 		producer := db.Open(t)
 		broker := memory.NewBroker()
-		execSQL(t, producer.DB(), "SELECT 1")
+		storetest.Exec(t, producer.DB(), "SELECT 1")
 		if err := producer.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}

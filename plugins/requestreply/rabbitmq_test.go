@@ -30,9 +30,12 @@ func rabbitTransports(t *testing.T) func(testing.TB) bus.Transport {
 	}
 }
 
-func TestRabbitMQ(t *testing.T) {
-	newT := rabbitTransports(t)
-	// The responders' endpoint queues are durable: remove them.
+// queueCleanup returns a function that records an endpoint whose durable
+// queues (its own and its dead-letter queue) are deleted when t ends.
+// Call it before anything that stops at cleanup: cleanups run in reverse,
+// so the queues go after the buses that consume them.
+func queueCleanup(t *testing.T) (keep func(endpoint string)) {
+	var endpoints []string
 	t.Cleanup(func() {
 		conn, err := amqp.Dial(testenv.RabbitMQ(t))
 		if err != nil {
@@ -45,24 +48,28 @@ func TestRabbitMQ(t *testing.T) {
 			t.Errorf("cleanup: %v", err)
 			return
 		}
-		for _, q := range rabbitQueues {
-			_, _ = ch.QueueDelete(q, false, false, false)
+		for _, ep := range endpoints {
+			_, _ = ch.QueueDelete(ep, false, false, false)
+			_, _ = ch.QueueDelete(rabbitmq.DeadLetterQueue(ep), false, false, false)
 		}
 	})
-	w := runScenarios(t, newT)
-	rabbitQueues = append(rabbitQueues, w.endpoint, rabbitmq.DeadLetterQueue(w.endpoint))
+	return func(endpoint string) { endpoints = append(endpoints, endpoint) }
 }
 
-// rabbitQueues lists the durable queues the RabbitMQ tests declared.
-var rabbitQueues []string
+func TestRabbitMQ(t *testing.T) {
+	newT := rabbitTransports(t)
+	keep := queueCleanup(t)
+	keep(runScenarios(t, newT).endpoint)
+}
 
 // TestRabbitMQReconnect: a requester whose connection drops declares its
 // instance queue again under the same address and keeps receiving replies;
 // a reply sent while the queue is gone is dropped and the request times out.
 func TestRabbitMQReconnect(t *testing.T) {
 	newT := rabbitTransports(t)
+	keep := queueCleanup(t)
 	w := newWorld(t, newT)
-	rabbitQueues = append(rabbitQueues, w.endpoint, rabbitmq.DeadLetterQueue(w.endpoint))
+	keep(w.endpoint)
 	// The requester reaches the broker through a proxy that can cut its connection.
 	px := newProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
 	tr, err := rabbitmq.New("amqp://guest:guest@"+px.addr()+"/", rabbitmq.WithLogger(slog.New(slog.DiscardHandler)),

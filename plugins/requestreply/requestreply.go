@@ -96,12 +96,13 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	}
 	in := &instance{
 		cfg:     p.cfg,
-		ser:     info.Bus.Serializer(), // replies are decoded like every message of this bus
+		ser:     bus.JSON{},
 		log:     logger.With(slog.String("middleware", MiddlewareName)),
 		pending: map[string]*call{},
 	}
 	in.iq, _ = info.Transport.(bus.InstanceQueuer)
 	if info.Bus != nil {
+		in.ser = info.Bus.Serializer() // replies are decoded like every message of this bus
 		key := weak.Make(info.Bus)
 		p.mu.Lock()
 		p.instances[key] = in

@@ -15,8 +15,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/plugbus/plugbus/internal/testenv"
@@ -136,17 +134,15 @@ func (d DB) String() string { return fmt.Sprintf("%s %s %s", d.Kind, d.DSN, d.Sc
 // on PostgreSQL, unchanged on SQLite.
 func (d DB) Rebind(query string) string {
 	if d.Kind != Postgres {
-		return query
+		return store.SQLite.Rebind(query)
 	}
-	var b strings.Builder
-	n := 0
-	for _, r := range query {
-		if r == '?' {
-			n++
-			b.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteRune(r)
+	return store.PostgreSQL.Rebind(query)
+}
+
+// Exec runs query on db, failing the test if it fails.
+func Exec(t testing.TB, db *sql.DB, query string, args ...any) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), query, args...); err != nil {
+		t.Fatalf("%s: %v", query, err)
 	}
-	return b.String()
 }

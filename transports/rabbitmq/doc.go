@@ -40,8 +40,9 @@
 // the dead-letter queue; a classic queue cannot count those redeliveries.
 //
 // A message the broker refuses by closing the publisher channel (over
-// max_message_size, a deleted exchange) is a [*RefusedError]: only that
-// channel is replaced. A body over [WithMaxMessageSize] is refused before
+// max_message_size, access refused) is a [*RefusedError]: only that
+// channel is replaced. A publish that finds the topic exchange deleted
+// declares it again, with the endpoint's bindings, and publishes again. A body over [WithMaxMessageSize] is refused before
 // sending with a [*MessageTooLargeError].
 //
 // # Headers

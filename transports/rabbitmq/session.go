@@ -376,7 +376,7 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, mandatory
 	select {
 	case <-dc.Done():
 	case <-ctx.Done():
-		p.abandon(c, dc, mandatory, k)
+		c.abandon(dc, mandatory, k)
 		return fmt.Errorf("waiting for the broker's confirmation: %w (the message may have been stored)", ctx.Err())
 	case <-p.s.t.done:
 		return fmt.Errorf("waiting for the broker's confirmation: %w (the message may have been stored)", bus.ErrClosed)
@@ -394,7 +394,7 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, mandatory
 		}
 		return ErrNacked
 	}
-	if mandatory && p.wasReturned(c, k) {
+	if mandatory && c.wasReturned(k) {
 		return &UnroutableError{Message: msg.Type, Exchange: exchange, RoutingKey: key}
 	}
 	return nil
@@ -405,20 +405,20 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, mandatory
 // would stay forever and mark a later publish of the same message
 // unroutable. The confirmation completes when the broker confirms or the
 // channel closes.
-func (p *publisher) abandon(c *pubChannel, dc *amqp.DeferredConfirmation, mandatory bool, k returnKey) {
+func (c *pubChannel) abandon(dc *amqp.DeferredConfirmation, mandatory bool, k returnKey) {
 	if !mandatory {
 		return
 	}
 	go func() {
 		<-dc.Done()
-		p.wasReturned(c, k)
+		c.wasReturned(k)
 	}()
 }
 
 // wasReturned moves pending returns of c into its returned set and takes
 // k out of it. Every return of a message is in c.returns before its
 // confirmation completes.
-func (p *publisher) wasReturned(c *pubChannel, k returnKey) bool {
+func (c *pubChannel) wasReturned(k returnKey) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for drained := false; !drained; {

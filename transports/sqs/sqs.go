@@ -536,7 +536,7 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOp
 			return nil
 		}
 		if errors.As(err, &nq) && byURL {
-			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: opts.Destination, Queue: url[strings.LastIndexByte(url, '/')+1:], Err: err})
+			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: opts.Destination, Queue: queueName(url), Err: err})
 		}
 		if errors.As(err, &nq) {
 			t.forgetQueue(opts.Destination)
@@ -573,10 +573,13 @@ func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, _ bus.SendOp
 	return nil
 }
 
+// queueName returns the name of a queue from its URL: the last path segment.
+func queueName(url string) string { return url[strings.LastIndexByte(url, '/')+1:] }
+
 // isInstanceQueueURL reports whether the queue of url is an instance
-// queue: its name (the last path segment) contains the instance marker.
+// queue: its name contains the instance marker.
 func isInstanceQueueURL(url string) bool {
-	return strings.Contains(url[strings.LastIndexByte(url, '/')+1:], instanceMarker)
+	return strings.Contains(queueName(url), instanceMarker)
 }
 
 // isQueueURL reports whether a destination is a queue URL rather than an
