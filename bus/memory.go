@@ -333,7 +333,12 @@ func (t *MemoryTransport) receive(ctx context.Context, q, iq *memQueue) (*Delive
 			return leave(err)
 		}
 		it := iq.popOrNil()
-		if it == nil {
+		if it != nil {
+			// The wake-up that brought this receiver here may have been
+			// the endpoint queue's: pass it on, or a message there waits
+			// while other receivers sleep.
+			q.wakeIfWaiting()
+		} else {
 			it = q.popOrNil()
 		}
 		if it != nil {

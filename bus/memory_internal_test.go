@@ -27,3 +27,28 @@ func TestMemoryReceiverLeavingPassesTheWakeUpOn(t *testing.T) {
 		t.Fatal("the wake-up token was lost: other receivers sleep while a message waits")
 	}
 }
+
+// A receiver woken by the endpoint queue's token takes from the instance
+// queue first: it must pass the endpoint's token on.
+func TestMemoryReceiverTakingAnInstanceMessagePassesTheWakeUpOn(t *testing.T) {
+	broker := NewMemoryBroker()
+	tr := NewMemoryTransport(broker)
+	if err := tr.Setup(context.Background(), Topology{Endpoint: "ep", Instance: true}); err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close(context.Background())
+	if err := tr.Send(context.Background(), &Envelope{Name: "a"}, SendOptions{Destination: "ep"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Send(context.Background(), &Envelope{Name: "b"}, SendOptions{Destination: tr.InstanceAddress()}); err != nil {
+		t.Fatal(err)
+	}
+	<-tr.q.signal // this receiver took the endpoint queue's token …
+	d, err := tr.Receive(context.Background())
+	if err != nil || d.Name != "b" { // … and the instance message
+		t.Fatalf("Receive = %v, %v; want the instance message b", d, err)
+	}
+	if broker.Depth("ep") != 1 || len(tr.q.signal) != 1 {
+		t.Fatalf("endpoint queue depth %d with %d wake-up tokens: other receivers sleep while a message waits", broker.Depth("ep"), len(tr.q.signal))
+	}
+}
