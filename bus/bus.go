@@ -240,9 +240,13 @@ func (b *Bus) stopMiddleware(ctx context.Context, n int) error {
 const StopGrace = 5 * time.Second
 
 // Stop stops receiving and waits for in-flight messages to finish, bounded
-// by ctx. When ctx ends first, Stop cancels the handlers' contexts, waits
-// up to [StopGrace] for them to return (their messages are returned for
-// retry) and reports ctx's error. Then it runs the middleware Stop hooks in
+// by ctx; so is the wait for the instance queue's handlers, which run
+// until every other handler returned (one may wait for a reply there).
+// When ctx ends first, Stop cancels the handlers' contexts, waits up to
+// [StopGrace] for them to return and reports ctx's error. A message whose
+// handler fails once its context was cancelled is returned for retry, even
+// on its last attempt, never dead-lettered; the interrupted attempt counts.
+// What a handler that succeeded sent still goes out. Then it runs the middleware Stop hooks in
 // reverse order and closes the transport, each bounded by [StopGrace]
 // rather than by ctx, so that they run even after ctx ended. Stop on a stopped bus returns
 // nil. Stop from inside a handler of the same bus waits for that handler,
@@ -261,35 +265,24 @@ func (b *Bus) Stop(ctx context.Context) error {
 	b.mu.Unlock()
 
 	var errs []error
+	cancelled := false
 	if state == stateRunning {
 		b.rcancel()
-		drained := make(chan struct{})
-		go func() {
+		errs = append(errs, b.await(ctx, &cancelled, func() {
 			b.workers.Wait()
 			b.inflight.Wait()
-			close(drained)
-		}()
-		select {
-		case <-drained:
-		case <-ctx.Done():
-			b.pcancel()
-			errs = append(errs, fmt.Errorf("bus: stop: in-flight messages not drained: %w", ctx.Err()))
-			grace := time.NewTimer(StopGrace)
-			select {
-			case <-drained:
-				grace.Stop()
-			case <-grace.C:
-				errs = append(errs, fmt.Errorf("bus: stop: handlers still running %s after their contexts were cancelled; closing anyway", StopGrace))
-			}
-		}
-		b.icancel() // the instance queue was received until every handler returned
-		b.ireceiver.Wait()
+		}))
+		// The instance queue was received until every handler returned
+		// (a handler may wait for a reply there); its loop is bounded the
+		// same way, since its own handlers may wait for their context.
+		b.icancel()
+		errs = append(errs, b.await(ctx, &cancelled, b.ireceiver.Wait))
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
 		errs = append(errs, b.stopMiddleware(hctx, b.started))
 		cancel()
 		b.pcancel()
 	} else {
-		b.inflight.Wait()
+		errs = append(errs, b.await(ctx, &cancelled, b.inflight.Wait)) // Deliver calls
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
 	defer cancel()
@@ -299,6 +292,38 @@ func (b *Bus) Stop(ctx context.Context) error {
 	b.state.Store(stateClosed)
 	b.logger.InfoContext(ctx, "bus stopped")
 	return errors.Join(errs...)
+}
+
+// await waits for wait to return, bounded by ctx. When ctx ends first it
+// cancels the handlers' contexts (once per Stop, recorded in cancelled) and
+// waits up to [StopGrace] more; the error says what was left running.
+func (b *Bus) await(ctx context.Context, cancelled *bool, wait func()) error {
+	done := make(chan struct{})
+	go func() {
+		wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	var err error
+	if !*cancelled {
+		*cancelled = true
+		if b.pcancel != nil { // nil on a bus that was never started
+			b.pcancel()
+		}
+		err = fmt.Errorf("bus: stop: in-flight messages not drained: %w", ctx.Err())
+	}
+	grace := time.NewTimer(StopGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+		return err
+	case <-grace.C:
+		return errors.Join(err, fmt.Errorf("bus: stop: handlers still running %s after their contexts were cancelled; closing anyway", StopGrace))
+	}
 }
 
 func (b *Bus) receiveLoop(rctx, pctx context.Context, receive func(context.Context) (*Delivery, error)) {
@@ -337,6 +362,12 @@ func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 	switch {
 	case err == nil:
 		serr = b.t.Delete(sctx, d)
+	case !IsPoison(err) && ctx.Err() != nil:
+		// Stop cancelled the handlers: the attempt was interrupted, not
+		// failed, so even a last attempt is retried rather than
+		// dead-lettered.
+		serr = b.t.Return(sctx, d, err)
+		b.logger.WarnContext(sctx, "message returned for retry: the bus stopped while it was handled", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
 	case IsPoison(err) || d.Attempt >= b.maxAttempts:
 		serr = b.t.Fail(sctx, d, Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
 		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
@@ -455,6 +486,11 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, 
 	buf := scope.close()
 	if err != nil {
 		return err
+	}
+	if ctx.Err() != nil {
+		// Stop cancelled the handler's context after it succeeded: what
+		// it sent still goes out (the transport's Close bounds this).
+		ctx = context.WithoutCancel(ctx)
 	}
 	for i, m := range buf {
 		if err := b.transmit(ctx, m); err != nil {

@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -650,6 +651,132 @@ func TestStopTimeoutWaitsForCancelledHandlersBeforeClosing(t *testing.T) {
 	}
 	if n := broker.Depth("ep"); n != 1 {
 		t.Fatalf("the cancelled message is not back in the queue: depth %d", n)
+	}
+}
+
+// A handler cancelled by Stop's deadline has not failed: its message is
+// returned for retry even on its last attempt, and what another handler
+// sent before it succeeded under a cancelled context still goes out.
+func TestStopTimeoutReturnsTheLastAttemptAndFlushesWhatSucceeded(t *testing.T) {
+	broker := memory.NewBroker()
+	inWaiting, inSending := make(chan struct{}), make(chan struct{})
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+		bus.WithConcurrency(2), bus.WithMaxAttempts(1),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			close(inWaiting)
+			<-ctx.Done()
+			return ctx.Err()
+		}),
+		bus.WithHandler(func(ctx context.Context, m chargeCard, a bus.Attributes) error {
+			close(inSending)
+			<-ctx.Done()
+			b, _, _ := bus.MessageContext(ctx)
+			return b.Send(ctx, orderPlaced{ID: "after-stop"}, bus.To("elsewhere"))
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(t.Context(), orderPlaced{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(t.Context(), chargeCard{}); err != nil {
+		t.Fatal(err)
+	}
+	<-inWaiting
+	<-inSending
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v", err)
+	}
+	if dl := broker.DeadLetters("ep"); len(dl) != 0 {
+		t.Fatalf("Stop dead-lettered %d message(s): %+v", len(dl), dl[0].Failure)
+	}
+	if n := broker.Depth("ep"); n != 1 {
+		t.Fatalf("queue depth %d after Stop; want the interrupted message back (1)", n)
+	}
+	if n := broker.Depth("elsewhere"); n != 1 {
+		t.Fatalf("%d message(s) sent by the handler that succeeded; want 1", n)
+	}
+}
+
+// The instance queue's loop runs until every other handler returned; a
+// handler of its own that waits for its context must not hang Stop.
+func TestStopBoundsTheInstanceQueuesHandlers(t *testing.T) {
+	tr := memory.New()
+	inInstance := make(chan struct{})
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithTransport(tr), bus.WithLogger(discard()),
+		bus.WithMiddleware(bus.Middleware{Name: "replies", InstanceQueue: true}),
+		bus.WithHandler(func(ctx context.Context, m chargeCard, a bus.Attributes) error {
+			close(inInstance)
+			<-ctx.Done()
+			return ctx.Err()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(t.Context(), chargeCard{}, bus.To(tr.InstanceAddress())); err != nil {
+		t.Fatal(err)
+	}
+	<-inInstance
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.Stop(ctx) }()
+	select {
+	case err := <-stopped:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Stop: %v", err)
+		}
+	case <-time.After(bus.StopGrace + 10*time.Second):
+		t.Fatal("Stop hung on a handler of the instance queue")
+	}
+}
+
+// Stop on a bus that was never started bounds the wait for Deliver calls.
+func TestStopOfAnUnstartedBusBoundsDeliver(t *testing.T) {
+	broker := memory.NewBroker()
+	in, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithTransport(memory.New(memory.WithBroker(broker))), bus.WithLogger(discard()),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			close(in)
+			<-release
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := json.Marshal(orderPlaced{ID: "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delivered := make(chan error, 1)
+	go func() {
+		delivered <- b.Deliver(context.Background(), &bus.Delivery{Envelope: bus.Envelope{Name: orderPlaced{}.MessageName(), ContentType: "application/json", Body: body}, Attempt: 1})
+	}()
+	<-in
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.Stop(ctx) }()
+	select {
+	case err := <-stopped:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Stop: %v", err)
+		}
+	case <-time.After(bus.StopGrace + 10*time.Second):
+		t.Fatal("Stop of an unstarted bus hung on a Deliver call")
+	}
+	release <- struct{}{}
+	if err := <-delivered; err != nil {
+		t.Fatalf("Deliver: %v", err)
 	}
 }
 
