@@ -575,6 +575,12 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 	if r.attrs.CorrelationID == "" {
 		r.attrs.CorrelationID = id
 	}
+	// An outbox put in the context (outbox.Within) takes the message even
+	// inside a handler; Immediately goes past every outbox.
+	if !o.immediate {
+		r.holdTo = outboxFrom(ctx, b)
+	}
+	r.holds = r.buffer || r.holdTo != nil
 	defer func() {
 		if p := recover(); p != nil {
 			err = &PanicError{Value: p, Stack: debug.Stack()}
@@ -584,7 +590,35 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 			b.outPool.Put(r)
 		}
 	}()
-	return r.start(ctx)
+	if err = r.start(ctx); err != nil {
+		return err
+	}
+	return r.store(ctx)
+}
+
+// store stores the message the terminal step held for an outbox or the
+// handler's buffer, once the chain returned nil.
+func (r *outgoingRun) store(ctx context.Context) error {
+	if !r.holds {
+		return nil // handed to the transport by the terminal step
+	}
+	if len(r.p.fns) > 0 && r.term.Load() != r.epoch.Load() {
+		if n := len(r.state); r.state[n-1].Load() >= phase(r.epoch.Load(), phaseNext) {
+			// The terminal step was called and has not returned: a
+			// middleware returned nil while its next runs elsewhere.
+			return fmt.Errorf("bus: %s %s: outgoing middleware returned before the next it called did; the message was not stored", r.kind, r.msgName)
+		}
+		return nil // a middleware did not call next: dropped
+	}
+	if !r.holding {
+		return nil // dropped: failed validation or encoding returned an error
+	}
+	m, o := r.held, r.holdTo
+	r.held, r.holding = Outbound{}, false
+	if o != nil {
+		return o.Add(ctx, m)
+	}
+	return r.scope.add(ctx, m)
 }
 
 // finishOutgoing is the outgoing stage's terminal step: encode, then buffer
@@ -603,26 +637,23 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 	env := Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers}
 	r.owned = 0 // the envelope owns the maps now
 	r.headers = nil
-	var o Outbox // the durable outbox of a send outside handlers
-	if !r.buffer && r.scope == nil {
-		o = outboxFrom(ctx, b)
+	if !r.holds {
+		if b.lendEnvelopes {
+			// Handed straight to a transport that copies what it keeps:
+			// the envelope lives in the run, reused only once the run
+			// ended clean.
+			r.env = env
+			m.Envelope = &r.env
+		} else {
+			m.Envelope = new(Envelope)
+			*m.Envelope = env
+		}
+		return b.transmit(ctx, m)
 	}
-	if !r.buffer && o == nil && b.lendEnvelopes {
-		// Handed straight to a transport that copies what it keeps: the
-		// envelope lives in the run, reused only once the run ended clean.
-		r.env = env
-		m.Envelope = &r.env
-	} else { // kept after this returns, or by a transport that may keep it
-		m.Envelope = new(Envelope)
-		*m.Envelope = env
-	}
-	switch {
-	case r.buffer:
-		return r.scope.add(ctx, m)
-	case o != nil:
-		return o.Add(ctx, m)
-	}
-	return b.transmit(ctx, m)
+	m.Envelope = new(Envelope) // kept after the run ends
+	*m.Envelope = env
+	r.held, r.holding = m, true
+	return nil
 }
 
 // transmit hands a finished message to the transport. It never runs middleware.

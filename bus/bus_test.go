@@ -449,6 +449,83 @@ func TestContextWithOutbox(t *testing.T) {
 	}
 }
 
+// Inside a handler an outbox put in the context takes the message instead
+// of the handler's buffer (it commits with the caller's transaction, not
+// with the handler); Immediately goes past every outbox.
+func TestContextWithOutboxInsideAHandlerAndImmediately(t *testing.T) {
+	broker := memory.NewBroker()
+	var box collect
+	var b *bus.Bus
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			ctx = bus.ContextWithOutbox(ctx, b, &box)
+			if err := b.Send(ctx, chargeCard{OrderID: "stored"}, bus.To("billing")); err != nil {
+				return err
+			}
+			if err := b.Send(ctx, chargeCard{OrderID: "now"}, bus.To("billing"), bus.Immediately()); err != nil {
+				return err
+			}
+			if n := broker.Depth("billing"); n != 1 {
+				return fmt.Errorf("billing depth %d inside the handler; want the Immediately send (1)", n)
+			}
+			return errors.New("the handler fails after its caller's transaction committed")
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(context.Background())
+	if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{})); err == nil || !strings.Contains(err.Error(), "transaction committed") {
+		t.Fatalf("Deliver: %v", err)
+	}
+	if len(box) != 1 || box[0].Envelope.Attributes.CorrelationID == "" {
+		t.Fatalf("the context's outbox got %d message(s): %+v", len(box), box)
+	}
+	if n := broker.Depth("billing"); n != 1 {
+		t.Fatalf("billing depth %d after the handler failed; want the Immediately send only (1)", n)
+	}
+}
+
+// An outgoing middleware that returns an error after next: Send returns
+// it and nothing is buffered or stored, inside a handler and outside.
+func TestOutgoingErrorAfterNextStoresNothing(t *testing.T) {
+	broker := memory.NewBroker()
+	audit := bus.Middleware{Name: "audit", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		if err := next(ctx); err != nil {
+			return err
+		}
+		if out.Name() == (chargeCard{}).MessageName() {
+			return errors.New("audit write failed")
+		}
+		return nil
+	}}
+	var b *bus.Bus
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+		bus.WithMiddleware(audit),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			if err := b.Send(ctx, chargeCard{}, bus.To("billing")); err == nil || !strings.Contains(err.Error(), "audit write failed") {
+				return fmt.Errorf("Send in a handler = %v, want the middleware's error", err)
+			}
+			return b.Send(ctx, orderShipped{}, bus.To("shipping")) // and the handler tolerates it
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(context.Background())
+	if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{})); err != nil {
+		t.Fatal(err)
+	}
+	if billing, shipping := broker.Depth("billing"), broker.Depth("shipping"); billing != 0 || shipping != 1 {
+		t.Fatalf("billing %d, shipping %d after the handler succeeded; want 0 and 1", billing, shipping)
+	}
+	var box collect
+	if err := b.Send(bus.ContextWithOutbox(t.Context(), b, &box), chargeCard{}, bus.To("billing")); err == nil {
+		t.Fatal("Send into an outbox returned nil after the middleware's error")
+	}
+	if len(box) != 0 {
+		t.Fatalf("the outbox stored %d message(s) whose Send failed", len(box))
+	}
+}
+
 type collect []bus.Outbound
 
 func (c *collect) Add(_ context.Context, m bus.Outbound) error { *c = append(*c, m); return nil }

@@ -153,7 +153,8 @@ func WithMessageID(id string) SendOption { return func(s *sendConfig) { s.messag
 // still inherits the handled message's correlation id and sticky
 // attributes. Use it for what must go out now whatever the handler's fate:
 // a request the handler waits for, a progress notice. It is not rolled back
-// when the handler fails.
+// when the handler fails, and it goes past an outbox put in the context
+// with [ContextWithOutbox] too.
 func Immediately() SendOption { return func(s *sendConfig) { s.immediate = true } }
 
 // WithAttribute sets a one-hop attribute.

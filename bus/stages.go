@@ -178,6 +178,14 @@ type outgoingRun struct {
 	scope   *handlerScope // the handler scope it inherits from, if any
 	buffer  bool          // buffer in scope's outbox (not Immediately)
 	env     Envelope      // handed to a transport that copies envelopes (see EnvelopeCopier)
+
+	// A message for an outbox or a handler's buffer is held by the
+	// terminal step and stored by emit once the whole chain returned nil,
+	// so that an error returned after next stores nothing.
+	holds   bool   // decided by emit: buffer, or an outbox in the caller's context
+	holdTo  Outbox // that outbox; nil: the handler scope's buffer
+	held    Outbound
+	holding bool // the terminal step held a message
 }
 
 const (
@@ -199,6 +207,7 @@ func newOutgoingRun(b *Bus, p *pipe[Outgoing]) *outgoingRun {
 
 func (r *outgoingRun) reset() {
 	r.msg, r.scope, r.headers, r.buffer = nil, nil, nil, false
+	r.held, r.holdTo, r.holds, r.holding = Outbound{}, nil, false, false
 	r.attrs = Attributes{}
 	r.owned = 0
 	r.env = Envelope{}

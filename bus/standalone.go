@@ -82,7 +82,7 @@ func NewOutgoing(m OutgoingMessage, info StageInfo) *Outgoing {
 	return &r.ctxs[0]
 }
 
-// outboxKey carries an outbox for sends made outside handlers.
+// outboxKey carries an outbox put in the context by ContextWithOutbox.
 type outboxKey struct{}
 
 type ctxOutbox struct {
@@ -91,10 +91,13 @@ type ctxOutbox struct {
 }
 
 // ContextWithOutbox returns a context in which messages that b sends or
-// publishes outside any handler go to o, after the outgoing middleware ran,
-// instead of to the transport. A durable outbox uses it to store messages
-// in a transaction the caller opened (an HTTP handler writing an order and
-// publishing OrderPlaced atomically).
+// publishes go to o once the outgoing middleware returned nil, instead of
+// to the transport — or, inside a handler, instead of to the handler's
+// buffer, so that they commit with the caller's transaction whatever the
+// handler does next. A durable outbox uses it to store messages in a
+// transaction the caller opened (an HTTP handler writing an order and
+// publishing OrderPlaced atomically). A send with [Immediately] goes past
+// it to the transport.
 func ContextWithOutbox(ctx context.Context, b *Bus, o Outbox) context.Context {
 	return context.WithValue(ctx, outboxKey{}, &ctxOutbox{bus: b, outbox: o})
 }

@@ -148,9 +148,11 @@ func Tx(ctx context.Context) *sql.Tx {
 
 // Within runs fn in a transaction of s in which every message b sends or
 // publishes is stored in the outbox instead of being handed to the
-// transport: fn's writes and messages commit together when fn returns nil
-// and are rolled back when it returns an error. A relay on s (a bus with
-// outbox.New(s)) dispatches them after the commit.
+// transport (or, inside a handler, to the handler's buffer): fn's writes
+// and messages commit together when fn returns nil and are rolled back
+// when it returns an error. A relay on s (a bus with outbox.New(s))
+// dispatches them after the commit. A send with bus.Immediately (a
+// request whose reply fn waits for) goes to the transport at once.
 //
 // When ctx already carries a transaction of s (inside a handler of a bus
 // with the plugin), fn joins it.

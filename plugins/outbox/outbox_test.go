@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
 	"github.com/plugbus/plugbus/plugins/outbox"
 	"github.com/plugbus/plugbus/store"
 	"github.com/plugbus/plugbus/store/storetest"
@@ -193,6 +195,48 @@ func TestWithin(t *testing.T) {
 		}
 		if n := count(t, st.DB(), "SELECT count(*) FROM "+db.Table("outbox")); n != 1 {
 			t.Fatalf("outbox rows = %d, want 1", n)
+		}
+	})
+}
+
+// Within inside a handler of a bus without the plugin: the message is
+// stored in Within's transaction (it commits with the write), not in the
+// handler's buffer, which a later failure of the handler discards.
+func TestWithinInsideAHandler(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		st := db.Open(t)
+		if err := st.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		orders := db.Table("orders")
+		storetest.Exec(t, st.DB(), "CREATE TABLE "+orders+" (id INTEGER NOT NULL)")
+		var b *bus.Bus
+		b, err := bus.New(bus.WithEndpoint("worker"), bus.WithTransport(memory.New()), bus.WithLogger(slog.New(slog.DiscardHandler)),
+			bus.WithRoute("sink", Done{}),
+			bus.WithHandler(func(ctx context.Context, m Work, _ bus.Attributes) error {
+				err := outbox.Within(ctx, b, st, func(ctx context.Context, tx *sql.Tx) error {
+					if _, err := tx.ExecContext(ctx, db.Rebind("INSERT INTO "+orders+" (id) VALUES (?)"), m.N); err != nil {
+						return err
+					}
+					return b.Send(ctx, Done{N: m.N})
+				})
+				if err != nil {
+					return err
+				}
+				return errors.New("the handler fails after Within committed")
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Stop(context.Background())
+		if err := b.Deliver(context.Background(), bustest.Delivery(Work{N: 7}, bus.Attributes{})); err == nil {
+			t.Fatal("Deliver returned nil; want the handler's error")
+		}
+		if n := count(t, st.DB(), "SELECT count(*) FROM "+orders); n != 1 {
+			t.Fatalf("orders = %d, want 1", n)
+		}
+		if n := count(t, st.DB(), "SELECT count(*) FROM "+db.Table("outbox")); n != 1 {
+			t.Fatalf("outbox rows = %d, want the message sent inside Within (1)", n)
 		}
 	})
 }

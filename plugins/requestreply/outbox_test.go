@@ -2,6 +2,7 @@ package requestreply_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"log/slog"
 	"testing"
@@ -67,4 +68,45 @@ func TestErrorReplyWithOutbox(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A Request made inside outbox.Within goes out at once (it is sent with
+// bus.Immediately), not into the transaction that waits for its reply.
+func TestRequestInsideWithin(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		st := db.Open(t)
+		broker := memory.NewBroker()
+		quiet := slog.New(slog.DiscardHandler)
+		resp, err := bus.New(bus.WithEndpoint("kv"), bus.WithTransport(memory.New(memory.WithBroker(broker))), bus.WithLogger(quiet),
+			bus.WithMiddleware(requestreply.New()),
+			bus.WithHandler(func(ctx context.Context, m getKey, _ bus.Attributes) error {
+				return requestreply.Reply(ctx, keyValue{V: "value of " + m.K})
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := bus.New(bus.WithTransport(memory.New(memory.WithBroker(broker))), bus.WithLogger(quiet),
+			bus.WithMiddleware(requestreply.New(), outbox.New(st, outbox.WithPollInterval(time.Hour))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range []*bus.Bus{resp, req} {
+			if err := b.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := b.Stop(context.Background()); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		var got keyValue
+		err = outbox.Within(context.Background(), req, st, func(ctx context.Context, _ *sql.Tx) error {
+			got, err = requestreply.Request[keyValue](ctx, req, getKey{K: "a"}, requestreply.To("kv"), requestreply.WithTimeout(10*time.Second))
+			return err
+		})
+		if err != nil || got.V != "value of a" {
+			t.Fatalf("Request inside Within = %+v, %v", got, err)
+		}
+	})
 }
