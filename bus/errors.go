@@ -29,7 +29,11 @@ var (
 )
 
 // NextCalledTwiceError is returned by a next function called a second time
-// within one stage invocation, or after its middleware returned.
+// within one stage invocation, or after its middleware returned while the
+// invocation's pooled state was not reused (it never is after a next that
+// returned an error). A next kept after a successful call and called
+// during a later message is not detected: next is valid only during the
+// middleware's call.
 type NextCalledTwiceError struct {
 	Stage      Stage
 	Middleware string

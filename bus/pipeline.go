@@ -88,6 +88,9 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 				}
 				err := r.terminal(ctx)
 				r.term.Store(e)
+				if err != nil {
+					r.unclean.Store(true) // see below
+				}
 				return err
 			}
 			continue
@@ -103,6 +106,13 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 			// inlined here, and a call per hop shows in deep chains.
 			if prev := sj.Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
 				r.leftEarly(ctx, j, err)
+			}
+			if err != nil {
+				// A next that failed is what a middleware retrying in the
+				// background keeps: its run is not reused, so that the
+				// kept next gets a NextCalledTwiceError rather than
+				// running a later message's chain.
+				r.unclean.Store(true)
 			}
 			return err
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/transports/memory"
 )
 
 // trace records the order in which stage code runs.
@@ -651,4 +652,55 @@ func TestImmediatelyBypassesTheHandlerOutbox(t *testing.T) {
 		t.Fatalf("listener got %s", got)
 	}
 	l.expectEmpty(t)
+}
+
+// failFirst is a memory transport whose Send refuses the message id "first".
+type failFirst struct {
+	bus.Transport
+	mu   sync.Mutex
+	sent []string
+}
+
+func (f *failFirst) Send(ctx context.Context, env *bus.Envelope, o bus.SendOptions) error {
+	if env.Attributes.MessageID == "first" {
+		return errors.New("refused")
+	}
+	f.mu.Lock()
+	f.sent = append(f.sent, env.Attributes.MessageID)
+	f.mu.Unlock()
+	return f.Transport.Send(ctx, env, o)
+}
+
+// A next kept after it failed (a middleware that would retry in the
+// background) refuses to run once a later message reuses the stage.
+func TestNextKeptAfterAFailureDoesNotRunALaterMessage(t *testing.T) {
+	tr := &failFirst{Transport: memory.New()}
+	var kept bus.Next
+	stale := make(chan error, 1)
+	b, err := bus.New(bus.WithLogger(discard()), bus.WithTransport(tr),
+		bus.WithMiddleware(bus.Middleware{Name: "keeps", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			if out.MessageID() == "first" {
+				kept = next
+				return next(ctx)
+			}
+			stale <- kept(ctx)
+			return next(ctx)
+		}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(context.Background())
+	if err := b.Send(t.Context(), orderPlaced{ID: "1"}, bus.To("x"), bus.WithMessageID("first")); err == nil {
+		t.Fatal("the refused send returned nil")
+	}
+	if err := b.Send(t.Context(), orderPlaced{ID: "2"}, bus.To("x"), bus.WithMessageID("second")); err != nil {
+		t.Fatalf("Send(second): %v", err)
+	}
+	var nt *bus.NextCalledTwiceError
+	if err := <-stale; !errors.As(err, &nt) || !nt.AfterReturn {
+		t.Fatalf("the kept next returned %v; want a *NextCalledTwiceError after return", err)
+	}
+	if len(tr.sent) != 1 || tr.sent[0] != "second" {
+		t.Fatalf("sent %v; want [second] once", tr.sent)
+	}
 }
