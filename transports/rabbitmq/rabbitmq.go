@@ -44,6 +44,8 @@ type options struct {
 	config            amqp.Config
 	unroutablePublish bool
 	queueArgs         amqp.Table
+	dlqArgs           amqp.Table
+	dlqArgsSet        bool
 	maxMessageSize    int
 }
 
@@ -103,11 +105,32 @@ func WithMaxMessageSize(n int) Option { return func(o *options) { o.maxMessageSi
 // returns an [*UnroutableError]. Sends are always mandatory.
 func WithUnroutablePublish() Option { return func(o *options) { o.unroutablePublish = true } }
 
-// WithQueueArguments sets the arguments of the endpoint queue and its
-// dead-letter queue, for example {"x-queue-type": "quorum"}. They must
-// match the arguments of an existing queue: RabbitMQ refuses to declare a
-// queue again with different ones.
+// WithQueueArguments sets the arguments of the endpoint queue, for example
+// {"x-queue-type": "quorum"}. The dead-letter queue takes only its
+// x-queue-type: a TTL or a length limit meant for the work queue would
+// drop dead letters (see [WithDeadLetterQueueArguments]). They must match
+// the arguments of an existing queue: RabbitMQ refuses to declare a queue
+// again with different ones.
 func WithQueueArguments(args amqp.Table) Option { return func(o *options) { o.queueArgs = args } }
+
+// WithDeadLetterQueueArguments sets the arguments of the endpoint's
+// dead-letter queue instead of the x-queue-type of [WithQueueArguments].
+// An expiry or a length limit here drops dead letters: the broker does it
+// silently.
+func WithDeadLetterQueueArguments(args amqp.Table) Option {
+	return func(o *options) { o.dlqArgs, o.dlqArgsSet = args, true }
+}
+
+// deadLetterArgs returns the arguments of the dead-letter queue.
+func (o *options) deadLetterArgs() amqp.Table {
+	if o.dlqArgsSet {
+		return o.dlqArgs
+	}
+	if typ, ok := o.queueArgs["x-queue-type"]; ok {
+		return amqp.Table{"x-queue-type": typ}
+	}
+	return nil
+}
 
 // Transport is the RabbitMQ [bus.Transport]. It is safe for concurrent use.
 // Build it with [New]; it connects on first use.

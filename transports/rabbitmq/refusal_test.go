@@ -270,3 +270,37 @@ func TestQuorumQueueCountsCrashes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A length limit (or a TTL) given for the endpoint queue does not apply to
+// its dead-letter queue: the broker would drop dead letters silently.
+func TestQueueArgumentsLeaveTheDeadLetterQueueAlone(t *testing.T) {
+	e := newEnv(t)
+	tr := e.transport(t, rabbitmq.WithQueueArguments(amqp.Table{"x-max-length": int32(1)}))
+	ctx := testContext(t, 30*time.Second)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		sendTo(ctx, t, tr, e.endpoint, message("A", id))
+		d := receive(ctx, t, tr, 5*time.Second)
+		if err := tr.Fail(ctx, d, bus.Failure{Reason: "boom", Attempts: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both were confirmed into it; a second is dropped at once if at all.
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if got := e.adm.deadLetters(lctx, t, e.endpoint, 2); len(got) != 2 {
+		t.Fatalf("%d dead letters, want both", len(got))
+	}
+	// WithDeadLetterQueueArguments is what sets the dead-letter queue's.
+	e2 := newEnv(t)
+	tr2 := e2.transport(t, rabbitmq.WithDeadLetterQueueArguments(amqp.Table{"x-max-length": int32(5)}))
+	if err := tr2.Setup(ctx, bus.Topology{Endpoint: e2.endpoint, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	e2.adm.do(t, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(rabbitmq.DeadLetterQueue(e2.endpoint), true, false, false, false, amqp.Table{"x-max-length": int32(5)})
+		return err // PRECONDITION_FAILED unless these are its arguments
+	})
+}

@@ -244,19 +244,25 @@ func (s *session) bind(ch *amqp.Channel, topo *bus.Topology, again bool) error {
 
 // declare is setup's work, on ch with s.mu held.
 func (s *session) declare(ch *amqp.Channel, topo *bus.Topology) error {
-	args := s.t.o.queueArgs
-	var queues []string
+	type queue struct {
+		name, option string
+		args         amqp.Table
+	}
+	var queues []queue
 	if topo.Endpoint != "" {
-		queues = []string{topo.Endpoint, DeadLetterQueue(topo.Endpoint)}
+		queues = []queue{
+			{topo.Endpoint, "WithQueueArguments", s.t.o.queueArgs},
+			{DeadLetterQueue(topo.Endpoint), "WithDeadLetterQueueArguments", s.t.o.deadLetterArgs()},
+		}
 	}
 	for _, q := range queues {
-		if s.declared["q:"+q] {
+		if s.declared["q:"+q.name] {
 			continue
 		}
-		if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
-			return fmt.Errorf("declaring queue %q: %w (a queue of that name exists with other arguments: delete it or pass the same ones with rabbitmq.WithQueueArguments)", q, err)
+		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
+			return fmt.Errorf("declaring queue %q: %w (a queue of that name exists with other arguments: delete it or pass the same ones with rabbitmq.%s)", q.name, err, q.option)
 		}
-		s.declared["q:"+q] = true
+		s.declared["q:"+q.name] = true
 	}
 	if err := s.bind(ch, topo, false); err != nil {
 		return err
