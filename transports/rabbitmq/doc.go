@@ -42,8 +42,10 @@
 // A message the broker refuses by closing the publisher channel (over
 // max_message_size, access refused) is a [*RefusedError]: only that
 // channel is replaced. A publish that finds the topic exchange deleted
-// declares it again, with the endpoint's bindings, and publishes again. A body over [WithMaxMessageSize] is refused before
-// sending with a [*MessageTooLargeError].
+// declares it again, with the endpoint's bindings, and publishes again;
+// other endpoints miss events until their transports reconnect or
+// publish (see the docs). A body over [WithMaxMessageSize] is refused
+// before sending with a [*MessageTooLargeError].
 //
 // # Headers
 //

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -210,6 +212,57 @@ func TestRefusedPublishKeepsConnection(t *testing.T) {
 	}
 	if n := logs.reconnections(); n != 0 {
 		t.Errorf("the connection was lost %d times", n)
+	}
+}
+
+// Publishes racing on the channel the broker closes for a refusal: amqp091
+// marks it closed before it reports why, and a publish refused in between
+// must still see a refusal of that channel, not a lost connection.
+func TestConcurrentRefusalKeepsConnection(t *testing.T) {
+	const senders, before, after = 32, 200, 400
+	for round := range 10 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			e := newEnv(t)
+			var logs logBuffer
+			tr := e.transport(t, rabbitmq.WithLogger(logs.logger()), rabbitmq.WithPublisherChannels(1))
+			ctx := testContext(t, 60*time.Second)
+			if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Handles: []string{"test.gone"}, Concurrency: 1, MaxAttempts: 2}); err != nil {
+				t.Fatal(err)
+			}
+			var published, afterDelete atomic.Int64
+			deleted, enough, stop := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			var wg sync.WaitGroup
+			for w := range senders {
+				wg.Go(func() {
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						_ = tr.Publish(ctx, message("test.gone", fmt.Sprintf("%d-%d", w, i)), bus.SendOptions{})
+						if published.Add(1) == before {
+							close(enough)
+						}
+						select {
+						case <-deleted:
+							if afterDelete.Add(1) == after {
+								once.Do(func() { close(stop) })
+							}
+						default:
+						}
+					}
+				})
+			}
+			<-enough
+			e.adm.deleteExchange(t, e.exchange)
+			close(deleted)
+			wg.Wait()
+			if n := logs.reconnections(); n != 0 {
+				t.Errorf("the connection was lost %d times; logs:\n%s", n, logs.String())
+			}
+		})
 	}
 }
 

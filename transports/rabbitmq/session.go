@@ -65,21 +65,41 @@ type pubChannel struct {
 	returned map[returnKey]int // returns read from returns, not yet matched
 }
 
+// causeWait bounds how long cause waits for the error of a channel that
+// amqp091 already marked closed.
+const causeWait = 5 * time.Second
+
 // cause returns the error the channel closed with, nil while it is open or
 // if it closed without one. amqp091 sends it to closes before it nacks the
 // pending confirmations, so a publish that saw its confirmation fail finds
-// it here.
+// it here. It marks the channel closed before it sends the error, though:
+// a publish refused in between waits for the error (amqp091 sends it, or
+// closes closes, once it holds the channel's lock), or it would take a
+// refusal that closed only this channel for a lost connection.
 func (c *pubChannel) cause() *amqp.Error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err == nil {
+	if c.err != nil {
+		return c.err
+	}
+	if c.ch.IsClosed() {
+		t := time.NewTimer(causeWait)
+		defer t.Stop()
 		select {
 		case e, ok := <-c.closes:
 			if ok {
 				c.err = e
 			}
-		default:
+		case <-t.C:
 		}
+		return c.err
+	}
+	select {
+	case e, ok := <-c.closes:
+		if ok {
+			c.err = e
+		}
+	default:
 	}
 	return c.err
 }

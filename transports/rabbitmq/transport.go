@@ -83,9 +83,11 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 			if re.Code == amqp.NotFound && exchange != "" && !redeclared {
 				// Our topic exchange is gone (deleted behind our back):
 				// declare it again, with this endpoint's bindings, and
-				// publish again. Other endpoints' bindings come back when
-				// their transports do the same or reconnect; until then a
-				// publish they should get is unroutable, not lost.
+				// publish again. Other endpoints' bindings come back only
+				// when their transports do the same or reconnect: until
+				// then a publish that only they handle is unroutable, and
+				// one that this endpoint handles too reaches this
+				// endpoint alone (the docs warn of it).
 				redeclared = true
 				if derr := s.redeclare(t.topology()); derr != nil {
 					return fmt.Errorf("rabbitmq: %s: %w (declaring the exchange again failed: %w)", describe(exchange, key, env.Name), re, derr)
