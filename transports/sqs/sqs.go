@@ -87,10 +87,18 @@ func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = pre
 // long a handler may run. Whole seconds, at least 1s; the default is 30s.
 func WithVisibilityTimeout(d time.Duration) Option { return func(o *options) { o.visibility = d } }
 
+// DefaultWaitTime is the default of [WithWaitTime]: a second under
+// [bus.StopGrace], the time bus.Stop gives Close, so that the receive
+// requests in progress end within it.
+const DefaultWaitTime = bus.StopGrace - time.Second
+
 // WithWaitTime sets how long one receive request waits for messages (SQS
-// long polling), in whole seconds from 1s to 20s; the default is 20s.
-// Close waits for the receive requests in progress to end, so this also
-// bounds how long Close takes when its context has no earlier deadline.
+// long polling), in whole seconds from 1s to 20s; the default is
+// [DefaultWaitTime] (4s). Close waits for the receive requests in progress
+// to end, so this also bounds how long Close takes. Above
+// [bus.StopGrace], bus.Stop cancels them instead and reports it: messages
+// SQS handed to a cancelled request stay invisible until their visibility
+// timeout, and that receive counts toward their attempts.
 func WithWaitTime(d time.Duration) Option { return func(o *options) { o.wait = d } }
 
 // WithRetryBackoff sets the back-off of a returned message: before attempt
@@ -161,7 +169,7 @@ type Transport struct {
 // credentials, endpoint). Nothing is contacted until Setup, Send or Publish.
 func New(cfg aws.Config, opts ...Option) *Transport {
 	o := options{
-		visibility: 30 * time.Second, wait: 20 * time.Second,
+		visibility: 30 * time.Second, wait: DefaultWaitTime,
 		backoffBase: time.Second, backoffMax: 5 * time.Minute,
 		maxSize: DefaultMaxMessageSize, dlqRetention: 14 * 24 * time.Hour,
 		deleteFlushers: 2,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"testing"
@@ -123,3 +124,32 @@ func TestConformance(t *testing.T) {
 
 var _ = errors.New
 var _ sqstypes.Message
+
+// With the default wait time, the receive requests in progress end within
+// the time bus.Stop gives Close: an idle bus stops cleanly, nothing
+// cancelled.
+func TestStopWithTheDefaultWaitTime(t *testing.T) {
+	cfg := awsConfig(t)
+	tr := sqs.New(cfg, sqs.WithPrefix(uniquePrefix(t, cfg)))
+	handled := make(chan struct{}, 1)
+	b, err := bus.New(bus.WithEndpoint("idle"), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)),
+		bus.WithHandler(func(ctx context.Context, _ job, _ bus.Attributes) error {
+			handled <- struct{}{}
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(ctx, job{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	<-handled // the pollers are running: the next requests wait in long polls
+	if err := b.Stop(ctx); err != nil {
+		t.Fatalf("Stop of an idle bus: %v", err)
+	}
+}
