@@ -286,3 +286,59 @@ func TestErrorCarriesPluginName(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNextShorterDeadline: a middleware that gives next a ctx with a
+// shorter deadline gets back what the rest of the chain returned, even when
+// that ctx expired while the host was still running the chain.
+func TestNextShorterDeadline(t *testing.T) {
+	for _, handlerFails := range []bool{false, true} {
+		t.Run(fmt.Sprintf("handler-fails=%v", handlerFails), func(t *testing.T) {
+			run := func(p bus.Plugin) (outcome, int) {
+				var mu sync.Mutex
+				handled := 0
+				b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
+					bus.WithHandler(func(ctx context.Context, _ Ping, _ bus.Attributes) error {
+						mu.Lock()
+						handled++
+						mu.Unlock()
+						dl, ok := ctx.Deadline()
+						if !ok || time.Until(dl) > 10*scenarios.ShorterDeadline {
+							return errors.New("the handler did not get the shorter deadline")
+						}
+						<-ctx.Done() // outlive next's ctx, then succeed (or not)
+						if handlerFails {
+							return ctx.Err()
+						}
+						return nil
+					}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				if err := b.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+				derr := b.Deliver(ctx, delivery(t, Ping{N: 1}, nil))
+				if err := b.Stop(ctx); err != nil {
+					t.Fatal(err)
+				}
+				o := describe(derr)
+				if derr != nil {
+					o.ErrorMessage = derr.Error()
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				return o, handled
+			}
+			in, inHandled := run(scenarios.New("shorter"))
+			out, outHandled := run(load(t, "shorter"))
+			if in.Err != handlerFails || inHandled != 1 {
+				t.Fatalf("in process: %+v, handled %d", in, inHandled)
+			}
+			if !reflect.DeepEqual(in, out) || inHandled != outHandled {
+				t.Errorf("in process %+v (handled %d)\nout of process %+v (handled %d)", in, inHandled, out, outHandled)
+			}
+		})
+	}
+}

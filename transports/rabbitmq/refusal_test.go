@@ -100,30 +100,59 @@ func TestRefusedResendRequeuesOriginal(t *testing.T) {
 			t.Errorf("after the refused Return received %v, want A (requeued, attempt 1) and B", got)
 		}
 	})
-	t.Run("Fail unroutable", func(t *testing.T) {
+	t.Run("Fail nacked", func(t *testing.T) {
 		e := newEnv(t)
-		tr := e.transport(t, rabbitmq.WithPrefetch(1))
+		tr := e.transport(t, rabbitmq.WithPrefetch(1),
+			rabbitmq.WithDeadLetterQueueArguments(amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"}))
 		ctx := testContext(t, 30*time.Second)
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 1}); err != nil {
 			t.Fatal(err)
 		}
-		sendTo(ctx, t, tr, e.endpoint, message("A", "a"))
-		a := receive(ctx, t, tr, 5*time.Second)
-		e.adm.do(t, func(ch *amqp.Channel) error {
-			_, err := ch.QueueDelete(rabbitmq.DeadLetterQueue(e.endpoint), false, false, false)
-			return err
-		})
-		if err := tr.Fail(ctx, a, bus.Failure{Reason: "boom", Attempts: 1}); !errors.Is(err, rabbitmq.ErrUnroutable) {
-			t.Fatalf("Fail with the dead-letter queue deleted: %v, want rabbitmq.ErrUnroutable", err)
+		for _, id := range []string{"a", "b"} {
+			sendTo(ctx, t, tr, e.endpoint, message("A", id))
+		}
+		if err := tr.Fail(ctx, receive(ctx, t, tr, 5*time.Second), bus.Failure{Reason: "boom", Attempts: 1}); err != nil {
+			t.Fatal(err) // a fills the dead-letter queue
+		}
+		if err := tr.Fail(ctx, receive(ctx, t, tr, 5*time.Second), bus.Failure{Reason: "boom", Attempts: 1}); !errors.Is(err, rabbitmq.ErrNacked) {
+			t.Fatalf("Fail into a full dead-letter queue: %v, want rabbitmq.ErrNacked", err)
 		}
 		d := receive(ctx, t, tr, 5*time.Second)
-		if d.Name != "A" || d.Attributes.MessageID != "a" {
-			t.Errorf("after the refused Fail received %s (id %s), want A redelivered", d.Name, d.Attributes.MessageID)
+		if d.Name != "A" || d.Attributes.MessageID != "b" {
+			t.Errorf("after the refused Fail received %s (id %s), want b redelivered", d.Name, d.Attributes.MessageID)
 		}
 		if err := tr.Delete(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	})
+}
+
+// A dead-letter queue deleted behind the transport's back is declared
+// again by the Fail that finds it gone: the message is dead-lettered, not
+// redelivered at once at the same attempt (a loop).
+func TestFailDeclaresADeletedDeadLetterQueueAgain(t *testing.T) {
+	e := newEnv(t)
+	var logs logBuffer
+	tr := e.transport(t, rabbitmq.WithLogger(logs.logger()))
+	ctx := testContext(t, 30*time.Second)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	sendTo(ctx, t, tr, e.endpoint, message("A", "a"))
+	a := receive(ctx, t, tr, 5*time.Second)
+	e.adm.do(t, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(rabbitmq.DeadLetterQueue(e.endpoint), false, false, false)
+		return err
+	})
+	if err := tr.Fail(ctx, a, bus.Failure{Reason: "boom", Attempts: 1}); err != nil {
+		t.Fatalf("Fail with the dead-letter queue deleted: %v", err)
+	}
+	if got := e.adm.deadLetters(ctx, t, e.endpoint, 1); len(got) != 1 || got[0].Envelope.Attributes.MessageID != "a" || got[0].Failure.Reason != "boom" {
+		t.Fatalf("dead letters %+v, want a with its reason", got)
+	}
+	if !strings.Contains(logs.String(), "declared it again") {
+		t.Errorf("no warning about the queue declared again; logs:\n%s", logs.String())
+	}
 }
 
 // RabbitMQ refuses a user-id property other than the publishing user's:

@@ -352,6 +352,17 @@ func (s *session) redeclare(topo *bus.Topology) error {
 	})
 }
 
+// redeclareQueue declares a durable queue again: one deleted behind the
+// transport's back (by an operator, say).
+func (s *session) redeclareQueue(name string, args amqp.Table) error {
+	return s.declaring(func(ch *amqp.Channel) error {
+		if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+			return fmt.Errorf("declaring queue %q: %w", name, err)
+		}
+		return nil
+	})
+}
+
 // instanceConsumer is the consumer tag of the instance queue's consumer,
 // which tells its deliveries from the endpoint queue's.
 const instanceConsumer = "plugbus-instance"

@@ -289,7 +289,7 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error 
 	if m.ConsumerTag == instanceConsumer {
 		queue = t.instanceQueue()
 	}
-	if err := t.resend(ctx, s, d, m, queue, &msg); err != nil {
+	if err := t.resend(ctx, s, d, m, queue, &msg, nil); err != nil {
 		return err
 	}
 	return t.ack(s, d, m)
@@ -324,24 +324,41 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 	h[HeaderFailureAttempts] = int32(f.Attempts)
 	h[HeaderFailureEndpoint] = endpoint
 	h[HeaderFailureTime] = f.Time.UTC().Format(time.RFC3339Nano)
-	if err := t.resend(ctx, s, d, m, DeadLetterQueue(t.topology().Endpoint), &msg); err != nil {
+	dlq := DeadLetterQueue(t.topology().Endpoint)
+	missing := func() error { return s.redeclareQueue(dlq, t.o.deadLetterArgs()) }
+	if err := t.resend(ctx, s, d, m, dlq, &msg, missing); err != nil {
 		return err
 	}
 	return t.ack(s, d, m)
 }
 
 // resend publishes msg to queue on d's own session: if that connection is
-// gone, the broker redelivers d and a copy would be a duplicate.
+// gone, the broker redelivers d and a copy would be a duplicate. When the
+// copy is unroutable and missing is not nil, the queue was deleted behind
+// the transport's back: missing declares it again, once, and the copy is
+// published again.
 //
 // When the copy is refused (a nack, an unroutable or oversized copy, a
 // channel error) d is negatively acknowledged with requeue, so that the
 // broker redelivers it and its prefetch slot is freed: a delivery left
 // unacknowledged would hold its slot until the connection closes and,
 // with a small prefetch, stall the consumer.
-func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, m *amqp.Delivery, queue string, msg *amqp.Publishing) error {
-	err := s.publisher().publish(ctx, "", queue, true, msg)
-	if errors.Is(err, errChannelClosed) {
-		err = s.publisher().publish(ctx, "", queue, true, msg)
+func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, m *amqp.Delivery, queue string, msg *amqp.Publishing, missing func() error) error {
+	publish := func() error {
+		err := s.publisher().publish(ctx, "", queue, true, msg)
+		if errors.Is(err, errChannelClosed) {
+			err = s.publisher().publish(ctx, "", queue, true, msg)
+		}
+		return err
+	}
+	err := publish()
+	if missing != nil && errors.Is(err, ErrUnroutable) {
+		if derr := missing(); derr != nil {
+			err = fmt.Errorf("%w (declaring the queue again failed: %w)", err, derr)
+		} else {
+			t.log.WarnContext(ctx, "the queue was gone; declared it again", slog.String("queue", queue), slog.String("message_name", d.Name))
+			err = publish()
+		}
 	}
 	var re *RefusedError
 	if errors.As(err, &re) {

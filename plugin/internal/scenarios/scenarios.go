@@ -15,6 +15,9 @@ import (
 // Name is the middleware name every scenario reports.
 const Name = "scenario"
 
+// ShorterDeadline is the timeout the "shorter" scenario gives next.
+const ShorterDeadline = 100 * time.Millisecond
+
 // Plugin is a middleware whose behaviour is the named scenario.
 type Plugin struct{ scenario string }
 
@@ -79,6 +82,14 @@ func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 				return fmt.Errorf("scenario: deadline in %s, want about a minute", rem)
 			}
 			nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			return next(nctx)
+		}
+	case "shorter":
+		// next under a deadline shorter than the caller's: the rest of the
+		// chain runs under it, and next returns what the rest returned.
+		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+			nctx, cancel := context.WithTimeout(ctx, ShorterDeadline)
 			defer cancel()
 			return next(nctx)
 		}

@@ -1,0 +1,181 @@
+package plugin_test
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/plugin"
+)
+
+// recorder is a log handler that hands every record to a channel (and to
+// the test log), for tests to wait on the plugin's lifecycle events.
+type recorder struct {
+	ch   chan slog.Record
+	next slog.Handler
+}
+
+func newRecorder(t *testing.T) (*recorder, *slog.Logger) {
+	r := &recorder{ch: make(chan slog.Record, 1024), next: testLogger(t).Handler()}
+	return r, slog.New(r)
+}
+
+func (r *recorder) Enabled(ctx context.Context, l slog.Level) bool { return r.next.Enabled(ctx, l) }
+
+func (r *recorder) Handle(ctx context.Context, rec slog.Record) error {
+	select {
+	case r.ch <- rec.Clone():
+	default:
+	}
+	return r.next.Handle(ctx, rec)
+}
+
+func (r *recorder) WithAttrs(as []slog.Attr) slog.Handler {
+	return &recorder{ch: r.ch, next: r.next.WithAttrs(as)}
+}
+
+func (r *recorder) WithGroup(name string) slog.Handler {
+	return &recorder{ch: r.ch, next: r.next.WithGroup(name)}
+}
+
+// await returns the next record with one of the given messages.
+func (r *recorder) await(t *testing.T, msgs ...string) slog.Record {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case rec := <-r.ch:
+			if slices.Contains(msgs, rec.Message) {
+				return rec
+			}
+		case <-timeout:
+			t.Fatalf("timed out waiting for a log record %q", msgs)
+		}
+	}
+}
+
+func attr(rec slog.Record, key string) (v slog.Value) {
+	rec.Attrs(func(a slog.Attr) bool {
+		if a.Key == key {
+			v = a.Value
+			return false
+		}
+		return true
+	})
+	return v
+}
+
+const (
+	msgFailed    = "plugin process failed; restarting it"
+	msgRestarted = "plugin restarted"
+	msgIdle      = "plugin process stopped: no bus uses it"
+)
+
+// crashLoop kills the plugin's process as soon as it runs, n times, and
+// returns the back-off before each restart and the time each restart took.
+func crashLoop(t *testing.T, stableUptime time.Duration, n int) (backoffs, took []time.Duration) {
+	rec, logger := newRecorder(t)
+	p := load(t, "pass", plugin.WithLogger(logger), plugin.WithRestartBackoff(40*time.Millisecond, 10*time.Second),
+		plugin.WithStableUptime(stableUptime))
+	for range n {
+		if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		failed := rec.await(t, msgFailed)
+		restarted := rec.await(t, msgRestarted)
+		if pid := attr(restarted, "pid").Int64(); pid == 0 || int(pid) != p.PID() {
+			t.Fatalf("restarted pid %d, PID() %d", pid, p.PID())
+		}
+		backoffs = append(backoffs, attr(failed, "backoff").Duration())
+		took = append(took, restarted.Time.Sub(failed.Time))
+	}
+	if s := p.Stats(); s.Crashes != uint64(n) || s.Restarts != uint64(n) {
+		t.Errorf("stats %+v, want %d crashes and restarts", s, n)
+	}
+	return backoffs, took
+}
+
+// TestRestartBackoffCrashLoop: a process that dies soon after starting is
+// restarted after a delay that doubles each time.
+func TestRestartBackoffCrashLoop(t *testing.T) {
+	backoffs, took := crashLoop(t, time.Hour, 4)
+	want := []time.Duration{40 * time.Millisecond, 80 * time.Millisecond, 160 * time.Millisecond, 320 * time.Millisecond}
+	for i := range want {
+		if took[i] < want[i] {
+			t.Errorf("restart %d took %s, want at least the back-off %s", i+1, took[i], want[i])
+		}
+	}
+	if !slices.Equal(backoffs, want) {
+		t.Errorf("logged back-offs %v, want %v", backoffs, want)
+	}
+}
+
+// TestRestartBackoffResets: a process that stayed up long enough is
+// restarted after the initial delay again.
+func TestRestartBackoffResets(t *testing.T) {
+	backoffs, took := crashLoop(t, time.Nanosecond, 3)
+	want := []time.Duration{40 * time.Millisecond, 40 * time.Millisecond, 40 * time.Millisecond}
+	for i := range want {
+		if took[i] < want[i] {
+			t.Errorf("restart %d took %s, want at least the back-off %s", i+1, took[i], want[i])
+		}
+	}
+	if !slices.Equal(backoffs, want) {
+		t.Errorf("logged back-offs %v, want %v", backoffs, want)
+	}
+}
+
+// TestStopLastBusDuringRestart: stopping the last bus while the process is
+// being restarted leaves no process running.
+func TestStopLastBusDuringRestart(t *testing.T) {
+	rec, logger := newRecorder(t)
+	p := load(t, "pass", plugin.WithLogger(logger), plugin.WithRestartBackoff(300*time.Millisecond, time.Second))
+	newBus := func() *bus.Bus {
+		b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
+			bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { return nil }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	b := newBus()
+	if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	rec.await(t, msgFailed) // the restart is under way (its back-off runs)
+	if err := b.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := rec.await(t, msgRestarted, msgIdle)
+	if r.Message != msgIdle {
+		t.Errorf("got %q, want %q", r.Message, msgIdle)
+	}
+	if pid := p.PID(); pid != 0 {
+		t.Errorf("plugin process %d runs although no bus uses the plugin", pid)
+	}
+	if pid := int(attr(r, "pid").Int64()); pid != 0 && !processGone(pid) {
+		t.Errorf("process %d started by the restart still runs", pid)
+	}
+
+	// A new bus starts the plugin again.
+	b = newBus()
+	if p.PID() == 0 {
+		t.Fatal("no plugin process for the new bus")
+	}
+	if err := b.Deliver(context.Background(), delivery(t, Ping{}, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if p.PID() != 0 {
+		t.Fatal("plugin process still runs after the last bus stopped")
+	}
+}
