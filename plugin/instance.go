@@ -72,14 +72,19 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	return m, nil
 }
 
-// idle stops the process when no bus uses it. p.mu is held.
+// idle stops the process when no bus uses it. During a restart, the
+// watcher stops the process it starts instead of installing it. p.mu is
+// held.
 func (p *Plugin) idle() {
 	proc := p.proc
-	if proc == nil || p.restarting {
+	if proc == nil {
 		return
 	}
 	p.proc = nil
 	p.cur.Store(nil)
+	if p.restarting {
+		return // the watcher stops the dead process and the new one
+	}
 	proc.stop()
 	p.log.Info("plugin process stopped: no bus uses it", slog.Int("pid", proc.pid))
 }

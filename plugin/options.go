@@ -55,6 +55,7 @@ type config struct {
 	logger        *slog.Logger
 	backoffMin    time.Duration
 	backoffMax    time.Duration
+	stableUptime  time.Duration // uptime after which the back-off resets
 	streams       int
 	hungTimeouts  int
 	lifecycleWait time.Duration
@@ -66,6 +67,7 @@ func defaults() config {
 		callTimeout:  5 * time.Second,
 		backoffMin:   100 * time.Millisecond,
 		backoffMax:   30 * time.Second,
+		stableUptime: time.Minute,
 		streams:      1,
 		hungTimeouts: 3,
 	}
@@ -148,8 +150,9 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithRestartBackoff sets the delay before the first restart of a crashed
-// plugin and its cap; the delay doubles after each failed restart and
-// resets once the plugin stayed up for a minute. The default is 100ms to 30s.
+// plugin and its cap; the delay doubles after each failed restart, and
+// when a restarted process dies within a minute of starting, and resets
+// once the plugin stayed up for a minute. The default is 100ms to 30s.
 func WithRestartBackoff(initial, maximum time.Duration) Option {
 	return func(c *config) error {
 		if initial <= 0 || maximum < initial {

@@ -97,6 +97,7 @@ type Plugin struct {
 	mu         sync.Mutex
 	proc       *process // current process, possibly dead, nil when idle
 	restarting bool
+	backoff    time.Duration // last restart delay; 0 after a process stayed up
 	insts      map[uint32]*instance
 	nextInst   uint32
 	closed     bool
@@ -302,28 +303,29 @@ func (p *Plugin) watch(proc *process) {
 	}
 	p.cur.Store(nil)
 	p.restarting = true
+	if time.Since(proc.started) >= p.cfg.stableUptime {
+		p.backoff = 0 // it ran fine for a while: back to the initial delay
+	}
+	backoff := p.nextBackoff()
 	p.mu.Unlock()
 	p.crashes.Add(1)
-	p.log.Error("plugin process failed; restarting it", slog.Any("error", proc.cause), slog.Int("pid", proc.pid), slog.String("policy", p.cfg.policy.String()))
+	p.log.Error("plugin process failed; restarting it", slog.Any("error", proc.cause), slog.Int("pid", proc.pid),
+		slog.String("policy", p.cfg.policy.String()), slog.Duration("backoff", backoff))
 	proc.stop()
 
-	backoff := p.cfg.backoffMin
-	if time.Since(proc.started) > time.Minute {
-		backoff = 0 // it ran fine for a while: restart at once
-	}
 	for {
-		if backoff > 0 {
-			t := time.NewTimer(backoff)
-			select {
-			case <-p.closing:
-				t.Stop()
-				return
-			case <-t.C:
-			}
+		t := time.NewTimer(backoff)
+		select {
+		case <-p.closing:
+			t.Stop()
+			return
+		case <-t.C:
 		}
-		backoff = min(max(2*backoff, p.cfg.backoffMin), p.cfg.backoffMax)
 		np, err := p.start()
 		if err != nil {
+			p.mu.Lock()
+			backoff = p.nextBackoff()
+			p.mu.Unlock()
 			p.log.Error("restarting plugin failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
 			continue
 		}
@@ -333,7 +335,15 @@ func (p *Plugin) watch(proc *process) {
 			np.stop()
 			return
 		}
+		if p.proc == nil { // the last bus using the plugin stopped meanwhile
+			p.restarting = false
+			p.mu.Unlock()
+			np.stop()
+			p.log.Info("plugin process stopped: no bus uses it", slog.Int("pid", np.pid))
+			return
+		}
 		if err := p.replay(np); err != nil {
+			backoff = p.nextBackoff()
 			p.mu.Unlock()
 			np.stop()
 			p.log.Error("restoring plugin instances after restart failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
@@ -346,6 +356,13 @@ func (p *Plugin) watch(proc *process) {
 		p.log.Warn("plugin restarted", slog.Int("pid", np.pid))
 		return
 	}
+}
+
+// nextBackoff returns the delay before the next restart attempt: the
+// initial one, then twice the previous one, up to the cap. p.mu is held.
+func (p *Plugin) nextBackoff() time.Duration {
+	p.backoff = min(max(2*p.backoff, p.cfg.backoffMin), p.cfg.backoffMax)
+	return p.backoff
 }
 
 // replay re-creates every live instance in a new process. p.mu is held.

@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,6 +106,13 @@ type stream struct {
 	pool  sync.Pool // of *hcall
 }
 
+// callFrames is how many frames of one call can wait for the host to read
+// them: a plugin sends at most a Next (the middleware called next) and a
+// Done, and only the Done once the host read the Next and answered it.
+// A plugin whose next returned before the host's answer sends both back
+// to back.
+const callFrames = 2
+
 // hcall is one stage invocation awaiting the plugin.
 type hcall struct {
 	id    uint64
@@ -132,13 +140,19 @@ func (st *stream) readLoop() {
 		}
 		for _, f := range b.Frames {
 			st.mu.Lock() // held while sending: drop cannot recycle c meanwhile
+			ok := true
 			if c := st.calls[f.Call]; c != nil {
 				select {
 				case c.ch <- f:
-				default:
+				default: // more than the protocol allows: never drop one silently
+					ok = false
 				}
 			}
 			st.mu.Unlock()
+			if !ok {
+				st.proc.fail(fmt.Errorf("plugin protocol violation: more than %d unanswered frames for call %d", callFrames, f.Call))
+				return
+			}
 		}
 	}
 }
@@ -182,7 +196,7 @@ func (st *stream) send(f *pluginproto.HostFrame) bool {
 func (st *stream) newCall() *hcall {
 	c, _ := st.pool.Get().(*hcall)
 	if c == nil {
-		c = &hcall{ch: make(chan *pluginproto.PluginFrame, 1), timer: time.NewTimer(time.Hour)}
+		c = &hcall{ch: make(chan *pluginproto.PluginFrame, callFrames), timer: time.NewTimer(time.Hour)}
 		c.timer.Stop()
 	}
 	c.id = st.proc.callID.Add(1)
@@ -196,9 +210,8 @@ func (st *stream) drop(c *hcall) {
 	st.mu.Lock()
 	delete(st.calls, c.id)
 	st.mu.Unlock()
-	select { // a frame that arrived after we stopped listening
-	case <-c.ch:
-	default:
+	for len(c.ch) > 0 { // frames that arrived after we stopped listening
+		<-c.ch
 	}
 	st.pool.Put(c)
 }

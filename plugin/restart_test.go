@@ -90,7 +90,11 @@ func crashLoop(t *testing.T, stableUptime time.Duration, n int) (backoffs, took 
 		if pid := attr(restarted, "pid").Int64(); pid == 0 || int(pid) != p.PID() {
 			t.Fatalf("restarted pid %d, PID() %d", pid, p.PID())
 		}
-		backoffs = append(backoffs, attr(failed, "backoff").Duration())
+		var backoff time.Duration // 0 when not logged
+		if v := attr(failed, "backoff"); v.Kind() == slog.KindDuration {
+			backoff = v.Duration()
+		}
+		backoffs = append(backoffs, backoff)
 		took = append(took, restarted.Time.Sub(failed.Time))
 	}
 	if s := p.Stats(); s.Crashes != uint64(n) || s.Restarts != uint64(n) {

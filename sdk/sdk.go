@@ -62,8 +62,10 @@ type Configurer interface {
 //     Logger are set.
 //   - Incoming.Raw and Handling.Raw return nil.
 //   - Handling.Message and Outgoing.Message return a [RawMessage] (JSON).
-//   - Values stored in the ctx given to next do not cross to the host; the
-//     deadline of that ctx does.
+//   - Values stored in the ctx given to next do not cross to the host, nor
+//     does its cancellation; its deadline does: the host runs the rest of
+//     the chain under it, and next returns what the rest returned, as in
+//     process, even when that ctx expired meanwhile.
 //   - Changes an outgoing middleware makes after next returns are not sent
 //     back (in process they have no effect either: the message is built).
 //

@@ -247,10 +247,10 @@ func (ss *session) call(id uint64) *pcall {
 
 func (ss *session) newCall(id uint64, inv *pluginproto.Invoke) *pcall {
 	c := &pcall{id: id, ss: ss, inv: inv, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
+	c.stop, c.cancel = context.WithCancel(ss.ctx)
+	c.ctx = c.stop
 	if inv.DeadlineUnixNano != 0 {
-		c.ctx, c.cancel = context.WithDeadline(ss.ctx, time.Unix(0, inv.DeadlineUnixNano))
-	} else {
-		c.ctx, c.cancel = context.WithCancel(ss.ctx)
+		c.ctx, c.cancelDeadline = context.WithDeadline(c.stop, time.Unix(0, inv.DeadlineUnixNano))
 	}
 	ss.mu.Lock()
 	ss.calls[id] = c
@@ -266,14 +266,16 @@ const (
 
 // pcall is one stage invocation inside the plugin.
 type pcall struct {
-	id      uint64
-	ss      *session
-	inv     *pluginproto.Invoke
-	ctx     context.Context
-	cancel  context.CancelFunc
-	results chan *pluginproto.NextResult
-	stage   bus.Stage
-	mw      string
+	id             uint64
+	ss             *session
+	inv            *pluginproto.Invoke
+	ctx            context.Context    // the middleware's: stop, with the host's deadline
+	stop           context.Context    // ends when the host cancels the call or the stream ends
+	cancel         context.CancelFunc // ends stop
+	cancelDeadline context.CancelFunc // releases ctx's timer; nil without a deadline
+	results        chan *pluginproto.NextResult
+	stage          bus.Stage
+	mw             string
 
 	state      atomic.Int32
 	beforeOnly bool
@@ -286,6 +288,9 @@ type pcall struct {
 
 func (c *pcall) run(inv *pluginproto.Invoke) {
 	defer func() {
+		if c.cancelDeadline != nil {
+			c.cancelDeadline()
+		}
 		c.cancel()
 		c.ss.mu.Lock()
 		delete(c.ss.calls, c.id)
@@ -374,14 +379,17 @@ func (c *pcall) next(ctx context.Context) error {
 		nc.Mutation = mutation(c.out, c.outBase)
 	}
 	c.ss.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
+	// As in process, next returns what the rest of the chain returned: the
+	// host runs it under ctx's deadline and answers even when ctx (or the
+	// call's own deadline) expires meanwhile. Only the call's end (the
+	// host cancelled it, or the stream is gone) stops waiting: no answer
+	// can come then.
 	select {
 	case r := <-c.results:
 		c.nextErr = decodeHostError(r.Error)
 		return c.nextErr
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c.ctx.Done():
-		return c.ctx.Err()
+	case <-c.stop.Done():
+		return c.stop.Err()
 	}
 }
 

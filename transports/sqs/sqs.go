@@ -223,8 +223,9 @@ func (t *Transport) ValidateHeaders(h bus.Headers) error { return validateHeader
 
 // Setup declares the endpoint's topology: its dead-letter queue, its queue
 // with a redrive policy to the dead-letter queue after topo.MaxAttempts
-// receives, a topic for each handled message name, a queue policy that
-// lets those topics deliver, and a raw-delivery subscription of the queue
+// receives, a topic for each handled message name, a queue policy
+// statement that lets those topics deliver (added to the topics it already
+// let in; other statements kept), and a raw-delivery subscription of the queue
 // to each topic. With topo.Instance it also creates the transport's
 // instance queue ([Transport.InstanceAddress]); the endpoint may then be
 // empty. Every step is idempotent. Subscriptions to names the
@@ -291,7 +292,15 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 		"RedrivePolicy":     string(redrive),
 	}
 	if len(topicARNs) > 0 {
-		attrs["Policy"] = queuePolicy(queueARN, topicARNs)
+		current, err := t.queuePolicyNow(ctx, queueURL)
+		if err != nil {
+			return err
+		}
+		policy, err := queuePolicy(queueARN, topicARNs, current)
+		if err != nil {
+			return fmt.Errorf("sqs: queue %s: %w", qname, err)
+		}
+		attrs["Policy"] = policy
 	}
 	if _, err := t.sqs.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: &queueURL, Attributes: attrs}); err != nil {
 		return fmt.Errorf("sqs: setting the attributes (redrive policy, queue policy) of queue %s: %w", qname, err)
@@ -385,22 +394,83 @@ func (t *Transport) InstanceAddress() string {
 	return t.instURL
 }
 
-// queuePolicy lets the SNS topics send to the queue, and nothing else.
-func queuePolicy(queueARN string, topicARNs []string) string {
-	topics := slices.Sorted(slices.Values(topicARNs))
-	p := map[string]any{
-		"Version": "2012-10-17",
-		"Statement": []any{map[string]any{
-			"Sid":       "plugbus-sns-delivery",
-			"Effect":    "Allow",
-			"Principal": map[string]any{"Service": "sns.amazonaws.com"},
-			"Action":    "sqs:SendMessage",
-			"Resource":  queueARN,
-			"Condition": map[string]any{"ArnEquals": map[string]any{"aws:SourceArn": topics}},
-		}},
+// policySid names the statement of the queue policy that Setup writes.
+const policySid = "plugbus-sns-delivery"
+
+// queuePolicy returns the queue's policy with its plugbus statement
+// letting the SNS topics send to the queue, added to the topics the
+// current policy (JSON, may be empty) already let in: an instance of an
+// older version, handling fewer names, must not lock out the topics of a
+// newer one in a rolling deploy. The current policy's other statements
+// are kept.
+func queuePolicy(queueARN string, topicARNs []string, current string) (string, error) {
+	var statements []map[string]any
+	topics := slices.Clone(topicARNs)
+	if current != "" {
+		var p struct {
+			Statement json.RawMessage
+		}
+		if err := json.Unmarshal([]byte(current), &p); err != nil {
+			return "", fmt.Errorf("reading its current Policy: %w", err)
+		}
+		if len(p.Statement) > 0 && p.Statement[0] == '{' { // one statement, not a list
+			p.Statement = append(append(json.RawMessage{'['}, p.Statement...), ']')
+		}
+		if len(p.Statement) > 0 {
+			if err := json.Unmarshal(p.Statement, &statements); err != nil {
+				return "", fmt.Errorf("reading the statements of its current Policy: %w", err)
+			}
+		}
+		statements = slices.DeleteFunc(statements, func(st map[string]any) bool {
+			if st["Sid"] != policySid {
+				return false
+			}
+			topics = append(topics, sourceARNs(st)...)
+			return true
+		})
 	}
-	b, _ := json.Marshal(p)
-	return string(b)
+	slices.Sort(topics)
+	topics = slices.Compact(topics)
+	statements = append(statements, map[string]any{
+		"Sid":       policySid,
+		"Effect":    "Allow",
+		"Principal": map[string]any{"Service": "sns.amazonaws.com"},
+		"Action":    "sqs:SendMessage",
+		"Resource":  queueARN,
+		"Condition": map[string]any{"ArnEquals": map[string]any{"aws:SourceArn": topics}},
+	})
+	b, err := json.Marshal(map[string]any{"Version": "2012-10-17", "Statement": statements})
+	return string(b), err
+}
+
+// sourceARNs returns the aws:SourceArn values of a plugbus statement.
+func sourceARNs(st map[string]any) []string {
+	cond, _ := st["Condition"].(map[string]any)
+	eq, _ := cond["ArnEquals"].(map[string]any)
+	switch v := eq["aws:SourceArn"].(type) {
+	case string:
+		return []string{v}
+	case []any:
+		var out []string
+		for _, a := range v {
+			if s, ok := a.(string); ok {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// queuePolicyNow returns the queue's current Policy, "" when it has none.
+func (t *Transport) queuePolicyNow(ctx context.Context, url string) (string, error) {
+	out, err := t.sqs.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
+		QueueUrl: &url, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNamePolicy},
+	})
+	if err != nil {
+		return "", fmt.Errorf("sqs: reading the policy of queue %s: %w", url, err)
+	}
+	return out.Attributes[string(sqstypes.QueueAttributeNamePolicy)], nil
 }
 
 func (t *Transport) createQueue(ctx context.Context, name string, attrs map[string]string) (string, error) {

@@ -2,11 +2,13 @@ package sqs_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,5 +153,61 @@ func TestStopWithTheDefaultWaitTime(t *testing.T) {
 	<-handled // the pollers are running: the next requests wait in long polls
 	if err := b.Stop(ctx); err != nil {
 		t.Fatalf("Stop of an idle bus: %v", err)
+	}
+}
+
+// Setup adds its topics to those the queue policy already lets in and
+// keeps statements of others: an older instance in a rolling deploy does
+// not lock out the topics of a newer one.
+func TestSetupKeepsTheTopicsAndStatementsOfTheQueuePolicy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	newer := sqs.New(cfg, fastOptions(prefix)...)
+	defer newer.Close(context.Background())
+	if err := newer.Setup(ctx, bus.Topology{Endpoint: "billing", Handles: []string{"shop.order_placed", "shop.order_cancelled"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	client := newer.SQS()
+	url, err := client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(newer.QueueName("billing"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := func() string {
+		out, err := client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: url.QueueUrl, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNamePolicy}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.Attributes[string(sqstypes.QueueAttributeNamePolicy)]
+	}
+	var p map[string]any
+	if err := json.Unmarshal([]byte(policy()), &p); err != nil {
+		t.Fatal(err)
+	}
+	p["Statement"] = append(p["Statement"].([]any), map[string]any{
+		"Sid": "ops-audit", "Effect": "Allow", "Principal": map[string]any{"AWS": "arn:aws:iam::000000000000:root"},
+		"Action": "sqs:GetQueueAttributes", "Resource": "*",
+	})
+	js, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: url.QueueUrl, Attributes: map[string]string{"Policy": string(js)}}); err != nil {
+		t.Fatal(err)
+	}
+	older := sqs.New(cfg, fastOptions(prefix)...)
+	defer older.Close(context.Background())
+	if err := older.Setup(ctx, bus.Topology{Endpoint: "billing", Handles: []string{"shop.order_placed"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	got := policy()
+	for _, want := range []string{":" + newer.TopicName("shop.order_placed") + `"`, ":" + newer.TopicName("shop.order_cancelled") + `"`, "ops-audit"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the policy after the older instance's Setup lacks %q:\n%s", want, got)
+		}
+	}
+	if n := strings.Count(got, "plugbus-sns-delivery"); n != 1 {
+		t.Errorf("%d plugbus statements, want 1:\n%s", n, got)
 	}
 }
