@@ -150,9 +150,9 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithRestartBackoff sets the delay before the first restart of a crashed
-// plugin and its cap; the delay doubles after each failed restart, and
-// when a restarted process dies within a minute of starting, and resets
-// once the plugin stayed up for a minute. The default is 100ms to 30s.
+// plugin and its cap; the delay doubles after each failed restart and
+// each time a process dies within a minute of starting, and resets once a
+// process stayed up for a minute. The default is 100ms to 30s.
 func WithRestartBackoff(initial, maximum time.Duration) Option {
 	return func(c *config) error {
 		if initial <= 0 || maximum < initial {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -112,6 +113,7 @@ func describe(err error) outcome {
 			o.Is = append(o.Is, name)
 		}
 	}
+	slices.Sort(o.Is)
 	var twice *bus.NextCalledTwiceError
 	if errors.As(err, &twice) {
 		o.Twice = fmt.Sprintf("%s/%s/%v", twice.Stage, twice.Middleware, twice.AfterReturn)

@@ -107,10 +107,9 @@ type stream struct {
 }
 
 // callFrames is how many frames of one call can wait for the host to read
-// them: a plugin sends at most a Next (the middleware called next) and a
-// Done, and only the Done once the host read the Next and answered it.
-// A plugin whose next returned before the host's answer sends both back
-// to back.
+// them: a plugin sends a call at most a Next (the middleware called next)
+// and a Done. The SDK sends the Done after the host answered the Next, but
+// a plugin whose next returned early sends both back to back.
 const callFrames = 2
 
 // hcall is one stage invocation awaiting the plugin.

@@ -17,6 +17,7 @@ import (
 type fakeInvoke struct {
 	grpc.ClientStream // unused
 	ctx               context.Context
+	dead              <-chan struct{}               // the reader gave up (no watcher stops the fake)
 	recv              chan *pluginproto.PluginBatch // unbuffered
 	reply             func(call uint64) []*pluginproto.PluginFrame
 }
@@ -32,6 +33,8 @@ func (f *fakeInvoke) Send(b *pluginproto.HostBatch) error {
 				case f.recv <- batch: // the empty batch is taken once the answer was handled
 				case <-f.ctx.Done():
 					return io.EOF
+				case <-f.dead:
+					return nil
 				}
 			}
 		}
@@ -56,7 +59,7 @@ func fakeProcess(t *testing.T, reply func(call uint64) []*pluginproto.PluginFram
 	p.setName("fake")
 	p.log = slog.New(&dynHandler{p: p})
 	proc := newProcess(p, nil, nil)
-	st := &stream{proc: proc, s: &fakeInvoke{ctx: proc.ctx, recv: make(chan *pluginproto.PluginBatch), reply: reply}, calls: make(map[uint64]*hcall)}
+	st := &stream{proc: proc, s: &fakeInvoke{ctx: proc.ctx, dead: proc.dead, recv: make(chan *pluginproto.PluginBatch), reply: reply}, calls: make(map[uint64]*hcall)}
 	proc.streams = append(proc.streams, st)
 	proc.wg.Go(st.readLoop)
 	p.cur.Store(proc)
