@@ -33,6 +33,7 @@ type Bus struct {
 	hv             HeaderValidator
 	releaser       DeliveryReleaser
 	lendEnvelopes  bool // the transport copies envelopes: a sent one can live in its pooled run
+	countsReceives bool // the broker dead-letters past the maximum attempts (ReceiveCounter)
 	logger         *slog.Logger
 	ser            Serializer
 	contentType    string
@@ -100,6 +101,9 @@ func New(opts ...Option) (*Bus, error) {
 	b.releaser, _ = c.transport.(DeliveryReleaser)
 	if ec, ok := c.transport.(EnvelopeCopier); ok {
 		b.lendEnvelopes = ec.CopiesEnvelopes()
+	}
+	if rc, ok := c.transport.(ReceiveCounter); ok {
+		b.countsReceives = rc.CountsReceives()
 	}
 	for _, h := range c.handlers {
 		for _, other := range b.handlers[h.msgName] {
@@ -245,8 +249,12 @@ const StopGrace = 5 * time.Second
 // When ctx ends first, Stop cancels the handlers' contexts, waits up to
 // [StopGrace] for them to return and reports ctx's error. A message whose
 // handler fails once its context was cancelled is returned for retry, even
-// on its last attempt, never dead-lettered; the interrupted attempt counts.
-// What a handler that succeeded sent still goes out. Then it runs the middleware Stop hooks in
+// on its last attempt (the interrupted attempt counts), rather than
+// dead-lettered — except on a transport whose broker dead-letters past the
+// maximum attempts itself ([ReceiveCounter], SQS), where a last attempt is
+// dead-lettered with its reason. What a handler that succeeded sent still
+// goes out. On a bus that was never started, Stop waits for [Bus.Deliver]
+// calls until ctx ends (it cannot cancel them). Then it runs the middleware Stop hooks in
 // reverse order and closes the transport, each bounded by [StopGrace]
 // rather than by ctx, so that they run even after ctx ended. Stop on a stopped bus returns
 // nil. Stop from inside a handler of the same bus waits for that handler,
@@ -265,10 +273,10 @@ func (b *Bus) Stop(ctx context.Context) error {
 	b.mu.Unlock()
 
 	var errs []error
-	cancelled := false
+	var graceEnd time.Time // set once the handlers' contexts are cancelled
 	if state == stateRunning {
 		b.rcancel()
-		errs = append(errs, b.await(ctx, &cancelled, func() {
+		errs = append(errs, b.await(ctx, &graceEnd, func() {
 			b.workers.Wait()
 			b.inflight.Wait()
 		}))
@@ -276,13 +284,13 @@ func (b *Bus) Stop(ctx context.Context) error {
 		// (a handler may wait for a reply there); its loop is bounded the
 		// same way, since its own handlers may wait for their context.
 		b.icancel()
-		errs = append(errs, b.await(ctx, &cancelled, b.ireceiver.Wait))
+		errs = append(errs, b.await(ctx, &graceEnd, b.ireceiver.Wait))
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
 		errs = append(errs, b.stopMiddleware(hctx, b.started))
 		cancel()
 		b.pcancel()
 	} else {
-		errs = append(errs, b.await(ctx, &cancelled, b.inflight.Wait)) // Deliver calls
+		errs = append(errs, b.await(ctx, &graceEnd, b.inflight.Wait)) // Deliver calls
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
 	defer cancel()
@@ -295,9 +303,11 @@ func (b *Bus) Stop(ctx context.Context) error {
 }
 
 // await waits for wait to return, bounded by ctx. When ctx ends first it
-// cancels the handlers' contexts (once per Stop, recorded in cancelled) and
-// waits up to [StopGrace] more; the error says what was left running.
-func (b *Bus) await(ctx context.Context, cancelled *bool, wait func()) error {
+// cancels the handlers' contexts, once per Stop, and waits until
+// [StopGrace] after that (graceEnd, shared by Stop's waits); on a bus that
+// was never started there is nothing to cancel, and it returns at once.
+// The error says what was left running.
+func (b *Bus) await(ctx context.Context, graceEnd *time.Time, wait func()) error {
 	done := make(chan struct{})
 	go func() {
 		wait()
@@ -308,15 +318,16 @@ func (b *Bus) await(ctx context.Context, cancelled *bool, wait func()) error {
 		return nil
 	case <-ctx.Done():
 	}
+	if b.pcancel == nil {
+		return fmt.Errorf("bus: stop: Deliver calls still running: %w", ctx.Err())
+	}
 	var err error
-	if !*cancelled {
-		*cancelled = true
-		if b.pcancel != nil { // nil on a bus that was never started
-			b.pcancel()
-		}
+	if graceEnd.IsZero() {
+		b.pcancel()
+		*graceEnd = time.Now().Add(StopGrace)
 		err = fmt.Errorf("bus: stop: in-flight messages not drained: %w", ctx.Err())
 	}
-	grace := time.NewTimer(StopGrace)
+	grace := time.NewTimer(time.Until(*graceEnd))
 	defer grace.Stop()
 	select {
 	case <-done:
@@ -362,10 +373,11 @@ func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 	switch {
 	case err == nil:
 		serr = b.t.Delete(sctx, d)
-	case !IsPoison(err) && ctx.Err() != nil:
+	case !IsPoison(err) && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
 		// Stop cancelled the handlers: the attempt was interrupted, not
 		// failed, so even a last attempt is retried rather than
-		// dead-lettered.
+		// dead-lettered — unless the broker would dead-letter it on its
+		// next receive, without the reason (ReceiveCounter).
 		serr = b.t.Return(sctx, d, err)
 		b.logger.WarnContext(sctx, "message returned for retry: the bus stopped while it was handled", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
 	case IsPoison(err) || d.Attempt >= b.maxAttempts:
@@ -487,9 +499,10 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, 
 	if err != nil {
 		return err
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil && b.state.Load() >= stateStopping {
 		// Stop cancelled the handler's context after it succeeded: what
-		// it sent still goes out (the transport's Close bounds this).
+		// it sent still goes out (the transport's Close bounds this). A
+		// Deliver caller's own deadline still bounds its flush.
 		ctx = context.WithoutCancel(ctx)
 	}
 	for i, m := range buf {
@@ -602,8 +615,8 @@ func (r *outgoingRun) store(ctx context.Context) error {
 	if !r.holds {
 		return nil // handed to the transport by the terminal step
 	}
-	if len(r.p.fns) > 0 && r.term.Load() != r.epoch.Load() {
-		if n := len(r.state); r.state[n-1].Load() >= phase(r.epoch.Load(), phaseNext) {
+	if e := r.epoch.Load(); len(r.p.fns) > 0 && r.term.Load() != e {
+		if r.entered.Load() == e {
 			// The terminal step was called and has not returned: a
 			// middleware returned nil while its next runs elsewhere.
 			return fmt.Errorf("bus: %s %s: outgoing middleware returned before the next it called did; the message was not stored", r.kind, r.msgName)

@@ -842,11 +842,15 @@ func TestStopOfAnUnstartedBusBoundsDeliver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	stopped := make(chan error, 1)
+	start := time.Now()
 	go func() { stopped <- b.Stop(ctx) }()
 	select {
 	case err := <-stopped:
-		if !errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "Deliver calls still running") {
 			t.Fatalf("Stop: %v", err)
+		}
+		if took := time.Since(start); took >= bus.StopGrace {
+			t.Fatalf("Stop took %v: there is nothing to cancel, so no grace to wait", took)
 		}
 	case <-time.After(bus.StopGrace + 10*time.Second):
 		t.Fatal("Stop of an unstarted bus hung on a Deliver call")
@@ -1042,5 +1046,40 @@ func TestInstanceQueueReceivedBesideBusyWorkers(t *testing.T) {
 	}
 	if id := recv(t, got); id != "reply-1" {
 		t.Fatalf("got %s", id)
+	}
+}
+
+// An outgoing middleware that drops a message (does not call next) inside
+// a handler or into a context's outbox: Send returns nil, nothing stored.
+func TestOutgoingDropInsideAHandlerAndIntoAnOutbox(t *testing.T) {
+	broker := memory.NewBroker()
+	drop := bus.Middleware{Name: "drop", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		if out.Name() == (chargeCard{}).MessageName() {
+			return nil
+		}
+		return next(ctx)
+	}}
+	var b *bus.Bus
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+		bus.WithMiddleware(drop),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			if err := b.Send(ctx, chargeCard{}, bus.To("billing")); err != nil {
+				return fmt.Errorf("a dropped send returned %w", err)
+			}
+			return b.Send(ctx, orderShipped{}, bus.To("shipping"))
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(context.Background())
+	if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{})); err != nil {
+		t.Fatal(err)
+	}
+	if billing, shipping := broker.Depth("billing"), broker.Depth("shipping"); billing != 0 || shipping != 1 {
+		t.Fatalf("billing %d, shipping %d; want 0 and 1", billing, shipping)
+	}
+	var box collect
+	if err := b.Send(bus.ContextWithOutbox(t.Context(), b, &box), chargeCard{}, bus.To("billing")); err != nil || len(box) != 0 {
+		t.Fatalf("a dropped send into an outbox: %v, %d stored", err, len(box))
 	}
 }

@@ -86,6 +86,16 @@ type EnvelopeCopier interface {
 	CopiesEnvelopes() bool
 }
 
+// ReceiveCounter is implemented by transports whose broker counts the
+// receives of a message and dead-letters it itself past the maximum
+// attempts (SQS's redrive policy). A message that Stop interrupted on its
+// last attempt cannot be retried there: the bus dead-letters it with its
+// reason instead of returning it, which would leave the broker to
+// dead-letter it without one.
+type ReceiveCounter interface {
+	CountsReceives() bool
+}
+
 // InstanceReceiver is implemented by transports that can receive from the
 // instance queue alone. The bus then reads it with a receive loop of its
 // own, beside its handler workers, so that a handler waiting for a reply

@@ -579,6 +579,12 @@ func (t *Transport) checkOpen(ctx context.Context) error {
 // env into the request and keep nothing of it.
 func (t *Transport) CopiesEnvelopes() bool { return true }
 
+// CountsReceives implements [bus.ReceiveCounter]: the redrive policy moves
+// a message to the dead-letter queue once it was received MaxAttempts
+// times, so the bus dead-letters a last attempt that Stop interrupted
+// itself, with its reason.
+func (t *Transport) CountsReceives() bool { return true }
+
 // Send puts env on the queue of the endpoint opts.Destination. The queue
 // must exist: the receiving endpoint declares it in its Setup. A
 // Destination that is a queue URL (an instance address,

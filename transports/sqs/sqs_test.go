@@ -211,3 +211,38 @@ func TestSetupKeepsTheTopicsAndStatementsOfTheQueuePolicy(t *testing.T) {
 		t.Errorf("%d plugbus statements, want 1:\n%s", n, got)
 	}
 }
+
+// SQS counts receives and redrives past the maximum attempts itself: a
+// last attempt that Stop interrupted is dead-lettered by the bus, with
+// its reason, not returned for the redrive policy to move without one.
+func TestStopOnTheLastAttemptDeadLettersWithTheReason(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	tr, _ := openTransport(t)
+	in := make(chan struct{}, 1)
+	b, err := bus.New(bus.WithEndpoint("worker"), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)), bus.WithMaxAttempts(1),
+		bus.WithHandler(func(ctx context.Context, _ job, _ bus.Attributes) error {
+			in <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(ctx, job{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	<-in
+	sctx, scancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer scancel()
+	if err := b.Stop(sctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v", err)
+	}
+	got := deadLetters(ctx, t, tr, "worker", 1)
+	if len(got) != 1 || !strings.Contains(got[0].Failure.Reason, "context canceled") {
+		t.Fatalf("dead letters %+v, want the job with the handler's failure", got)
+	}
+}
