@@ -485,47 +485,6 @@ func TestContextWithOutboxInsideAHandlerAndImmediately(t *testing.T) {
 	}
 }
 
-// An outgoing middleware that returns an error after next: Send returns
-// it and nothing is buffered or stored, inside a handler and outside.
-func TestOutgoingErrorAfterNextStoresNothing(t *testing.T) {
-	broker := memory.NewBroker()
-	audit := bus.Middleware{Name: "audit", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
-		if err := next(ctx); err != nil {
-			return err
-		}
-		if out.Name() == (chargeCard{}).MessageName() {
-			return errors.New("audit write failed")
-		}
-		return nil
-	}}
-	var b *bus.Bus
-	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
-		bus.WithMiddleware(audit),
-		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
-			if err := b.Send(ctx, chargeCard{}, bus.To("billing")); err == nil || !strings.Contains(err.Error(), "audit write failed") {
-				return fmt.Errorf("Send in a handler = %v, want the middleware's error", err)
-			}
-			return b.Send(ctx, orderShipped{}, bus.To("shipping")) // and the handler tolerates it
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Stop(context.Background())
-	if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{})); err != nil {
-		t.Fatal(err)
-	}
-	if billing, shipping := broker.Depth("billing"), broker.Depth("shipping"); billing != 0 || shipping != 1 {
-		t.Fatalf("billing %d, shipping %d after the handler succeeded; want 0 and 1", billing, shipping)
-	}
-	var box collect
-	if err := b.Send(bus.ContextWithOutbox(t.Context(), b, &box), chargeCard{}, bus.To("billing")); err == nil {
-		t.Fatal("Send into an outbox returned nil after the middleware's error")
-	}
-	if len(box) != 0 {
-		t.Fatalf("the outbox stored %d message(s) whose Send failed", len(box))
-	}
-}
-
 type collect []bus.Outbound
 
 func (c *collect) Add(_ context.Context, m bus.Outbound) error { *c = append(*c, m); return nil }
@@ -1049,37 +1008,64 @@ func TestInstanceQueueReceivedBesideBusyWorkers(t *testing.T) {
 	}
 }
 
-// An outgoing middleware that drops a message (does not call next) inside
-// a handler or into a context's outbox: Send returns nil, nothing stored.
-func TestOutgoingDropInsideAHandlerAndIntoAnOutbox(t *testing.T) {
-	broker := memory.NewBroker()
-	drop := bus.Middleware{Name: "drop", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
-		if out.Name() == (chargeCard{}).MessageName() {
-			return nil
-		}
-		return next(ctx)
-	}}
-	var b *bus.Bus
-	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
-		bus.WithMiddleware(drop),
-		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
-			if err := b.Send(ctx, chargeCard{}, bus.To("billing")); err != nil {
-				return fmt.Errorf("a dropped send returned %w", err)
+// An outgoing middleware that drops a message (does not call next), or
+// returns an error after next: inside a handler and into a context's
+// outbox, Send returns nil or that error and nothing is buffered or
+// stored, while the handler's other sends go out.
+func TestOutgoingDropOrErrorAfterNextStoresNothing(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		mw      func(ctx context.Context, next bus.Next) error // for chargeCard
+		wantErr string                                         // "" for nil
+	}{
+		{"drop", func(context.Context, bus.Next) error { return nil }, ""},
+		{"error after next", func(ctx context.Context, next bus.Next) error {
+			if err := next(ctx); err != nil {
+				return err
 			}
-			return b.Send(ctx, orderShipped{}, bus.To("shipping"))
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Stop(context.Background())
-	if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{})); err != nil {
-		t.Fatal(err)
-	}
-	if billing, shipping := broker.Depth("billing"), broker.Depth("shipping"); billing != 0 || shipping != 1 {
-		t.Fatalf("billing %d, shipping %d; want 0 and 1", billing, shipping)
-	}
-	var box collect
-	if err := b.Send(bus.ContextWithOutbox(t.Context(), b, &box), chargeCard{}, bus.To("billing")); err != nil || len(box) != 0 {
-		t.Fatalf("a dropped send into an outbox: %v, %d stored", err, len(box))
+			return errors.New("audit write failed")
+		}, "audit write failed"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			check := func(err error) error {
+				if (c.wantErr == "" && err != nil) || (c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr))) {
+					return fmt.Errorf("Send = %v, want %q", err, c.wantErr)
+				}
+				return nil
+			}
+			broker := memory.NewBroker()
+			mw := bus.Middleware{Name: "mw", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+				if out.Name() == (chargeCard{}).MessageName() {
+					return c.mw(ctx, next)
+				}
+				return next(ctx)
+			}}
+			var b *bus.Bus
+			b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+				bus.WithMiddleware(mw),
+				bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+					if err := check(b.Send(ctx, chargeCard{}, bus.To("billing"))); err != nil {
+						return err
+					}
+					return b.Send(ctx, orderShipped{}, bus.To("shipping")) // the handler goes on
+				}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Stop(context.Background())
+			if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{})); err != nil {
+				t.Fatal(err)
+			}
+			if billing, shipping := broker.Depth("billing"), broker.Depth("shipping"); billing != 0 || shipping != 1 {
+				t.Fatalf("billing %d, shipping %d after the handler succeeded; want 0 and 1", billing, shipping)
+			}
+			var box collect
+			if err := check(b.Send(bus.ContextWithOutbox(t.Context(), b, &box), chargeCard{}, bus.To("billing"))); err != nil {
+				t.Fatal(err)
+			}
+			if len(box) != 0 {
+				t.Fatalf("the outbox stored %d message(s)", len(box))
+			}
+		})
 	}
 }

@@ -148,15 +148,7 @@ func runIncoming(t *testing.T, p bus.Plugin, failHandler bool) outcome {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	derr := b.Deliver(ctx, delivery(t, Ping{N: 1}, nil))
-	if err := b.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
+	derr := deliverOnce(t, b)
 	d := describe(derr)
 	mu.Lock()
 	d.Handled, d.HandlerDL = o.Handled, o.HandlerDL
@@ -316,15 +308,7 @@ func TestNextShorterDeadline(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				if err := b.Start(ctx); err != nil {
-					t.Fatal(err)
-				}
-				derr := b.Deliver(ctx, delivery(t, Ping{N: 1}, nil))
-				if err := b.Stop(ctx); err != nil {
-					t.Fatal(err)
-				}
+				derr := deliverOnce(t, b)
 				o := describe(derr)
 				if derr != nil {
 					o.ErrorMessage = derr.Error()
@@ -343,4 +327,20 @@ func TestNextShorterDeadline(t *testing.T) {
 			}
 		})
 	}
+}
+
+// deliverOnce starts b, delivers Ping{N: 1} to it, stops it and returns
+// what Deliver returned.
+func deliverOnce(t *testing.T, b *bus.Bus) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := b.Deliver(ctx, delivery(t, Ping{N: 1}, nil))
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return err
 }

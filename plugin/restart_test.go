@@ -103,33 +103,29 @@ func crashLoop(t *testing.T, stableUptime time.Duration, n int) (backoffs, took 
 	return backoffs, took
 }
 
-// TestRestartBackoffCrashLoop: a process that dies soon after starting is
-// restarted after a delay that doubles each time.
-func TestRestartBackoffCrashLoop(t *testing.T) {
-	backoffs, took := crashLoop(t, time.Hour, 4)
-	want := []time.Duration{40 * time.Millisecond, 80 * time.Millisecond, 160 * time.Millisecond, 320 * time.Millisecond}
-	for i := range want {
-		if took[i] < want[i] {
-			t.Errorf("restart %d took %s, want at least the back-off %s", i+1, took[i], want[i])
-		}
-	}
-	if !slices.Equal(backoffs, want) {
-		t.Errorf("logged back-offs %v, want %v", backoffs, want)
-	}
-}
-
-// TestRestartBackoffResets: a process that stayed up long enough is
+// TestRestartBackoff: a process that dies soon after starting is restarted
+// after a delay that doubles each time; one that stayed up long enough is
 // restarted after the initial delay again.
-func TestRestartBackoffResets(t *testing.T) {
-	backoffs, took := crashLoop(t, time.Nanosecond, 3)
-	want := []time.Duration{40 * time.Millisecond, 40 * time.Millisecond, 40 * time.Millisecond}
-	for i := range want {
-		if took[i] < want[i] {
-			t.Errorf("restart %d took %s, want at least the back-off %s", i+1, took[i], want[i])
-		}
-	}
-	if !slices.Equal(backoffs, want) {
-		t.Errorf("logged back-offs %v, want %v", backoffs, want)
+func TestRestartBackoff(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		stable time.Duration // the uptime after which the delay resets
+		want   []time.Duration
+	}{
+		{"crash loop doubles", time.Hour, []time.Duration{40 * time.Millisecond, 80 * time.Millisecond, 160 * time.Millisecond, 320 * time.Millisecond}},
+		{"resets after stable uptime", time.Nanosecond, []time.Duration{40 * time.Millisecond, 40 * time.Millisecond, 40 * time.Millisecond}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			backoffs, took := crashLoop(t, c.stable, len(c.want))
+			for i := range c.want {
+				if took[i] < c.want[i] {
+					t.Errorf("restart %d took %s, want at least the back-off %s", i+1, took[i], c.want[i])
+				}
+			}
+			if !slices.Equal(backoffs, c.want) {
+				t.Errorf("logged back-offs %v, want %v", backoffs, c.want)
+			}
+		})
 	}
 }
 

@@ -50,16 +50,7 @@ func TestErrorReplyWithOutbox(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				for _, b := range []*bus.Bus{resp, req} {
-					if err := b.Start(context.Background()); err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() {
-						if err := b.Stop(context.Background()); err != nil {
-							t.Error(err)
-						}
-					})
-				}
+				startAll(t, resp, req)
 				_, err = requestreply.Request[keyValue](context.Background(), req, getKey{K: "a"}, requestreply.To("kv"), requestreply.WithTimeout(10*time.Second))
 				var re *requestreply.Error
 				if !errors.As(err, &re) || !errors.Is(err, requestreply.ErrResponder) || re.Code != "not_found" {
@@ -90,16 +81,7 @@ func TestRequestInsideWithin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, b := range []*bus.Bus{resp, req} {
-			if err := b.Start(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := b.Stop(context.Background()); err != nil {
-					t.Error(err)
-				}
-			})
-		}
+		startAll(t, resp, req)
 		var got keyValue
 		err = outbox.Within(context.Background(), req, st, func(ctx context.Context, _ *sql.Tx) error {
 			got, err = requestreply.Request[keyValue](ctx, req, getKey{K: "a"}, requestreply.To("kv"), requestreply.WithTimeout(10*time.Second))
@@ -109,4 +91,19 @@ func TestRequestInsideWithin(t *testing.T) {
 			t.Fatalf("Request inside Within = %+v, %v", got, err)
 		}
 	})
+}
+
+// startAll starts the buses and stops them when the test ends.
+func startAll(t *testing.T, buses ...*bus.Bus) {
+	t.Helper()
+	for _, b := range buses {
+		if err := b.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := b.Stop(context.Background()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
 }
