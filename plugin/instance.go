@@ -210,7 +210,7 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 				apply(out, k.Next.Mutation)
 				nextCalled = true
 				timer.Stop()
-				nextErr = callNext(ctx, k.Next.DeadlineUnixNano, next)
+				nextErr = callNext(ctx, st, c, k.Next.DeadlineUnixNano, next)
 				timer.Reset(p.cfg.callTimeout)
 				if !st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}}}) {
 					return p.down(ctx, stage, next, true, nextErr, proc.cause)
@@ -238,9 +238,24 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 	}
 }
 
-// callNext runs the rest of the chain with the deadline the plugin's ctx
+// callNext runs the rest of the chain for call c. When the rest panics
+// (the bus recovers it above this layer), it tells the plugin, whose next
+// waits for an answer: without one it would wait until the process stops.
+func callNext(ctx context.Context, st *stream, c *hcall, deadline int64, next bus.Next) error {
+	returned := false
+	defer func() {
+		if !returned {
+			st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_Cancel{Cancel: &pluginproto.Cancel{}}})
+		}
+	}()
+	err := nextWithin(ctx, deadline, next)
+	returned = true
+	return err
+}
+
+// nextWithin runs the rest of the chain with the deadline the plugin's ctx
 // had when it called next, when that is earlier.
-func callNext(ctx context.Context, deadline int64, next bus.Next) error {
+func nextWithin(ctx context.Context, deadline int64, next bus.Next) error {
 	if deadline != 0 {
 		if cur, ok := ctx.Deadline(); !ok || deadline < cur.UnixNano() {
 			nctx, cancel := context.WithDeadline(ctx, time.Unix(0, deadline))

@@ -321,6 +321,14 @@ func (p *Plugin) watch(proc *process) {
 			return
 		case <-t.C:
 		}
+		p.mu.Lock()
+		if p.proc == nil { // the last bus using the plugin stopped meanwhile
+			p.restarting = false
+			p.mu.Unlock()
+			p.log.Info("plugin process stopped: no bus uses it")
+			return
+		}
+		p.mu.Unlock()
 		np, err := p.start()
 		if err != nil {
 			p.mu.Lock()

@@ -2,8 +2,10 @@ package plugin_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -160,8 +162,10 @@ func TestStopLastBusDuringRestart(t *testing.T) {
 	if pid := p.PID(); pid != 0 {
 		t.Errorf("plugin process %d runs although no bus uses the plugin", pid)
 	}
-	if pid := int(attr(r, "pid").Int64()); pid != 0 && !processGone(pid) {
-		t.Errorf("process %d started by the restart still runs", pid)
+	// Stopped during the back-off, no process was started; during the
+	// start, the one started is stopped again.
+	if v := attr(r, "pid"); v.Kind() == slog.KindInt64 && !processGone(int(v.Int64())) {
+		t.Errorf("process %d started by the restart still runs", v.Int64())
 	}
 
 	// A new bus starts the plugin again.
@@ -178,4 +182,45 @@ func TestStopLastBusDuringRestart(t *testing.T) {
 	if p.PID() != 0 {
 		t.Fatal("plugin process still runs after the last bus stopped")
 	}
+}
+
+// awaitText returns the next record whose message contains text.
+func (r *recorder) awaitText(t *testing.T, text string) slog.Record {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case rec := <-r.ch:
+			if strings.Contains(rec.Message, text) {
+				return rec
+			}
+		case <-timeout:
+			t.Fatalf("timed out waiting for a log record containing %q", text)
+		}
+	}
+}
+
+// TestPanicAfterNextEndsThePluginsNext: a panic in the rest of the chain,
+// which the bus recovers above the plugin's layer, ends the plugin's next
+// at once (the host cancels the call) instead of leaving it waiting until
+// the process stops.
+func TestPanicAfterNextEndsThePluginsNext(t *testing.T) {
+	rec, logger := newRecorder(t)
+	p := load(t, "catch", plugin.WithLogger(logger))
+	panics := bus.Middleware{Name: "panics", Incoming: func(context.Context, *bus.Incoming, bus.Next) error { panic("boom") }}
+	b, err := bus.New(bus.WithEndpoint("svc"), bus.WithLogger(logger), bus.WithMiddleware(p, panics),
+		bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(ctx)
+	if err := b.Deliver(ctx, delivery(t, Ping{N: 1}, nil)); !errors.Is(err, bus.ErrPanic) {
+		t.Fatalf("Deliver: %v, want the recovered panic", err)
+	}
+	rec.awaitText(t, "caught") // the plugin's next returned, before Stop
 }
