@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -47,15 +48,27 @@ func (r *recorder) WithGroup(name string) slog.Handler {
 // await returns the next record with one of the given messages.
 func (r *recorder) await(t *testing.T, msgs ...string) slog.Record {
 	t.Helper()
+	return r.awaitRecord(t, fmt.Sprintf("a log record %q", msgs), func(rec slog.Record) bool { return slices.Contains(msgs, rec.Message) })
+}
+
+// awaitText returns the next record whose message contains text.
+func (r *recorder) awaitText(t *testing.T, text string) slog.Record {
+	t.Helper()
+	return r.awaitRecord(t, fmt.Sprintf("a log record containing %q", text), func(rec slog.Record) bool { return strings.Contains(rec.Message, text) })
+}
+
+// awaitRecord returns the next record for which match holds.
+func (r *recorder) awaitRecord(t *testing.T, what string, match func(slog.Record) bool) slog.Record {
+	t.Helper()
 	timeout := time.After(20 * time.Second)
 	for {
 		select {
 		case rec := <-r.ch:
-			if slices.Contains(msgs, rec.Message) {
+			if match(rec) {
 				return rec
 			}
 		case <-timeout:
-			t.Fatalf("timed out waiting for a log record %q", msgs)
+			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
 }
@@ -181,22 +194,6 @@ func TestStopLastBusDuringRestart(t *testing.T) {
 	}
 	if p.PID() != 0 {
 		t.Fatal("plugin process still runs after the last bus stopped")
-	}
-}
-
-// awaitText returns the next record whose message contains text.
-func (r *recorder) awaitText(t *testing.T, text string) slog.Record {
-	t.Helper()
-	timeout := time.After(20 * time.Second)
-	for {
-		select {
-		case rec := <-r.ch:
-			if strings.Contains(rec.Message, text) {
-				return rec
-			}
-		case <-timeout:
-			t.Fatalf("timed out waiting for a log record containing %q", text)
-		}
 	}
 }
 
