@@ -254,11 +254,13 @@ const StopGrace = 5 * time.Second
 // maximum attempts itself ([ReceiveCounter], SQS), where a last attempt is
 // dead-lettered with its reason. What a handler that succeeded sent still
 // goes out. On a bus that was never started, Stop waits for [Bus.Deliver]
-// calls until ctx ends (it cannot cancel them). Then it runs the middleware Stop hooks in
-// reverse order and closes the transport, each bounded by [StopGrace]
-// rather than by ctx, so that they run even after ctx ended. Stop on a stopped bus returns
-// nil. Stop from inside a handler of the same bus waits for that handler,
-// that is until ctx ends.
+// calls until ctx ends (it cannot cancel them).
+//
+// Then Stop runs the middleware Stop hooks in reverse order and closes the
+// transport, each bounded by [StopGrace] rather than by ctx, so that they
+// run even after ctx ended. Stop on a stopped bus returns nil. Stop from
+// inside a handler of the same bus waits for that handler, that is until
+// ctx ends.
 func (b *Bus) Stop(ctx context.Context) error {
 	b.lifecycle.Lock()
 	defer b.lifecycle.Unlock()
@@ -370,17 +372,18 @@ func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 		defer b.releaser.ReleaseDelivery(d)
 	}
 	var serr error
+	poison := err != nil && IsPoison(err)
 	switch {
 	case err == nil:
 		serr = b.t.Delete(sctx, d)
-	case !IsPoison(err) && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
+	case !poison && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
 		// Stop cancelled the handlers: the attempt was interrupted, not
 		// failed, so even a last attempt is retried rather than
 		// dead-lettered — unless the broker would dead-letter it on its
 		// next receive, without the reason (ReceiveCounter).
 		serr = b.t.Return(sctx, d, err)
-		b.logger.WarnContext(sctx, "message returned for retry: the bus stopped while it was handled", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
-	case IsPoison(err) || d.Attempt >= b.maxAttempts:
+		b.logger.WarnContext(ctx, "message returned for retry: the bus stopped while it was handled", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
+	case poison || d.Attempt >= b.maxAttempts:
 		serr = b.t.Fail(sctx, d, Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
 		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
 	default:
@@ -593,7 +596,6 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 	if !o.immediate {
 		r.holdTo = outboxFrom(ctx, b)
 	}
-	r.holds = r.buffer || r.holdTo != nil
 	defer func() {
 		if p := recover(); p != nil {
 			err = &PanicError{Value: p, Stack: debug.Stack()}
@@ -612,7 +614,7 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 // store stores the message the terminal step held for an outbox or the
 // handler's buffer, once the chain returned nil.
 func (r *outgoingRun) store(ctx context.Context) error {
-	if !r.holds {
+	if !r.holds() {
 		return nil // handed to the transport by the terminal step
 	}
 	if e := r.epoch.Load(); len(r.p.fns) > 0 && r.term.Load() != e {
@@ -623,11 +625,11 @@ func (r *outgoingRun) store(ctx context.Context) error {
 		}
 		return nil // a middleware did not call next: dropped
 	}
-	if !r.holding {
+	if r.held.Envelope == nil {
 		return nil // dropped: failed validation or encoding returned an error
 	}
 	m, o := r.held, r.holdTo
-	r.held, r.holding = Outbound{}, false
+	r.held = Outbound{}
 	if o != nil {
 		return o.Add(ctx, m)
 	}
@@ -637,6 +639,9 @@ func (r *outgoingRun) store(ctx context.Context) error {
 // finishOutgoing is the outgoing stage's terminal step: encode, then buffer
 // in the handler's outbox or hand to the transport.
 func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
+	if r.holds() {
+		r.entered.Store(r.epoch.Load()) // store tells a next still running from a drop
+	}
 	if b.hv != nil && len(r.headers) > 0 {
 		if err := b.hv.ValidateHeaders(r.headers); err != nil {
 			return err
@@ -650,7 +655,7 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 	env := Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers}
 	r.owned = 0 // the envelope owns the maps now
 	r.headers = nil
-	if !r.holds {
+	if !r.holds() {
 		if b.lendEnvelopes {
 			// Handed straight to a transport that copies what it keeps:
 			// the envelope lives in the run, reused only once the run
@@ -665,7 +670,7 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 	}
 	m.Envelope = new(Envelope) // kept after the run ends
 	*m.Envelope = env
-	r.held, r.holding = m, true
+	r.held = m
 	return nil
 }
 

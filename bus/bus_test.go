@@ -1069,3 +1069,54 @@ func TestOutgoingDropOrErrorAfterNextStoresNothing(t *testing.T) {
 		})
 	}
 }
+
+// blockingValidator holds header validation (part of the outgoing terminal
+// step) until released.
+type blockingValidator struct {
+	bus.Transport
+	in, release chan struct{}
+}
+
+func (v *blockingValidator) ValidateHeaders(bus.Headers) error {
+	close(v.in)
+	<-v.release
+	return nil
+}
+
+// An outgoing middleware that returns nil while the next it called still
+// runs on another goroutine: a send into the handler's buffer says it was
+// not stored, and nothing is sent.
+func TestOutgoingMiddlewareReturningBeforeItsNextStoresNothing(t *testing.T) {
+	broker := memory.NewBroker()
+	tr := &blockingValidator{Transport: memory.New(memory.WithBroker(broker)), in: make(chan struct{}), release: make(chan struct{})}
+	detached := make(chan error, 1)
+	early := bus.Middleware{Name: "early", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		out.Headers()["x-audit"] = "1"
+		go func() { detached <- next(ctx) }()
+		<-tr.in // the terminal step runs
+		return nil
+	}}
+	var b *bus.Bus
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(tr), bus.WithMiddleware(early),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			err := b.Send(ctx, chargeCard{}, bus.To("billing"))
+			close(tr.release)
+			if err == nil || !strings.Contains(err.Error(), "returned before the next it called did") {
+				return fmt.Errorf("Send = %v, want the message reported not stored", err)
+			}
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop(context.Background())
+	if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{})); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-detached; err != nil {
+		t.Fatalf("the detached next: %v", err)
+	}
+	if n := broker.Depth("billing"); n != 0 {
+		t.Fatalf("billing depth %d; want nothing sent", n)
+	}
+}

@@ -42,7 +42,6 @@ type run[C any] struct {
 	nexts    []Next
 	state    []atomic.Uint64 // phase of each layer in the current epoch
 	term     atomic.Uint64   // the last epoch whose terminal step returned
-	entered  atomic.Uint64   // the last epoch whose terminal step was called
 	epoch    atomic.Uint64   // the current invocation
 	unclean  atomic.Bool     // a layer returned without calling next first
 	loggers  []*slog.Logger
@@ -87,7 +86,6 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 				if !si.CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
 					return r.badNext(i)
 				}
-				r.entered.Store(e)
 				err := r.terminal(ctx)
 				r.term.Store(e)
 				if err != nil {

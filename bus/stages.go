@@ -5,6 +5,7 @@ import (
 	"iter"
 	"log/slog"
 	"maps"
+	"sync/atomic"
 )
 
 // Incoming is the incoming stage's view of one received message. It is
@@ -182,11 +183,14 @@ type outgoingRun struct {
 	// A message for an outbox or a handler's buffer is held by the
 	// terminal step and stored by emit once the whole chain returned nil,
 	// so that an error returned after next stores nothing.
-	holds   bool   // decided by emit: buffer, or an outbox in the caller's context
-	holdTo  Outbox // that outbox; nil: the handler scope's buffer
-	held    Outbound
-	holding bool // the terminal step held a message
+	holdTo  Outbox        // the outbox in the caller's context; nil: the handler's buffer, if buffer
+	entered atomic.Uint64 // the last epoch whose terminal step started holding
+	held    Outbound      // the held message; Envelope nil when none
 }
+
+// holds reports whether the terminal step holds the message for emit to
+// store, rather than handing it to the transport.
+func (r *outgoingRun) holds() bool { return r.buffer || r.holdTo != nil }
 
 const (
 	ownValues uint8 = 1 << iota
@@ -207,7 +211,7 @@ func newOutgoingRun(b *Bus, p *pipe[Outgoing]) *outgoingRun {
 
 func (r *outgoingRun) reset() {
 	r.msg, r.scope, r.headers, r.buffer = nil, nil, nil, false
-	r.held, r.holdTo, r.holds, r.holding = Outbound{}, nil, false, false
+	r.held, r.holdTo = Outbound{}, nil
 	r.attrs = Attributes{}
 	r.owned = 0
 	r.env = Envelope{}

@@ -79,27 +79,17 @@ const causeWait = 5 * time.Second
 func (c *pubChannel) cause() *amqp.Error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err != nil {
-		return c.err
+	if c.err != nil || !c.ch.IsClosed() {
+		return c.err // amqp091 sends the error only once it marked the channel closed
 	}
-	if c.ch.IsClosed() {
-		t := time.NewTimer(causeWait)
-		defer t.Stop()
-		select {
-		case e, ok := <-c.closes:
-			if ok {
-				c.err = e
-			}
-		case <-t.C:
-		}
-		return c.err
-	}
+	t := time.NewTimer(causeWait)
+	defer t.Stop()
 	select {
 	case e, ok := <-c.closes:
 		if ok {
 			c.err = e
 		}
-	default:
+	case <-t.C:
 	}
 	return c.err
 }

@@ -265,7 +265,7 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 	if err != nil {
 		return err
 	}
-	dlqARN, err := t.queueARN(ctx, dlqURL)
+	dlqARN, _, err := t.queueARN(ctx, dlqURL)
 	if err != nil {
 		return err
 	}
@@ -274,7 +274,7 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 	if err != nil {
 		return err
 	}
-	queueARN, err := t.queueARN(ctx, queueURL)
+	queueARN, policy, err := t.queueARN(ctx, queueURL)
 	if err != nil {
 		return err
 	}
@@ -292,15 +292,11 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 		"RedrivePolicy":     string(redrive),
 	}
 	if len(topicARNs) > 0 {
-		current, err := t.queuePolicyNow(ctx, queueURL)
-		if err != nil {
-			return err
-		}
-		policy, err := queuePolicy(queueARN, topicARNs, current)
+		merged, err := queuePolicy(queueARN, topicARNs, policy)
 		if err != nil {
 			return fmt.Errorf("sqs: queue %s: %w", qname, err)
 		}
-		attrs["Policy"] = policy
+		attrs["Policy"] = merged
 	}
 	if _, err := t.sqs.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: &queueURL, Attributes: attrs}); err != nil {
 		return fmt.Errorf("sqs: setting the attributes (redrive policy, queue policy) of queue %s: %w", qname, err)
@@ -462,17 +458,6 @@ func sourceARNs(st map[string]any) []string {
 	return nil
 }
 
-// queuePolicyNow returns the queue's current Policy, "" when it has none.
-func (t *Transport) queuePolicyNow(ctx context.Context, url string) (string, error) {
-	out, err := t.sqs.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
-		QueueUrl: &url, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNamePolicy},
-	})
-	if err != nil {
-		return "", fmt.Errorf("sqs: reading the policy of queue %s: %w", url, err)
-	}
-	return out.Attributes[string(sqstypes.QueueAttributeNamePolicy)], nil
-}
-
 func (t *Transport) createQueue(ctx context.Context, name string, attrs map[string]string) (string, error) {
 	out, err := t.sqs.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: &name})
 	if err != nil {
@@ -490,18 +475,20 @@ func (t *Transport) createQueue(ctx context.Context, name string, attrs map[stri
 	return url, nil
 }
 
-func (t *Transport) queueARN(ctx context.Context, url string) (string, error) {
+// queueARN returns the queue's ARN and its current Policy ("" when it has
+// none), in one request.
+func (t *Transport) queueARN(ctx context.Context, url string) (arn, policy string, err error) {
 	out, err := t.sqs.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
-		QueueUrl: &url, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn},
+		QueueUrl: &url, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn, sqstypes.QueueAttributeNamePolicy},
 	})
 	if err != nil {
-		return "", fmt.Errorf("sqs: reading the ARN of queue %s: %w", url, err)
+		return "", "", fmt.Errorf("sqs: reading the ARN and policy of queue %s: %w", url, err)
 	}
-	arn := out.Attributes[string(sqstypes.QueueAttributeNameQueueArn)]
+	arn = out.Attributes[string(sqstypes.QueueAttributeNameQueueArn)]
 	if arn == "" {
-		return "", fmt.Errorf("sqs: queue %s has no QueueArn attribute", url)
+		return "", "", fmt.Errorf("sqs: queue %s has no QueueArn attribute", url)
 	}
-	return arn, nil
+	return arn, out.Attributes[string(sqstypes.QueueAttributeNamePolicy)], nil
 }
 
 // topicARN creates (idempotently) the topic of a message name and caches its ARN.
