@@ -322,13 +322,12 @@ func (p *Plugin) watch(proc *process) {
 		case <-t.C:
 		}
 		p.mu.Lock()
-		if p.proc == nil { // the last bus using the plugin stopped meanwhile
-			p.restarting = false
-			p.mu.Unlock()
+		unneeded := p.restartUnneeded()
+		p.mu.Unlock()
+		if unneeded {
 			p.log.Info("plugin process stopped: no bus uses it")
 			return
 		}
-		p.mu.Unlock()
 		np, err := p.start()
 		if err != nil {
 			p.mu.Lock()
@@ -343,8 +342,7 @@ func (p *Plugin) watch(proc *process) {
 			np.stop()
 			return
 		}
-		if p.proc == nil { // the last bus using the plugin stopped meanwhile
-			p.restarting = false
+		if p.restartUnneeded() {
 			p.mu.Unlock()
 			np.stop()
 			p.log.Info("plugin process stopped: no bus uses it", slog.Int("pid", np.pid))
@@ -364,6 +362,16 @@ func (p *Plugin) watch(proc *process) {
 		p.log.Warn("plugin restarted", slog.Int("pid", np.pid))
 		return
 	}
+}
+
+// restartUnneeded reports whether the last bus using the plugin stopped
+// during the restart, and then ends the restart. p.mu is held.
+func (p *Plugin) restartUnneeded() bool {
+	if p.proc != nil {
+		return false
+	}
+	p.restarting = false
+	return true
 }
 
 // nextBackoff returns the delay before the next restart attempt: the
