@@ -1,6 +1,8 @@
 package sqs
 
 import (
+	"context"
+	"log/slog"
 	"time"
 
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -18,10 +20,11 @@ func Encode(env *bus.Envelope) (sqstypes.Message, error) {
 	return sqstypes.Message{Body: &e.body, MessageAttributes: e.sqsAttributes()}, nil
 }
 
-// Decode exposes the reading of a received message.
-func Decode(msg sqstypes.Message) *bus.Delivery {
+// Decode exposes the reading of a received message; what it ignores is
+// logged on log (nil: not logged).
+func Decode(msg sqstypes.Message, log *slog.Logger) *bus.Delivery {
 	d := &bus.Delivery{}
-	decode(msg, d)
+	decode(context.Background(), log, msg, d)
 	return d
 }
 

@@ -225,7 +225,7 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 		if aws.ToString(msg.Body) == "" {
 			t.Fatalf("Encode(%q) gave an empty SQS body", body)
 		}
-		d := sqs.Decode(msg)
+		d := sqs.Decode(msg, nil)
 		if d.Err != nil {
 			t.Fatalf("Decode(%q): %v", body, d.Err)
 		}
@@ -258,7 +258,7 @@ func TestUnreadableMessages(t *testing.T) {
 		"no-name":      {Body: aws.String("{}"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"plugbus": {DataType: aws.String("String"), StringValue: aws.String(`{"v":1}`)}}},
 		"future":       {Body: aws.String("{}"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"plugbus": {DataType: aws.String("String"), StringValue: aws.String(`{"v":2,"name":"n"}`)}}},
 	} {
-		if d := sqs.Decode(msg); d.Err == nil {
+		if d := sqs.Decode(msg, nil); d.Err == nil {
 			t.Errorf("%s: Decode gave no error: %+v", name, d.Envelope)
 		}
 	}

@@ -133,7 +133,7 @@ func (t *Transport) take(ctx context.Context, endpoint, instance chan *entry) (*
 	e.given = true
 	t.mu.Unlock()
 	d := &bus.Delivery{Token: e}
-	decode(e.msg, d)
+	decode(ctx, t.log, e.msg, d)
 	return d, nil
 }
 
