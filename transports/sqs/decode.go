@@ -250,32 +250,59 @@ func sentAt(text string) (time.Time, string) {
 type wireField struct {
 	key  string
 	want string // what the field holds, for the reason
-	// check decodes a value of the field, failing on the wrong type.
-	check func(json.RawMessage) error
+	// wrong returns what the field holds when that is of the wrong type,
+	// else "".
+	wrong func(json.RawMessage) string
 	// optional fields are ignored, with a warning, when they have the
 	// wrong type; a message with any other field of the wrong type cannot
 	// be read.
 	optional bool
 }
 
-func decodeAs[T any](raw json.RawMessage) error {
-	var v T
-	return json.Unmarshal(raw, &v)
-}
-
 // wireFields are the fields of the AttributeName attribute a receiver
 // reads. "failure" and "original" are the dead-letter queue's, not read
 // on receive: their type does not matter there.
 var wireFields = [...]wireField{
-	{key: "v", want: "an integer", check: decodeAs[int]},
-	{key: "name", want: "a string", check: decodeAs[string]},
-	{key: "ct", want: "a string", check: decodeAs[string]},
-	{key: "enc", want: "a string", check: decodeAs[string]},
-	{key: "id", want: "a string", check: decodeAs[string]},
-	{key: "corr", want: "a string", check: decodeAs[string]},
-	{key: "sent", want: "a string", check: decodeAs[string], optional: true},
-	{key: "attrs", want: "an object of strings", check: decodeAs[map[string]string]},
-	{key: "sticky", want: "an object of strings", check: decodeAs[map[string]string]},
+	{key: "v", want: "an integer", wrong: wrongInt},
+	{key: "name", want: "a string", wrong: wrongString},
+	{key: "ct", want: "a string", wrong: wrongString},
+	{key: "enc", want: "a string", wrong: wrongString},
+	{key: "id", want: "a string", wrong: wrongString},
+	{key: "corr", want: "a string", wrong: wrongString},
+	{key: "sent", want: "a string", wrong: wrongString, optional: true},
+	{key: "attrs", want: "an object of strings", wrong: wrongStrings},
+	{key: "sticky", want: "an object of strings", wrong: wrongStrings},
+}
+
+func wrongString(raw json.RawMessage) string {
+	if k := jsonKind(string(raw)); k != "string" && k != "null" {
+		return article(k)
+	}
+	return ""
+}
+
+func wrongInt(raw json.RawMessage) string {
+	var n int
+	if json.Unmarshal(raw, &n) == nil {
+		return ""
+	}
+	if k := jsonKind(string(raw)); k != "number" {
+		return article(k)
+	}
+	return "the number " + cut(string(raw))
+}
+
+func wrongStrings(raw json.RawMessage) string {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return article(jsonKind(string(raw)))
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if w := wrongString(m[k]); w != "" {
+			return fmt.Sprintf("%s at %q", w, cut(k))
+		}
+	}
+	return ""
 }
 
 // checkFields names the fields of the AttributeName attribute's JSON text
@@ -294,11 +321,11 @@ func checkFields(text string) (ignored string, err error) {
 			if !strings.EqualFold(k, f.key) {
 				continue
 			}
-			err := f.check(fields[k])
-			if err == nil {
+			held := f.wrong(fields[k])
+			if held == "" {
 				continue
 			}
-			problem := fmt.Sprintf("field %q holds %s, want %s", k, describeTypeError(err, fields[k]), f.want)
+			problem := fmt.Sprintf("field %q holds %s, want %s", k, held, f.want)
 			if f.optional {
 				ignored = problem
 				continue
@@ -310,18 +337,6 @@ func checkFields(text string) (ignored string, err error) {
 		return "", fmt.Errorf("sqs: the %q attribute cannot be read: %s", AttributeName, strings.Join(problems, "; "))
 	}
 	return ignored, nil
-}
-
-// describeTypeError says what a field of the wrong type held.
-func describeTypeError(err error, raw json.RawMessage) string {
-	var te *json.UnmarshalTypeError
-	switch {
-	case !errors.As(err, &te):
-		return article(jsonKind(string(raw)))
-	case te.Field != "": // inside an object
-		return fmt.Sprintf("%s at %q", article(te.Value), cut(te.Field))
-	}
-	return article(te.Value)
 }
 
 // article puts "a" or "an" in front of a kind of JSON value.
