@@ -19,11 +19,11 @@ import (
 	"github.com/plugbus/plugbus/bus"
 )
 
-// MaxClockSkew is how far in the future the sent-at time of a received
+// ClockSkewAllowance is how far in the future the sent-at time of a received
 // message may lie. One further ahead cannot be true (the sender's clock is
 // wrong, or the attribute is forged): the transport ignores it, with a
 // warning, rather than hand it to middleware that might act on it.
-const MaxClockSkew = 5 * time.Minute
+const ClockSkewAllowance = 5 * time.Minute
 
 // receiveCountAttribute is the system attribute in which SQS counts the
 // receives of a message.
@@ -48,7 +48,7 @@ func attributeText(v sqstypes.MessageAttributeValue) string {
 // receive count, never an attribute of the message; an attribute under a
 // name the transport reserves (any case) other than AttributeName itself
 // is neither read nor passed on as a header; a sent-at time that is not a
-// time, or lies more than MaxClockSkew ahead, is ignored. Each is logged
+// time, or lies more than ClockSkewAllowance ahead, is ignored. Each is logged
 // at WARN on log (nil: not logged).
 func decode(ctx context.Context, log *slog.Logger, msg sqstypes.Message, d *bus.Delivery) {
 	d.Raw = msg
@@ -85,16 +85,18 @@ func decode(ctx context.Context, log *slog.Logger, msg sqstypes.Message, d *bus.
 	}
 	if foreign {
 		for _, k := range reservedNames(msg.MessageAttributes) {
-			log.WarnContext(ctx, "message attribute under a name the transport reserves ignored: it is not passed on as a header",
-				about(slog.String("attribute", k), slog.String("data_type", aws.ToString(msg.MessageAttributes[k].DataType)))...)
+			v := msg.MessageAttributes[k]
+			log.WarnContext(ctx, "received message: reserved attribute ignored",
+				about(slog.String("attribute", k), slog.String("data_type", aws.ToString(v.DataType)), slog.String("value", cut(attributeText(v))),
+					slog.String("reason", "the transport reserves the name (any case): it is not passed on as a header"))...)
 		}
 	}
 	if ignored != "" {
-		log.WarnContext(ctx, "sent-at time of a received message ignored",
+		log.WarnContext(ctx, "received message: sent-at time ignored",
 			about(slog.String("attribute", AttributeName), slog.String("field", "sent"), slog.String("reason", ignored))...)
 	}
 	if badCount != "" {
-		log.WarnContext(ctx, "receive count of a received message ignored; this delivery counts as attempt 1",
+		log.WarnContext(ctx, "received message: receive count ignored; this delivery counts as attempt 1",
 			about(slog.String("attribute", receiveCountAttribute), slog.String("reason", badCount))...)
 	}
 }
@@ -230,7 +232,7 @@ func packText(v sqstypes.MessageAttributeValue) (string, error) {
 
 // sentAt parses the sent-at time of a received message. It returns the
 // zero time and why, when the text is not a time or lies more than
-// MaxClockSkew ahead.
+// ClockSkewAllowance ahead.
 func sentAt(text string) (time.Time, string) {
 	if text == "" {
 		return time.Time{}, ""
@@ -239,8 +241,8 @@ func sentAt(text string) (time.Time, string) {
 	if err != nil {
 		return time.Time{}, fmt.Sprintf("%q is not an RFC 3339 time", cut(text))
 	}
-	if ahead := time.Until(sent); ahead > MaxClockSkew {
-		return time.Time{}, fmt.Sprintf("%q lies %s in the future, more than the clock skew allowed (sqs.MaxClockSkew, %s)", text, ahead.Round(time.Second), MaxClockSkew)
+	if ahead := time.Until(sent); ahead > ClockSkewAllowance {
+		return time.Time{}, fmt.Sprintf("%q lies %s in the future, more than the clock skew allowed (sqs.ClockSkewAllowance, %s)", text, ahead.Round(time.Second), ClockSkewAllowance)
 	}
 	return sent, ""
 }

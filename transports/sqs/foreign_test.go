@@ -153,7 +153,7 @@ func TestForeignReservedAttributesNeitherHeadersNorAttempts(t *testing.T) {
 	}
 	for _, name := range reservedNames {
 		var n int
-		for _, w := range logs.warnings(t, "reserves") {
+		for _, w := range logs.warnings(t, "reserved attribute ignored") {
 			if w["attribute"] == name {
 				n++
 				if w["message_id"] != "foreign-1" || w["sqs_message_id"] == "" {
@@ -168,7 +168,7 @@ func TestForeignReservedAttributesNeitherHeadersNorAttempts(t *testing.T) {
 }
 
 // A sent-at time that is not a time, or lies further in the future than
-// sqs.MaxClockSkew, is ignored with a warning: the message is handled,
+// sqs.ClockSkewAllowance, is ignored with a warning: the message is handled,
 // with no sent-at. One within the skew is kept.
 func TestForeignSentAtIgnored(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

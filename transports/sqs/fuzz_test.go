@@ -54,8 +54,8 @@ func checkDecoded(t *testing.T, msg sqstypes.Message, d *bus.Delivery) {
 		if d.Name == "" {
 			t.Errorf("readable message without a name")
 		}
-		if d.Attributes.SentAt.After(time.Now().Add(sqs.MaxClockSkew)) {
-			t.Errorf("sent-at %v trusted, more than MaxClockSkew ahead", d.Attributes.SentAt)
+		if d.Attributes.SentAt.After(time.Now().Add(sqs.ClockSkewAllowance)) {
+			t.Errorf("sent-at %v trusted, more than ClockSkewAllowance ahead", d.Attributes.SentAt)
 		}
 	}
 

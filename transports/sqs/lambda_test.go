@@ -242,7 +242,7 @@ func TestLambdaHandlerIgnoresForeignReservedAttributes(t *testing.T) {
 	if h := <-headers; len(h) != 1 || h["origin"] != "legacy" {
 		t.Errorf("headers = %v, want only origin=legacy", h)
 	}
-	w := logs.warnings(t, "reserves")
+	w := logs.warnings(t, "reserved attribute ignored")
 	if len(w) != 1 || w[0]["attribute"] != "PLUGBUS.ATTEMPT" || w[0]["message_id"] != "job-1" || w[0]["sqs_message_id"] != "m-1" {
 		t.Errorf("warnings = %v, want one naming PLUGBUS.ATTEMPT of job-1 (m-1)", w)
 	}

@@ -191,7 +191,7 @@ func (t *Transport) poll(url string, lane int) {
 		}
 		backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
 		t.log.Warn("receiving from SQS failed; retrying", slog.String("queue_url", url), slog.Any("error", err), slog.Duration("backoff", backoff),
-			slog.Time("next_retry", time.Now().Add(backoff)))
+			slog.Time("retry_at", time.Now().Add(backoff)))
 		timer := time.NewTimer(backoff)
 		select {
 		case <-timer.C:

@@ -43,7 +43,7 @@ func (r *retryLogger) RetryDelay(attempt int, err error) (time.Duration, error) 
 	if derr == nil && errors.As(err, &conn) && conn.ConnectionError() {
 		r.log.Warn("AWS request could not reach its endpoint; retrying", slog.String("service", r.service),
 			slog.String("address", address(err)), slog.Int("attempt", attempt),
-			slog.Time("next_retry", time.Now().Add(delay)), slog.Any("error", err))
+			slog.Time("retry_at", time.Now().Add(delay)), slog.Any("error", err))
 	}
 	return delay, derr
 }

@@ -77,7 +77,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 				t.Fatalf("warnings = %d, want one per retried attempt (2)\n%s", len(warnings), logs)
 			}
 			for i, w := range warnings {
-				next, err := time.Parse(time.RFC3339Nano, w["next_retry"].(string))
+				next, err := time.Parse(time.RFC3339Nano, w["retry_at"].(string))
 				if w["address"] != "http://"+addr || w["attempt"] != float64(i+1) || w["service"] != "sqs" || err != nil || next.Before(began) {
 					t.Errorf("warning %d = %v, want address http://%s, attempt %d, service sqs and the next retry time", i, w, addr, i+1)
 				}
