@@ -19,8 +19,10 @@ const (
 	// itself: a JSON object holding the message name, content type, body
 	// encoding, bus attributes (id, correlation id, sent-at, one-hop and
 	// sticky attributes) and, in a dead-letter queue, the failure. It is
-	// reserved: a header of this name, or starting with "plugbus.", is
-	// refused with a *bus.HeaderReservedError.
+	// reserved, in any case, and so is every name starting with "plugbus.":
+	// a header of such a name is refused with a *bus.HeaderReservedError,
+	// and a received attribute of such a name other than "plugbus" itself
+	// is ignored (logged at WARN), never passed on as a header.
 	AttributeName = "plugbus"
 
 	// MaxAttributes is the number of message attributes AWS carries on one

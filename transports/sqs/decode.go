@@ -19,10 +19,10 @@ import (
 	"github.com/plugbus/plugbus/bus"
 )
 
-// ClockSkewAllowance is how far in the future the sent-at time of a received
-// message may lie. One further ahead cannot be true (the sender's clock is
-// wrong, or the attribute is forged): the transport ignores it, with a
-// warning, rather than hand it to middleware that might act on it.
+// ClockSkewAllowance is how far in the future the sent-at time of a
+// received message may lie. One further ahead cannot be true (the sender's
+// clock is wrong, or the attribute is forged): the transport ignores it,
+// with a warning, rather than hand it to middleware that might act on it.
 const ClockSkewAllowance = 5 * time.Minute
 
 // receiveCountAttribute is the system attribute in which SQS counts the
@@ -48,8 +48,8 @@ func attributeText(v sqstypes.MessageAttributeValue) string {
 // receive count, never an attribute of the message; an attribute under a
 // name the transport reserves (any case) other than AttributeName itself
 // is neither read nor passed on as a header; a sent-at time that is not a
-// time, or lies more than ClockSkewAllowance ahead, is ignored. Each is logged
-// at WARN on log (nil: not logged).
+// time, or lies more than ClockSkewAllowance ahead, is ignored. Each is
+// logged at WARN on log (nil: not logged).
 func decode(ctx context.Context, log *slog.Logger, msg sqstypes.Message, d *bus.Delivery) {
 	d.Raw = msg
 	attempt, badCount := receiveCount(msg.Attributes)
