@@ -220,9 +220,9 @@ func (t *Transport) SNS() *awssns.Client { return t.sns }
 
 // ValidateHeaders refuses headers the transport cannot send as message
 // attributes: a reserved name ([AttributeName], or starting with
-// "plugbus.", in any case) with a *bus.HeaderReservedError, a name or value AWS would
-// reject with a [*HeaderError], more than [MaxHeaders] headers with a
-// [*TooManyAttributesError].
+// "plugbus.", in any case) with a *bus.HeaderReservedError, a name or
+// value AWS would reject with a [*HeaderError], more than [MaxHeaders]
+// headers with a [*TooManyAttributesError].
 func (t *Transport) ValidateHeaders(h bus.Headers) error { return validateHeaders(h) }
 
 // Setup declares the endpoint's topology: its dead-letter queue, its queue
