@@ -128,6 +128,7 @@ func TestHeadersRefusedThroughBus(t *testing.T) {
 			return errors.As(err, &hr) && hr.Header == "plugbus" && errors.Is(err, bus.ErrHeaderReserved)
 		}},
 		{"reserved-prefix", bus.Headers{"PlugBus.failure": "x"}, func(err error) bool { return errors.Is(err, bus.ErrHeaderReserved) }},
+		{"reserved-upper-case", bus.Headers{"PLUGBUS": "x"}, func(err error) bool { return errors.Is(err, bus.ErrHeaderReserved) }},
 		{"eleventh-attribute", ten, func(err error) bool {
 			var tm *sqs.TooManyAttributesError
 			return errors.As(err, &tm) && tm.Headers == 10 && tm.Max == 10 && tm.Reserved == 1
