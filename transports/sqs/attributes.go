@@ -3,10 +3,8 @@ package sqs
 import (
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"iter"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -21,8 +19,10 @@ const (
 	// itself: a JSON object holding the message name, content type, body
 	// encoding, bus attributes (id, correlation id, sent-at, one-hop and
 	// sticky attributes) and, in a dead-letter queue, the failure. It is
-	// reserved: a header of this name, or starting with "plugbus.", is
-	// refused with a *bus.HeaderReservedError.
+	// reserved, in any case, and so is every name starting with "plugbus.":
+	// a header of such a name is refused with a *bus.HeaderReservedError,
+	// and a received attribute of such a name other than "plugbus" itself
+	// is ignored (logged at WARN), never passed on as a header.
 	AttributeName = "plugbus"
 
 	// MaxAttributes is the number of message attributes AWS carries on one
@@ -231,88 +231,3 @@ func (e *encoded) sqsAttributes() map[string]sqstypes.MessageAttributeValue {
 }
 
 func strPtr(s string) *string { return &s }
-
-// attributeText returns the text of a received attribute value: the string
-// value, or the base64 of a binary value.
-func attributeText(v sqstypes.MessageAttributeValue) string {
-	if v.StringValue != nil {
-		return *v.StringValue
-	}
-	if v.BinaryValue != nil {
-		return base64.StdEncoding.EncodeToString(v.BinaryValue)
-	}
-	return ""
-}
-
-// decode reads a received SQS message into d. An unreadable message gets
-// d.Err and keeps what could be read; d.Raw is always the message.
-func decode(msg sqstypes.Message, d *bus.Delivery) {
-	d.Raw = msg
-	d.Attempt = 1
-	if n, err := strconv.Atoi(msg.Attributes[string(sqstypes.MessageSystemAttributeNameApproximateReceiveCount)]); err == nil && n > 0 {
-		d.Attempt = n
-	}
-	body := ""
-	if msg.Body != nil {
-		body = *msg.Body
-	}
-	d.Body = []byte(body)
-	var pack string
-	for k, v := range msg.MessageAttributes {
-		if k == AttributeName {
-			pack = attributeText(v)
-			continue
-		}
-		if d.Headers == nil {
-			d.Headers = make(bus.Headers, len(msg.MessageAttributes))
-		}
-		d.Headers[k] = attributeText(v)
-	}
-	if _, ok := msg.MessageAttributes[AttributeName]; !ok {
-		d.Err = errors.New(`sqs: the message has no "plugbus" attribute, so it was not sent by a plugbus transport (an SNS subscription without raw message delivery wraps messages in a JSON envelope: enable RawMessageDelivery)`)
-		return
-	}
-	var m meta
-	if err := json.Unmarshal([]byte(pack), &m); err != nil {
-		d.Err = fmt.Errorf("sqs: the %q attribute is not valid JSON: %w", AttributeName, err)
-		return
-	}
-	if err := fill(&m, d); err != nil {
-		d.Err = err
-	}
-}
-
-// fill sets the envelope of d from m, decoding the body when needed.
-func fill(m *meta, d *bus.Delivery) error {
-	if m.V != wireVersion {
-		return fmt.Errorf("sqs: the %q attribute has version %d; this transport reads version %d: upgrade plugbus", AttributeName, m.V, wireVersion)
-	}
-	d.Name, d.ContentType = m.Name, m.ContentType
-	var sent time.Time
-	if m.SentAt != "" {
-		var err error
-		if sent, err = time.Parse(time.RFC3339Nano, m.SentAt); err != nil {
-			return fmt.Errorf("sqs: the sent-at time %q of the %q attribute: %w", m.SentAt, AttributeName, err)
-		}
-	}
-	d.Attributes = bus.NewAttributes(m.ID, m.Correlation, sent, m.Values, m.Sticky)
-	switch m.Encoding {
-	case "":
-	case encodingBase64:
-		raw := string(d.Body)
-		if raw == "=" {
-			raw = ""
-		}
-		b, err := base64.StdEncoding.DecodeString(raw)
-		if err != nil {
-			return fmt.Errorf("sqs: the body of %s is marked base64 but does not decode: %w", m.Name, err)
-		}
-		d.Body = b
-	default:
-		return fmt.Errorf("sqs: the body of %s has the unknown encoding %q: upgrade plugbus", m.Name, m.Encoding)
-	}
-	if m.Name == "" {
-		return fmt.Errorf("sqs: the %q attribute names no message", AttributeName)
-	}
-	return nil
-}

@@ -38,7 +38,7 @@ func BenchmarkDecode(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if d := sqs.Decode(msg); d.Err != nil {
+		if d := sqs.Decode(msg, nil); d.Err != nil {
 			b.Fatal(d.Err)
 		}
 	}

@@ -44,8 +44,14 @@ func (t *Transport) deadLetter(ctx context.Context, dlqURL string, msg sqstypes.
 func withFailure(attrs map[string]sqstypes.MessageAttributeValue, f bus.Failure) (map[string]sqstypes.MessageAttributeValue, error) {
 	var m meta
 	if v, ok := attrs[AttributeName]; ok {
-		if err := json.Unmarshal([]byte(attributeText(v)), &m); err != nil {
-			m = meta{Original: attributeText(v)}
+		text := attributeText(v)
+		var typeErr *json.UnmarshalTypeError
+		if err := json.Unmarshal([]byte(text), &m); errors.As(err, &typeErr) {
+			// The fields of the right type were read: keep them for
+			// DecodeDeadLetter, and the whole text as it came.
+			m.Original = text
+		} else if err != nil {
+			m = meta{Original: text}
 		}
 	} else if len(attrs)+1 > MaxAttributes {
 		return nil, fmt.Errorf("the message already has %d attributes, so the failure cannot be added; the queue's redrive policy dead-letters it without it after its maximum receives", len(attrs))
@@ -84,7 +90,7 @@ func withFailure(attrs map[string]sqstypes.MessageAttributeValue, f bus.Failure)
 // envelope is returned as far as it could be read.
 func DecodeDeadLetter(msg sqstypes.Message) (bus.DeadLetter, error) {
 	var d bus.Delivery
-	decode(msg, &d)
+	decode(context.Background(), nil, msg, &d)
 	dl := bus.DeadLetter{Envelope: d.Envelope}
 	v, ok := msg.MessageAttributes[AttributeName]
 	if !ok {

@@ -1,6 +1,8 @@
 package sqs
 
 import (
+	"context"
+	"log/slog"
 	"time"
 
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -18,12 +20,22 @@ func Encode(env *bus.Envelope) (sqstypes.Message, error) {
 	return sqstypes.Message{Body: &e.body, MessageAttributes: e.sqsAttributes()}, nil
 }
 
-// Decode exposes the reading of a received message.
-func Decode(msg sqstypes.Message) *bus.Delivery {
+// Decode exposes the reading of a received message; what it ignores is
+// logged on log (nil: not logged).
+func Decode(msg sqstypes.Message, log *slog.Logger) *bus.Delivery {
 	d := &bus.Delivery{}
-	decode(msg, d)
+	decode(context.Background(), log, msg, d)
 	return d
 }
 
 // Backoff exposes the retry back-off of t.
 func (t *Transport) Backoff(attempt int) time.Duration { return t.backoff(attempt) }
+
+// AddFailure exposes how a failure is added to the attributes of a message
+// being dead-lettered.
+func AddFailure(attrs map[string]sqstypes.MessageAttributeValue, f bus.Failure) (map[string]sqstypes.MessageAttributeValue, error) {
+	return withFailure(attrs, f)
+}
+
+// SNSNotification exposes the recognition of an SNS envelope.
+func SNSNotification(body string) (topic string, ok bool) { return snsNotification(body) }

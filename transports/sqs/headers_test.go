@@ -128,6 +128,7 @@ func TestHeadersRefusedThroughBus(t *testing.T) {
 			return errors.As(err, &hr) && hr.Header == "plugbus" && errors.Is(err, bus.ErrHeaderReserved)
 		}},
 		{"reserved-prefix", bus.Headers{"PlugBus.failure": "x"}, func(err error) bool { return errors.Is(err, bus.ErrHeaderReserved) }},
+		{"reserved-upper-case", bus.Headers{"PLUGBUS": "x"}, func(err error) bool { return errors.Is(err, bus.ErrHeaderReserved) }},
 		{"eleventh-attribute", ten, func(err error) bool {
 			var tm *sqs.TooManyAttributesError
 			return errors.As(err, &tm) && tm.Headers == 10 && tm.Max == 10 && tm.Reserved == 1
@@ -225,7 +226,7 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 		if aws.ToString(msg.Body) == "" {
 			t.Fatalf("Encode(%q) gave an empty SQS body", body)
 		}
-		d := sqs.Decode(msg)
+		d := sqs.Decode(msg, nil)
 		if d.Err != nil {
 			t.Fatalf("Decode(%q): %v", body, d.Err)
 		}
@@ -250,17 +251,48 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 	}
 }
 
+// A message the transport cannot read gets Delivery.Err, whose text
+// names what is wrong.
 func TestUnreadableMessages(t *testing.T) {
-	for name, msg := range map[string]sqstypes.Message{
-		"no-attribute": {Body: aws.String("{}")},
-		"bad-json":     {Body: aws.String("{}"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"plugbus": {DataType: aws.String("String"), StringValue: aws.String("{")}}},
-		"bad-base64":   {Body: aws.String("!!"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"plugbus": {DataType: aws.String("String"), StringValue: aws.String(`{"v":1,"name":"n","enc":"base64"}`)}}},
-		"no-name":      {Body: aws.String("{}"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"plugbus": {DataType: aws.String("String"), StringValue: aws.String(`{"v":1}`)}}},
-		"future":       {Body: aws.String("{}"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"plugbus": {DataType: aws.String("String"), StringValue: aws.String(`{"v":2,"name":"n"}`)}}},
+	pack := func(v sqstypes.MessageAttributeValue) map[string]sqstypes.MessageAttributeValue {
+		return map[string]sqstypes.MessageAttributeValue{"plugbus": v}
+	}
+	for name, tc := range map[string]struct {
+		msg  sqstypes.Message
+		want string
+	}{
+		"no-attribute": {sqstypes.Message{Body: aws.String("{}")}, `no "plugbus" attribute`},
+		"other-case": {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: map[string]sqstypes.MessageAttributeValue{"PlugBus": str(`{"v":1,"name":"n"}`)}},
+			`one named "PlugBus", but attribute names are case-sensitive`},
+		"bad-json":   {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(str("{"))}, "not valid JSON"},
+		"bad-base64": {sqstypes.Message{Body: aws.String("!!"), MessageAttributes: pack(str(`{"v":1,"name":"n","enc":"base64"}`))}, "marked base64"},
+		"no-name":    {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(str(`{"v":1}`))}, "names no message"},
+		"no-version": {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(str(`{"name":"n"}`))}, `no version ("v")`},
+		"null":       {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(str(`null`))}, `no version ("v")`},
+		"array":      {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(str(`[1]`))}, "holds a JSON array, want an object"},
+		"future":     {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(str(`{"v":2,"name":5}`))}, "version 2"},
+		"binary": {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(sqstypes.MessageAttributeValue{DataType: aws.String("Binary"), BinaryValue: []byte(`{"v":1,"name":"n"}`)})},
+			`data type "Binary", want "String"`},
+		"binary-custom": {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(sqstypes.MessageAttributeValue{DataType: aws.String("Binary.json"), BinaryValue: []byte(`{}`)})},
+			`data type "Binary.json", want "String"`},
+		"no-string-value": {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(sqstypes.MessageAttributeValue{DataType: aws.String("String")})}, "has no string value"},
+		"name-type": {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(str(`{"v":1,"name":5,"sent":true}`))},
+			`field "name" holds a number, want a string`},
+		"version-type": {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(str(`{"v":"1","name":"n"}`))}, `field "v" holds a string, want an integer`},
+		"attrs-type": {sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(str(`{"v":1,"name":"n","attrs":{"tenant":7},"ID":[]}`))},
+			`field "ID" holds an array, want a string; field "attrs" holds a number at "tenant", want an object of strings`},
 	} {
-		if d := sqs.Decode(msg); d.Err == nil {
-			t.Errorf("%s: Decode gave no error: %+v", name, d.Envelope)
+		d := sqs.Decode(tc.msg, nil)
+		if d.Err == nil || !strings.Contains(d.Err.Error(), tc.want) {
+			t.Errorf("%s: Decode gave %v, want an error containing %q", name, d.Err, tc.want)
 		}
+	}
+	// A custom label after String is still a string; a field of the wrong
+	// type that the receiver can do without (sent) is ignored.
+	d := sqs.Decode(sqstypes.Message{Body: aws.String("{}"), MessageAttributes: pack(sqstypes.MessageAttributeValue{
+		DataType: aws.String("String.json"), StringValue: aws.String(`{"v":1,"name":"n","id":"i","sent":{},"failure":7}`)})}, nil)
+	if d.Err != nil || d.Name != "n" || d.Attributes.MessageID != "i" || !d.Attributes.SentAt.IsZero() {
+		t.Errorf("Decode of a readable message: %v, %+v", d.Err, d.Envelope)
 	}
 }
 

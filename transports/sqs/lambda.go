@@ -121,7 +121,7 @@ func NewLambdaHandler(b *bus.Bus, opts ...LambdaOption) LambdaHandler {
 func deliverRecord(ctx context.Context, b *bus.Bus, tr *Transport, maxAttempts int, log *slog.Logger, rec EventRecord) bool {
 	msg := rec.Message()
 	d := &bus.Delivery{}
-	decode(msg, d)
+	decode(ctx, log, msg, d)
 	err := b.Deliver(ctx, d)
 	if err == nil {
 		return true

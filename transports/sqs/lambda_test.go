@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/transports/memory"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
@@ -204,5 +206,44 @@ func TestLambdaHandlerBacksOffFailedRecords(t *testing.T) {
 	}
 	if got := again.Records[0].Attributes["ApproximateReceiveCount"]; got != "2" {
 		t.Errorf("receive count = %s, want 2", got)
+	}
+}
+
+// The Lambda receiver reads records as the poller reads messages: an
+// attribute under a reserved name never reaches handlers as a header, and
+// is logged at WARN.
+func TestLambdaHandlerIgnoresForeignReservedAttributes(t *testing.T) {
+	const event = `{"Records":[{"messageId":"m-1","receiptHandle":"h","body":"{\"n\":1}",
+		"attributes":{"ApproximateReceiveCount":"1"},
+		"messageAttributes":{
+			"plugbus":{"stringValue":"{\"v\":1,\"name\":\"test.job\",\"id\":\"job-1\"}","stringListValues":[],"binaryListValues":[],"dataType":"String"},
+			"PLUGBUS.ATTEMPT":{"stringValue":"99","stringListValues":[],"binaryListValues":[],"dataType":"Number"},
+			"origin":{"stringValue":"legacy","stringListValues":[],"binaryListValues":[],"dataType":"String"}},
+		"eventSource":"aws:sqs","eventSourceARN":"arn:aws:sqs:us-east-1:000000000000:worker","awsRegion":"us-east-1"}]}`
+	var ev sqs.Event
+	if err := json.Unmarshal([]byte(event), &ev); err != nil {
+		t.Fatal(err)
+	}
+	headers := make(chan map[string]string, 1)
+	b, err := bus.New(bus.WithEndpoint("worker"), bus.WithTransport(memory.New()),
+		bus.WithMiddleware(bus.Middleware{Name: "headers", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			headers <- maps.Collect(in.Headers())
+			return next(ctx)
+		}}),
+		bus.WithHandler(func(context.Context, job, bus.Attributes) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logRecorder{}
+	resp, err := sqs.NewLambdaHandler(b, sqs.LambdaLogger(logs.logger()))(t.Context(), ev)
+	if err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("handler: %v, %v", resp, err)
+	}
+	if h := <-headers; len(h) != 1 || h["origin"] != "legacy" {
+		t.Errorf("headers = %v, want only origin=legacy", h)
+	}
+	w := logs.warnings(t, "reserved attribute ignored")
+	if len(w) != 1 || w[0]["attribute"] != "PLUGBUS.ATTEMPT" || w[0]["message_id"] != "job-1" || w[0]["sqs_message_id"] != "m-1" {
+		t.Errorf("warnings = %v, want one naming PLUGBUS.ATTEMPT of job-1 (m-1)", w)
 	}
 }

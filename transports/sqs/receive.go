@@ -133,7 +133,7 @@ func (t *Transport) take(ctx context.Context, endpoint, instance chan *entry) (*
 	e.given = true
 	t.mu.Unlock()
 	d := &bus.Delivery{Token: e}
-	decode(e.msg, d)
+	decode(ctx, t.log, e.msg, d)
 	return d, nil
 }
 
@@ -190,7 +190,8 @@ func (t *Transport) poll(url string, lane int) {
 			return
 		}
 		backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
-		t.log.Warn("receiving from SQS failed; retrying", slog.String("queue_url", url), slog.Any("error", err), slog.Duration("backoff", backoff))
+		t.log.Warn("receiving from SQS failed; retrying", slog.String("queue_url", url), slog.Any("error", err), slog.Duration("backoff", backoff),
+			slog.Time("retry_at", time.Now().Add(backoff)))
 		timer := time.NewTimer(backoff)
 		select {
 		case <-timer.C:

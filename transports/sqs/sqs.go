@@ -189,11 +189,15 @@ func New(cfg aws.Config, opts ...Option) *Transport {
 	if o.maxSize <= 0 {
 		o.maxSize = DefaultMaxMessageSize
 	}
+	log := o.logger.With(slog.String("transport", transportName))
+	// Last, so that the retryer they log with is the one the options chose.
+	sqsOpts := append(slices.Clip(o.sqsOpts), func(so *awssqs.Options) { so.Retryer = logRetries(so.Retryer, log, "sqs") })
+	snsOpts := append(slices.Clip(o.snsOpts), func(so *awssns.Options) { so.Retryer = logRetries(so.Retryer, log, "sns") })
 	t := &Transport{
 		o:        o,
-		log:      o.logger.With(slog.String("transport", transportName)),
-		sqs:      awssqs.NewFromConfig(cfg, o.sqsOpts...),
-		sns:      awssns.NewFromConfig(cfg, o.snsOpts...),
+		log:      log,
+		sqs:      awssqs.NewFromConfig(cfg, sqsOpts...),
+		sns:      awssns.NewFromConfig(cfg, snsOpts...),
 		urls:     map[string]string{},
 		topics:   map[string]string{},
 		closedCh: make(chan struct{}),
@@ -216,9 +220,9 @@ func (t *Transport) SNS() *awssns.Client { return t.sns }
 
 // ValidateHeaders refuses headers the transport cannot send as message
 // attributes: a reserved name ([AttributeName], or starting with
-// "plugbus.") with a *bus.HeaderReservedError, a name or value AWS would
-// reject with a [*HeaderError], more than [MaxHeaders] headers with a
-// [*TooManyAttributesError].
+// "plugbus.", in any case) with a *bus.HeaderReservedError, a name or
+// value AWS would reject with a [*HeaderError], more than [MaxHeaders]
+// headers with a [*TooManyAttributesError].
 func (t *Transport) ValidateHeaders(h bus.Headers) error { return validateHeaders(h) }
 
 // Setup declares the endpoint's topology: its dead-letter queue, its queue
