@@ -461,7 +461,7 @@ func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
 		return true, &DecodeError{Message: d.Name, Type: "envelope", Err: d.Err}
 	}
 	if d.Name == "" {
-		return true, &DecodeError{Message: "(unnamed)", Type: "envelope", Err: errors.New("message has no name")}
+		return true, &DecodeError{Message: "", Type: "envelope", Err: errors.New("message has no name")}
 	}
 	r := b.inPool.Get().(*incomingRun)
 	r.d, r.escaped, r.unhandled = d, false, false

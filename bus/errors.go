@@ -114,14 +114,14 @@ func (e *HandlerDispatchRejectedError) Unwrap() []error {
 // not decode into a handler's type. Such a message is dead-lettered at once:
 // retrying cannot help.
 type DecodeError struct {
-	Message string // message name
+	Message string // message name, as received (Error quotes it)
 	Type    string // Go type it was decoded into
 	Err     error
 }
 
 // Error implements error.
 func (e *DecodeError) Error() string {
-	return fmt.Sprintf("bus: message %s cannot be decoded into %s: %v", e.Message, e.Type, e.Err)
+	return fmt.Sprintf("bus: message %q cannot be decoded into %s: %v", e.Message, e.Type, e.Err)
 }
 
 // Is reports whether target is ErrDecode.
