@@ -17,8 +17,8 @@ type Incoming struct {
 
 type incomingRun struct {
 	run[Incoming]
-	b        *Bus
-	d        *Delivery
+	b         *Bus
+	d         *Delivery
 	endpoint  string
 	escaped   bool // a handler run of d did not end clean
 	unhandled bool // the terminal step found no handler for d's name
