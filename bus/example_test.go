@@ -122,6 +122,7 @@ func ExampleOutgoingFunc() {
 			tenant, _ := a.StickyValue("tenant")
 			fmt.Println("tenant:", tenant)
 			b, _, _ := bus.MessageContext(ctx)
+			//lint:ignore S1016 a message is built field by field, as a reader would build it
 			fmt.Println("charge:", b.Send(ctx, ChargeCard{OrderID: m.OrderID}, bus.To("billing")))
 			close(done)
 			return nil
