@@ -1,10 +1,13 @@
 # plugbus — the two commands a fresh machine needs:
 #   make demo   runs the demo on the embedded defaults
 #   make test   starts the services the tests need, then runs every test
+# and, for decoders of foreign input:
+#   make fuzz   fuzzes every Fuzz function of the module for $(FUZZTIME) each
 
 GO ?= go
+FUZZTIME ?= 60s
 
-.PHONY: demo test services vet bench
+.PHONY: demo test services vet bench fuzz
 
 demo:
 	$(GO) run ./cmd/plugbus demo
@@ -29,3 +32,17 @@ vet:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./bus/
+
+# Every Fuzz function of the module (plain `go test` runs only their seeds),
+# one at a time, each for $(FUZZTIME). A failing input is written to the
+# package's testdata/fuzz/<FuzzName>/: commit it, it is a regression seed.
+fuzz:
+	@set -e; \
+	for entry in $$($(GO) list -f '{{.ImportPath}}={{.Dir}}' ./...); do \
+		pkg=$${entry%%=*}; dir=$${entry#*=}; \
+		grep -qs '^func Fuzz' "$$dir"/*_test.go || continue; \
+		for fn in $$($(GO) test -list '^Fuzz' "$$pkg" | grep '^Fuzz'); do \
+			echo "== $$pkg $$fn ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) "$$pkg"; \
+		done; \
+	done

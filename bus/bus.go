@@ -42,6 +42,7 @@ type Bus struct {
 	handlers       map[string][]*handler
 	handles        []string
 	routes         map[string]string
+	unhandled      UnhandledPolicy
 	mws            []Middleware
 	instance       bool // a middleware needs an instance queue
 
@@ -95,7 +96,7 @@ func New(opts ...Option) (*Bus, error) {
 		contentType: c.serializer.ContentType(),
 		maxAttempts: c.maxAttempts, concurrency: c.concurrency,
 		handlers: make(map[string][]*handler),
-		routes:   c.routes,
+		routes:   c.routes, unhandled: c.unhandled,
 	}
 	b.hv, _ = c.transport.(HeaderValidator)
 	b.releaser, _ = c.transport.(DeliveryReleaser)
@@ -107,6 +108,9 @@ func New(opts ...Option) (*Bus, error) {
 	}
 	for _, h := range c.handlers {
 		for _, other := range b.handlers[h.msgName] {
+			if other.goType != h.goType {
+				return nil, fmt.Errorf("bus: message name %q is the MessageName of both %s and %s: one name must decode into one Go type (the body would be decoded into both, and the fields one type lacks left zero); give one type its own MessageName, or handle both with the same type", h.msgName, other.typ, h.typ)
+			}
 			if other.name == h.name {
 				return nil, fmt.Errorf("bus: two handlers of %s are named %q: give each its own name with bus.HandlerName (names identify handlers in errors, traces and the inbox)", h.msgName, h.name)
 			}
@@ -366,25 +370,38 @@ func (b *Bus) receiveLoop(rctx, pctx context.Context, receive func(context.Conte
 
 // process runs one polled delivery and settles it with the transport.
 func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
+	if d.Attempt < 1 {
+		b.attemptOutOfRange(ctx, d)
+	}
 	clean, err := b.handle(ctx, d)
 	if clean && b.releaser != nil {
 		// Last: the settling and its logs below still read d.
 		defer b.releaser.ReleaseDelivery(d)
 	}
 	var serr error
-	poison := err != nil && IsPoison(err)
+	var poison error
+	if err != nil {
+		poison = poisonCause(err)
+	}
 	switch {
 	case err == nil:
 		serr = b.t.Delete(sctx, d)
-	case !poison && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
+	case poison == nil && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
 		// Stop cancelled the handlers: the attempt was interrupted, not
 		// failed, so even a last attempt is retried rather than
 		// dead-lettered — unless the broker would dead-letter it on its
 		// next receive, without the reason (ReceiveCounter).
 		serr = b.t.Return(sctx, d, err)
 		b.logger.WarnContext(ctx, "message returned for retry: the bus stopped while it was handled", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
-	case poison || d.Attempt >= b.maxAttempts:
+	case poison != nil || d.Attempt >= b.maxAttempts:
 		serr = b.t.Fail(sctx, d, Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
+		if _, unhandled := poison.(*NoHandlerError); unhandled {
+			// Not a failure of this service: someone sent it a message
+			// it does not handle. The dead letter keeps it for whoever
+			// looks into that.
+			b.logger.WarnContext(ctx, "message dead-lettered: no handler for its name", append(describeEnvelope(&d.Envelope), slog.String("endpoint", b.endpoint), slog.Any("error", err))...)
+			break
+		}
 		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
 	default:
 		serr = b.t.Return(sctx, d, err)
@@ -395,12 +412,28 @@ func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 	}
 }
 
+// attemptOutOfRange counts a delivery whose attempt is below 1 as the
+// first, with a warning: whatever the transport read, the bus never lets
+// it shorten a message's life. (An attempt above the maximum is one the
+// bus makes itself, by returning a last attempt that Stop interrupted:
+// the message is dead-lettered on its next failure. A transport reading
+// the attempt from something a foreign publisher can write must ignore a
+// value it cannot trust; see [Delivery].Attempt.)
+func (b *Bus) attemptOutOfRange(ctx context.Context, d *Delivery) {
+	b.logger.WarnContext(ctx, "delivery attempt below 1; counting it as the first", append(describeEnvelope(&d.Envelope),
+		slog.String("attribute", "attempt"), slog.Int("attempt", d.Attempt), slog.String("transport", fmt.Sprintf("%T", b.t)))...)
+	d.Attempt = 1
+}
+
 // Deliver runs one message delivered from outside (pushed, for example by
 // an AWS Lambda SQS event) through the incoming pipeline and its handlers.
 // It returns nil when the message is handled and may be deleted, and an
 // error when it must be retried; [IsPoison](err) tells a message that
-// will never succeed. Deliver does not call the transport to settle
-// the message: the caller does. It works on a bus that was not started.
+// will never succeed (one that cannot be decoded, or whose name no
+// handler handles: [*NoHandlerError]). Deliver does not call the
+// transport to settle the message: the caller does. It works on a bus
+// that was not started. An Attempt of 0 counts as the first (a Delivery
+// built by hand); a negative one too, with a warning.
 func (b *Bus) Deliver(ctx context.Context, d *Delivery) error {
 	b.mu.Lock()
 	if b.state.Load() >= stateStopping {
@@ -410,8 +443,11 @@ func (b *Bus) Deliver(ctx context.Context, d *Delivery) error {
 	b.inflight.Add(1)
 	b.mu.Unlock()
 	defer b.inflight.Done()
-	if d.Attempt < 1 {
+	switch {
+	case d.Attempt == 0:
 		d.Attempt = 1
+	case d.Attempt < 0:
+		b.attemptOutOfRange(ctx, d)
 	}
 	_, err := b.handle(ctx, d)
 	return err
@@ -425,10 +461,10 @@ func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
 		return true, &DecodeError{Message: d.Name, Type: "envelope", Err: d.Err}
 	}
 	if d.Name == "" {
-		return true, &DecodeError{Message: "(unnamed)", Type: "envelope", Err: errors.New("message has no name")}
+		return true, &DecodeError{Message: "", Type: "envelope", Err: errors.New("message has no name")}
 	}
 	r := b.inPool.Get().(*incomingRun)
-	r.d, r.escaped = d, false
+	r.d, r.escaped, r.unhandled = d, false, false
 	defer func() {
 		if p := recover(); p != nil {
 			err = &PanicError{Value: p, Stack: debug.Stack()}
@@ -448,10 +484,14 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 	d := r.d
 	hs := b.handlers[d.Name]
 	if len(hs) == 0 {
-		if b.logger.Enabled(ctx, slog.LevelDebug) {
-			b.logger.DebugContext(ctx, "no handler for message; deleting it", describeEnvelope(&d.Envelope)...)
+		r.unhandled = true
+		if b.unhandled == UnhandledDiscard {
+			if b.logger.Enabled(ctx, slog.LevelInfo) {
+				b.logger.InfoContext(ctx, "no handler for message; discarding it (bus.UnhandledDiscard)", append(describeEnvelope(&d.Envelope), slog.String("endpoint", b.endpoint))...)
+			}
+			return nil
 		}
-		return nil
+		return &NoHandlerError{Message: d.Name, Endpoint: b.endpoint}
 	}
 	if d.ContentType != "" && d.ContentType != b.contentType {
 		return &DecodeError{Message: d.Name, Type: hs[0].typ, Err: fmt.Errorf("content type %q, the bus's serializer reads %q", d.ContentType, b.contentType)}
@@ -715,27 +755,33 @@ func newIDAt(now time.Time) string {
 	return u.String()
 }
 
-// IsPoison reports whether err says the message can never be processed
-// (the bus could not decode it), as opposed to a handler's failure that a
-// retry may fix. It looks for a *DecodeError from the bus itself, possibly
-// wrapped by middleware, but not one a handler returned (a handler's error
-// inside a HandlerDispatchRejectedError is retried like any other).
-func IsPoison(err error) bool {
+// IsPoison reports whether err says the message can never be processed,
+// as opposed to a handler's failure that a retry may fix: the bus could
+// not decode it (a [*DecodeError]), or no handler handles its name (a
+// [*NoHandlerError]). It looks for either error from the bus itself,
+// possibly wrapped by middleware, but not one a handler returned (a
+// handler's error inside a HandlerDispatchRejectedError is retried like
+// any other).
+func IsPoison(err error) bool { return poisonCause(err) != nil }
+
+// poisonCause returns the *DecodeError or *NoHandlerError of the bus that
+// makes err poison, or nil.
+func poisonCause(err error) error {
 	for err != nil {
 		switch e := err.(type) {
-		case *DecodeError:
-			return true
+		case *DecodeError, *NoHandlerError:
+			return e
 		case *HandlerDispatchRejectedError:
-			return false
+			return nil
 		case interface{ Unwrap() []error }:
 			for _, inner := range e.Unwrap() {
-				if IsPoison(inner) {
-					return true
+				if p := poisonCause(inner); p != nil {
+					return p
 				}
 			}
-			return false
+			return nil
 		}
 		err = errors.Unwrap(err)
 	}
-	return false
+	return nil
 }

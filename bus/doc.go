@@ -53,8 +53,17 @@
 // A message returned for retry comes back with its attempt raised; after
 // [WithMaxAttempts] deliveries it goes to the endpoint's dead-letter queue
 // with its [Failure]. A message that cannot be decoded is dead-lettered at
-// once. Panics in handlers and middleware are recovered as [*PanicError].
-// Nothing is lost silently.
+// once. So is a message whose name none of the bus's handlers handles,
+// once its incoming middleware passed it on (a [*NoHandlerError] naming
+// the message and the endpoint, logged at WARN); [WithUnhandled] with
+// [UnhandledDiscard] deletes such messages instead, logged at INFO and
+// visible to middleware through [Incoming.Unhandled]. Panics in handlers
+// and middleware are recovered as [*PanicError]. Nothing is lost silently.
+//
+// Registration mistakes fail [New] with an error saying what to change:
+// two Go types with one message name, one message routed to two
+// endpoints, a nil handler function, a handler of an interface type, an
+// empty message name.
 //
 // # Plugins
 //

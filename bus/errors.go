@@ -21,6 +21,8 @@ var (
 	ErrHandlerDispatchRejected = errors.New("bus: handler dispatch rejected")
 	// ErrDecode is matched by [*DecodeError].
 	ErrDecode = errors.New("bus: message cannot be decoded")
+	// ErrNoHandler is matched by [*NoHandlerError].
+	ErrNoHandler = errors.New("bus: no handler for message")
 	// ErrNoRoute is returned by Send for a message with no destination: give
 	// one with [To] or [WithRoute].
 	ErrNoRoute = errors.New("bus: no route for message")
@@ -112,14 +114,14 @@ func (e *HandlerDispatchRejectedError) Unwrap() []error {
 // not decode into a handler's type. Such a message is dead-lettered at once:
 // retrying cannot help.
 type DecodeError struct {
-	Message string // message name
+	Message string // message name, as received (Error quotes it)
 	Type    string // Go type it was decoded into
 	Err     error
 }
 
 // Error implements error.
 func (e *DecodeError) Error() string {
-	return fmt.Sprintf("bus: message %s cannot be decoded into %s: %v", e.Message, e.Type, e.Err)
+	return fmt.Sprintf("bus: message %q cannot be decoded into %s: %v", e.Message, e.Type, e.Err)
 }
 
 // Is reports whether target is ErrDecode.
@@ -127,6 +129,33 @@ func (e *DecodeError) Is(target error) bool { return target == ErrDecode }
 
 // Unwrap returns the serializer's error.
 func (e *DecodeError) Unwrap() error { return e.Err }
+
+// NoHandlerError reports a received message whose name no handler of the
+// bus handles and that no incoming middleware handled either (a reply
+// resolved by request/reply, a message a filter stopped). Like a
+// [*DecodeError] it is poison ([IsPoison]): the message is dead-lettered at
+// once, with this error as the reason — unless the bus discards such
+// messages ([WithUnhandled]).
+type NoHandlerError struct {
+	// Message is the message's name as received. It may be any bytes,
+	// including invalid UTF-8: Error quotes it.
+	Message string
+	// Endpoint is the bus's endpoint, empty on a bus without one (a
+	// message that reached its instance queue).
+	Endpoint string
+}
+
+// Error implements error.
+func (e *NoHandlerError) Error() string {
+	where := fmt.Sprintf("endpoint %q", e.Endpoint)
+	if e.Endpoint == "" {
+		where = "a bus without an endpoint (its instance queue)"
+	}
+	return fmt.Sprintf("bus: no handler for message %q on %s: register one with bus.WithHandler, stop sending it here, or discard such messages with bus.WithUnhandled(bus.UnhandledDiscard)", e.Message, where)
+}
+
+// Is reports whether target is ErrNoHandler.
+func (e *NoHandlerError) Is(target error) bool { return target == ErrNoHandler }
 
 // PanicError is a recovered panic from a handler or a middleware, treated
 // like a returned error.

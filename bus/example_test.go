@@ -122,6 +122,7 @@ func ExampleOutgoingFunc() {
 			tenant, _ := a.StickyValue("tenant")
 			fmt.Println("tenant:", tenant)
 			b, _, _ := bus.MessageContext(ctx)
+			//lint:ignore S1016 a message is built field by field, as a reader would build it
 			fmt.Println("charge:", b.Send(ctx, ChargeCard{OrderID: m.OrderID}, bus.To("billing")))
 			close(done)
 			return nil
@@ -183,4 +184,26 @@ func ExamplePluginFunc() {
 	// Output:
 	// a sent 1
 	// b sent 1
+}
+
+// A message whose name no handler handles is dead-lettered at once by
+// default, with a reason naming it; an endpoint built with
+// bus.UnhandledDiscard deletes it instead, and incoming middleware sees
+// that through Incoming.Unhandled.
+func ExampleWithUnhandled() {
+	for _, policy := range []bus.UnhandledPolicy{bus.UnhandledDeadLetter, bus.UnhandledDiscard} {
+		done := make(chan struct{})
+		watch := bus.Middleware{Name: "watch", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			defer close(done)
+			err := next(ctx)
+			fmt.Printf("%s: %s, unhandled %t, poison %t\n", policy, in.Name(), in.Unhandled(), bus.IsPoison(err))
+			return err
+		}}
+		b, _ := bus.New(bus.WithEndpoint("orders"), bus.WithLogger(discard()), bus.WithUnhandled(policy), bus.WithMiddleware(watch),
+			bus.WithHandler(func(ctx context.Context, m OrderPlaced, a bus.Attributes) error { return nil }))
+		run(b, ChargeCard{OrderID: "o-1"}, []bus.SendOption{bus.To("orders")}, done)
+	}
+	// Output:
+	// dead-letter: billing.charge_card, unhandled true, poison true
+	// discard: billing.charge_card, unhandled true, poison false
 }

@@ -14,7 +14,8 @@ import (
 type handler struct {
 	name    string
 	msgName string
-	typ     string
+	typ     string       // T as written, for errors
+	goType  reflect.Type // T, or what it points to: the type the body is decoded into
 	decode  func(s Serializer, body []byte) (any, error)
 	invoke  func(ctx context.Context, msg any, attrs Attributes) error
 	// shown turns what decode returned into what the handler receives,
@@ -34,21 +35,28 @@ func HandlerName(name string) HandlerOption {
 // WithHandler registers fn as a handler of messages of type T, under the
 // name T's MessageName returns. Several handlers may handle one message
 // name: each runs in its own handler scope, and its sends are flushed only
-// when it succeeds.
+// when it succeeds. They must all take the same Go type (T or *T): [New]
+// refuses two types with one name, since the body would be decoded into
+// both and the fields one type lacks silently left zero.
 //
 // A handler returning an error fails the message, which is returned for
 // retry and dead-lettered after the maximum attempts. msg is decoded from
 // the body by the bus's serializer; attrs are the message's attributes.
 func WithHandler[T Message](fn func(ctx context.Context, msg T, attrs Attributes) error, opts ...HandlerOption) Option {
 	return func(c *config) error {
-		if fn == nil {
-			return errors.New("bus: WithHandler: nil handler function")
-		}
 		rt := reflect.TypeFor[T]()
-		h := &handler{typ: rt.String(), name: funcName(fn)}
+		if fn == nil {
+			return fmt.Errorf("bus: WithHandler[%s]: nil handler function; pass the function that handles %[1]s", rt)
+		}
+		if rt.Kind() == reflect.Interface {
+			return fmt.Errorf("bus: WithHandler[%s]: %[1]s is an interface type, which the bus cannot decode into; register one handler per concrete message type", rt)
+		}
+		h := &handler{typ: rt.String(), goType: rt, name: funcName(fn)}
+		var zero Message
 		if rt.Kind() == reflect.Pointer {
 			elem := rt.Elem()
-			h.msgName = reflect.New(elem).Interface().(T).MessageName()
+			h.goType = elem
+			zero = reflect.New(elem).Interface().(T)
 			h.decode = func(s Serializer, body []byte) (any, error) {
 				v := reflect.New(elem).Interface().(T)
 				return v, s.Unmarshal(body, v)
@@ -57,8 +65,8 @@ func WithHandler[T Message](fn func(ctx context.Context, msg T, attrs Attributes
 				return fn(ctx, msg.(T), attrs)
 			}
 		} else {
-			var zero T
-			h.msgName = zero.MessageName()
+			var z T
+			zero = z
 			// A value-typed message is decoded into a *T (the decoder needs
 			// a pointer, so it is on the heap anyway) and kept as that
 			// pointer: boxing the value again would copy it to the heap a
@@ -73,15 +81,37 @@ func WithHandler[T Message](fn func(ctx context.Context, msg T, attrs Attributes
 			}
 			h.shown = func(m any) Message { return *m.(*T) }
 		}
-		for _, o := range opts {
-			o(h)
+		name, err := messageName(zero)
+		if err != nil {
+			return fmt.Errorf("bus: WithHandler[%s]: %w", rt, err)
 		}
-		if h.msgName == "" {
-			return errors.New("bus: WithHandler: " + h.typ + ".MessageName() returned an empty name")
+		h.msgName = name
+		for _, o := range opts {
+			if o != nil {
+				o(h)
+			}
+		}
+		if h.name == "" {
+			return fmt.Errorf("bus: WithHandler[%s]: bus.HandlerName(\"\"): give the handler a name (names identify handlers in errors, traces and the inbox)", rt)
 		}
 		c.handlers = append(c.handlers, h)
 		return nil
 	}
+}
+
+// messageName returns m's wire name, refusing an empty one and turning a
+// panic of MessageName into an error.
+func messageName(m Message) (name string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%T.MessageName() panicked on %#v (%v); MessageName must return a constant name, even on the zero value", m, m, p)
+		}
+	}()
+	name = m.MessageName()
+	if name == "" {
+		return "", fmt.Errorf("%T.MessageName() returned an empty name; return the message's stable wire name, such as \"shop.order_placed\"", m)
+	}
+	return name, nil
 }
 
 func funcName(fn any) string {

@@ -73,12 +73,11 @@ func (r *recorder) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) err
 }
 
 type env struct {
-	t       *testing.T
-	broker  *memory.Broker
-	rec     *recorder
-	bus     *bus.Bus
-	logs    *syncBuffer
-	started bool
+	t      *testing.T
+	broker *memory.Broker
+	rec    *recorder
+	bus    *bus.Bus
+	logs   *syncBuffer
 }
 
 type syncBuffer struct {

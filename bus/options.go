@@ -20,6 +20,7 @@ type config struct {
 	serializer  Serializer
 	maxAttempts int
 	routes      map[string]string
+	unhandled   UnhandledPolicy
 }
 
 // WithTransport sets the transport. The default is an in-memory transport
@@ -111,18 +112,74 @@ func WithMaxAttempts(n int) Option {
 }
 
 // WithRoute sends the given messages to endpoint when Send is called
-// without [To].
+// without [To]. A message has one route: New refuses a second WithRoute
+// that sends it to another endpoint (the same route twice is harmless).
 func WithRoute(endpoint string, msgs ...Message) Option {
 	return func(c *config) error {
 		if endpoint == "" {
-			return errors.New("bus: WithRoute: empty endpoint")
+			return errors.New("bus: WithRoute: empty endpoint; name the endpoint the messages go to")
+		}
+		if len(msgs) == 0 {
+			return fmt.Errorf("bus: WithRoute(%q): no messages; pass the messages that go to %[1]q", endpoint)
 		}
 		if c.routes == nil {
 			c.routes = make(map[string]string)
 		}
-		for _, m := range msgs {
-			c.routes[m.MessageName()] = endpoint
+		for i, m := range msgs {
+			if m == nil {
+				return fmt.Errorf("bus: WithRoute(%q): message %d is nil; pass a value of the message type, such as OrderPlaced{}", endpoint, i)
+			}
+			name, err := messageName(m)
+			if err != nil {
+				return fmt.Errorf("bus: WithRoute(%q): %w", endpoint, err)
+			}
+			if prev, ok := c.routes[name]; ok && prev != endpoint {
+				return fmt.Errorf("bus: WithRoute: message %s is routed to both %q and %q; keep one route per message, and send elsewhere with bus.To", name, prev, endpoint)
+			}
+			c.routes[name] = endpoint
 		}
+		return nil
+	}
+}
+
+// UnhandledPolicy says what a bus does with a received message whose name
+// none of its handlers handles, once its incoming middleware passed it on
+// (see [WithUnhandled]).
+type UnhandledPolicy uint8
+
+const (
+	// UnhandledDeadLetter dead-letters the message at once, without
+	// retries, with a [*NoHandlerError] as the reason, and logs it at
+	// WARN. It is the default: such a message is never lost silently.
+	UnhandledDeadLetter UnhandledPolicy = iota
+	// UnhandledDiscard deletes the message and logs it at INFO.
+	// [Incoming.Unhandled] reports it to incoming middleware (the otel
+	// plugin counts it).
+	UnhandledDiscard
+)
+
+// String implements fmt.Stringer.
+func (p UnhandledPolicy) String() string {
+	switch p {
+	case UnhandledDeadLetter:
+		return "dead-letter"
+	case UnhandledDiscard:
+		return "discard"
+	}
+	return fmt.Sprintf("UnhandledPolicy(%d)", uint8(p))
+}
+
+// WithUnhandled sets what the bus does with a received message whose name
+// none of its handlers handles and that no incoming middleware handled
+// (request/reply resolves its replies in its incoming stage, so they never
+// count): [UnhandledDeadLetter] (the default) or [UnhandledDiscard], for
+// an endpoint that is sent more than it handles on purpose.
+func WithUnhandled(p UnhandledPolicy) Option {
+	return func(c *config) error {
+		if p > UnhandledDiscard {
+			return fmt.Errorf("bus: WithUnhandled(%d): unknown policy; use bus.UnhandledDeadLetter or bus.UnhandledDiscard", uint8(p))
+		}
+		c.unhandled = p
 		return nil
 	}
 }

@@ -17,10 +17,11 @@ type Incoming struct {
 
 type incomingRun struct {
 	run[Incoming]
-	b        *Bus
-	d        *Delivery
-	endpoint string
-	escaped  bool // a handler run of d did not end clean
+	b         *Bus
+	d         *Delivery
+	endpoint  string
+	escaped   bool // a handler run of d did not end clean
+	unhandled bool // the terminal step found no handler for d's name
 }
 
 func newIncomingRun(b *Bus, p *pipe[Incoming], endpoint string) *incomingRun {
@@ -62,6 +63,17 @@ func (in *Incoming) Attempt() int { return in.r.d.Attempt }
 
 // Endpoint returns the endpoint receiving the message.
 func (in *Incoming) Endpoint() string { return in.r.endpoint }
+
+// Unhandled reports whether the rest of the chain reached the bus's
+// terminal step and found no handler for the message's name. Read it after
+// next returned: next then returned a [*NoHandlerError] (the message is
+// dead-lettered), or nil when the bus discards such messages
+// ([UnhandledDiscard]: the message is deleted). It is false before next
+// is called, when a middleware further in handled the message without
+// calling its next, and in a context made by [NewIncoming] (an
+// out-of-process plugin's). The otel plugin counts discarded messages with
+// it; reading it costs nothing.
+func (in *Incoming) Unhandled() bool { return in.r.unhandled }
 
 // Middleware returns the name of the middleware this context was given to.
 func (in *Incoming) Middleware() string { return in.r.mwName(in.i) }

@@ -115,15 +115,15 @@ func TestIncomingRunsForPolledPushedAndUnhandled(t *testing.T) {
 		t.Fatalf("handled %s", got)
 	}
 
-	// no handler: incoming still runs, the message is deleted
+	// no handler: incoming still runs, then the message is dead-lettered
 	if err := e.bus.Send(ctx, unhandled{}, bus.To("ep")); err != nil {
 		t.Fatal(err)
 	}
 	if got := recv(t, seen); got != "shop.unhandled" {
 		t.Fatalf("incoming saw %s", got)
 	}
-	if s := e.expect("delete"); s.d.Name != "shop.unhandled" {
-		t.Fatalf("deleted %s", s.d.Name)
+	if s := e.expect("fail"); s.d.Name != "shop.unhandled" {
+		t.Fatalf("dead-lettered %s", s.d.Name)
 	}
 }
 

@@ -25,7 +25,14 @@ type Envelope struct {
 type Delivery struct {
 	Envelope
 	// Attempt is 1 on the first delivery and grows by one each time the
-	// message is returned for retry.
+	// message is returned for retry. The bus dead-letters a failing
+	// message whose Attempt reached the maximum, so a transport that reads
+	// it from something a foreign publisher can write (a message header)
+	// ignores a value out of range, with a warning naming that header,
+	// rather than let a forged count shorten the message's life. The bus
+	// itself counts an Attempt below 1 as 1, with a warning. (Above the
+	// maximum is in range: the bus returns a last attempt that Stop
+	// interrupted, which comes back one above it.)
 	Attempt int
 	// Raw is the transport-native message (*amqp091.Delivery, an SQS
 	// types.Message, ...). Middleware may read it while the message is

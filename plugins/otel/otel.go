@@ -56,6 +56,13 @@ const (
 	HandlerNameKey = attribute.Key("plugbus.handler.name")
 	// AttemptKey is the delivery attempt (1 the first time), on process spans.
 	AttemptKey = attribute.Key("plugbus.delivery.attempt")
+	// UnhandledKey is true on the process span, the consumed-messages
+	// counter and the process-duration histogram of a message the bus
+	// discarded because none of its handlers handles the message's name
+	// (bus.UnhandledDiscard, read from bus.Incoming.Unhandled). An
+	// unhandled message the bus dead-letters (the default) has error.type
+	// *bus.NoHandlerError instead.
+	UnhandledKey = attribute.Key("plugbus.message.unhandled")
 )
 
 // SystemTransport is implemented by a transport that names its messaging
@@ -180,6 +187,7 @@ type middleware struct {
 	system   attribute.KeyValue
 
 	process  *operation // receiving at this bus's endpoint
+	discard  *operation // process, for a message discarded unhandled
 	sends    cache[sentKey, *operation]
 	handlers cache[string, []trace.SpanStartOption]
 
@@ -241,6 +249,7 @@ func newMiddleware(c config, info bus.PluginInfo) (*middleware, error) {
 	m.process = newOperation(trace.SpanKindConsumer,
 		[]attribute.KeyValue{m.system, opName, semconv.MessagingOperationTypeProcess, dest, group},
 		[]attribute.KeyValue{m.system, opName, dest, group})
+	m.discard = newOperation(trace.SpanKindConsumer, nil, []attribute.KeyValue{m.system, opName, dest, group, UnhandledKey.Bool(true)})
 
 	meter := c.mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
 	var err, errs error

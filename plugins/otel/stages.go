@@ -60,6 +60,14 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 		m.recordProcess(ctx, start, et)
 		return err
 	}
+	if in.Unhandled() { // discarded by the bus: no handler, nothing failed
+		if span.IsRecording() {
+			span.SetAttributes(UnhandledKey.Bool(true))
+		}
+		m.consumed.Int64Counter.Add(ctx, 1, m.discard.addOpts...)
+		m.processDur.Float64Histogram.Record(ctx, time.Since(start).Seconds(), m.discard.recOpts...)
+		return nil
+	}
 	m.recordProcess(ctx, start, attribute.KeyValue{})
 	return nil
 }

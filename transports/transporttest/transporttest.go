@@ -18,8 +18,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
-
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -80,6 +80,7 @@ func Run(t *testing.T, newTransport New, f Features) {
 	t.Run("CompetingReceiverLeaves", s.competingReceiverLeaves)
 	t.Run("ContextCancellation", s.contextCancellation)
 	t.Run("SetupIdempotent", s.setupIdempotent)
+	t.Run("UnhandledNameDeadLettered", s.unhandledDeadLettered)
 	if f.ReservedHeader != "" {
 		t.Run("ReservedHeaderRefused", s.reservedHeader)
 	}
@@ -751,6 +752,53 @@ func (s *suite) closeKeepsOrder(t *testing.T) {
 		}
 		if err := next.Delete(ctx, d); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// unhandledDeadLettered runs a bus on the transport and puts on its
+// endpoint's queue, as a foreign publisher would, a message of a name none
+// of its handlers handles: the bus dead-letters it on its first delivery,
+// with a reason naming the message, the endpoint and the missing handler,
+// and the transport keeps that reason.
+func (s *suite) unhandledDeadLettered(t *testing.T) {
+	ep, unknown := Name("tt-unhandled"), Name("tt.unknown")
+	tr := s.newT(t)
+	b, err := bus.New(bus.WithEndpoint(ep), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)),
+		bus.WithHandler(func(context.Context, busyWork, bus.Attributes) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := s.ctx(t)
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.Stop(context.Background()); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	}()
+	sender := s.newT(t)
+	t.Cleanup(func() { _ = sender.Close(context.Background()) })
+	env := envelope(unknown, `{"for":"nobody"}`)
+	if err := sender.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+		t.Fatal(err)
+	}
+	var got *bus.DeadLetter
+	for _, dl := range s.f.DeadLetters(ctx, t, ep, 1) {
+		if dl.Envelope.Attributes.MessageID == env.Attributes.MessageID {
+			got = &dl
+		}
+	}
+	if got == nil {
+		t.Fatalf("the message of unhandled name %s is not in %s's dead-letter queue", unknown, ep)
+	}
+	if got.Failure.Attempts != 1 || got.Envelope.Name != unknown || string(got.Envelope.Body) != `{"for":"nobody"}` {
+		t.Errorf("dead letter %s after %d attempt(s) with body %s, want %s after 1 (no retries) with its body", got.Envelope.Name, got.Failure.Attempts, got.Envelope.Body, unknown)
+	}
+	for _, want := range []string{strconv.Quote(unknown), strconv.Quote(ep), "no handler"} {
+		if !strings.Contains(got.Failure.Reason, want) {
+			t.Errorf("dead letter reason %q does not say %s", got.Failure.Reason, want)
 		}
 	}
 }
