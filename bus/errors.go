@@ -177,3 +177,34 @@ func (e *PanicError) Unwrap() error {
 	}
 	return nil
 }
+
+// IsPoison reports whether err says the message can never be processed,
+// as opposed to a handler's failure that a retry may fix: the bus could
+// not decode it (a [*DecodeError]), or no handler handles its name (a
+// [*NoHandlerError]). It looks for either error from the bus itself,
+// possibly wrapped by middleware, but not one a handler returned (a
+// handler's error inside a HandlerDispatchRejectedError is retried like
+// any other).
+func IsPoison(err error) bool { return poisonCause(err) != nil }
+
+// poisonCause returns the *DecodeError or *NoHandlerError of the bus that
+// makes err poison, or nil.
+func poisonCause(err error) error {
+	for err != nil {
+		switch e := err.(type) {
+		case *DecodeError, *NoHandlerError:
+			return e
+		case *HandlerDispatchRejectedError:
+			return nil
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				if p := poisonCause(inner); p != nil {
+					return p
+				}
+			}
+			return nil
+		}
+		err = errors.Unwrap(err)
+	}
+	return nil
+}

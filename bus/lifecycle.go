@@ -1,0 +1,178 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+)
+
+// Start declares the endpoint's topology, runs the middleware Start hooks
+// in registration order and starts receiving. A bus without an endpoint
+// (and without a middleware that needs an instance queue) only runs the
+// hooks. Send and Publish work during Start (from a Start hook, say) and
+// without it. A stopped bus cannot start again: build a new one.
+func (b *Bus) Start(ctx context.Context) error {
+	b.lifecycle.Lock()
+	defer b.lifecycle.Unlock()
+	switch b.state.Load() {
+	case stateRunning:
+		return ErrAlreadyStarted
+	case stateStopping, stateClosed:
+		return fmt.Errorf("%w: a stopped bus cannot start again; build a new one with bus.New", ErrClosed)
+	}
+	receives := b.endpoint != "" || b.instance
+	if receives {
+		topo := Topology{Endpoint: b.endpoint, Handles: slices.Clone(b.handles), MaxAttempts: b.maxAttempts, Concurrency: b.concurrency, Instance: b.instance}
+		if err := b.t.Setup(ctx, topo); err != nil {
+			return fmt.Errorf("bus: setting up endpoint %q: %w", b.endpoint, err)
+		}
+	}
+	for i, m := range b.mws {
+		if m.Start == nil {
+			continue
+		}
+		if err := m.Start(ctx); err != nil {
+			_ = b.stopMiddleware(ctx, i)
+			return fmt.Errorf("bus: starting middleware %q: %w", m.Name, err)
+		}
+	}
+	b.started = len(b.mws)
+	rctx, rcancel := context.WithCancel(context.WithoutCancel(ctx))
+	pctx, pcancel := context.WithCancel(context.WithoutCancel(ctx))
+	b.rcancel, b.pcancel = rcancel, pcancel
+	b.state.Store(stateRunning)
+	if receives {
+		for range b.concurrency {
+			b.workers.Go(func() { b.receiveLoop(rctx, pctx, b.t.Receive) })
+		}
+	}
+	ictx, icancel := context.WithCancel(context.WithoutCancel(ctx))
+	b.icancel = icancel
+	if ir, ok := b.t.(InstanceReceiver); ok && b.instance {
+		// Replies to this instance must not wait for a handler worker: a
+		// handler may be the one waiting for them.
+		b.ireceiver.Go(func() { b.receiveLoop(ictx, pctx, ir.ReceiveInstance) })
+	}
+	b.logger.InfoContext(ctx, "bus started", slog.String("endpoint", b.endpoint), slog.Int("concurrency", b.concurrency))
+	return nil
+}
+
+// stopMiddleware runs the Stop hooks of the first n middleware in reverse.
+func (b *Bus) stopMiddleware(ctx context.Context, n int) error {
+	var errs []error
+	for i := n - 1; i >= 0; i-- {
+		m := b.mws[i]
+		if m.Stop == nil {
+			continue
+		}
+		if err := m.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("bus: stopping middleware %q: %w", m.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// StopGrace bounds each of the steps of Stop that must run even when
+// Stop's own context ended: the wait for handlers after their contexts
+// were cancelled, the middleware Stop hooks, and closing the transport.
+// Each gets up to StopGrace, whatever is left of Stop's context.
+const StopGrace = 5 * time.Second
+
+// Stop stops receiving and waits for in-flight messages to finish, bounded
+// by ctx; so is the wait for the instance queue's handlers, which run
+// until every other handler returned (one may wait for a reply there).
+// When ctx ends first, Stop cancels the handlers' contexts, waits up to
+// [StopGrace] for them to return and reports ctx's error. A message whose
+// handler fails once its context was cancelled is returned for retry, even
+// on its last attempt (the interrupted attempt counts), rather than
+// dead-lettered — except on a transport whose broker dead-letters past the
+// maximum attempts itself ([ReceiveCounter], SQS), where a last attempt is
+// dead-lettered with its reason. What a handler that succeeded sent still
+// goes out. On a bus that was never started, Stop waits for [Bus.Deliver]
+// calls until ctx ends (it cannot cancel them).
+//
+// Then Stop runs the middleware Stop hooks in reverse order and closes the
+// transport, each bounded by [StopGrace] rather than by ctx, so that they
+// run even after ctx ended. Stop on a stopped bus returns nil. Stop from
+// inside a handler of the same bus waits for that handler, that is until
+// ctx ends.
+func (b *Bus) Stop(ctx context.Context) error {
+	b.lifecycle.Lock()
+	defer b.lifecycle.Unlock()
+	b.mu.Lock()
+	state := b.state.Load()
+	if state == stateStopping || state == stateClosed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.state.Store(stateStopping) // under mu: no Deliver adds to inflight after this
+	close(b.stopping)
+	b.mu.Unlock()
+
+	var errs []error
+	var graceEnd time.Time // set once the handlers' contexts are cancelled
+	if state == stateRunning {
+		b.rcancel()
+		errs = append(errs, b.await(ctx, &graceEnd, func() {
+			b.workers.Wait()
+			b.inflight.Wait()
+		}))
+		// The instance queue was received until every handler returned
+		// (a handler may wait for a reply there); its loop is bounded the
+		// same way, since its own handlers may wait for their context.
+		b.icancel()
+		errs = append(errs, b.await(ctx, &graceEnd, b.ireceiver.Wait))
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
+		errs = append(errs, b.stopMiddleware(hctx, b.started))
+		cancel()
+		b.pcancel()
+	} else {
+		errs = append(errs, b.await(ctx, &graceEnd, b.inflight.Wait)) // Deliver calls
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
+	defer cancel()
+	if err := b.t.Close(cctx); err != nil {
+		errs = append(errs, fmt.Errorf("bus: closing transport: %w", err))
+	}
+	b.state.Store(stateClosed)
+	b.logger.InfoContext(ctx, "bus stopped")
+	return errors.Join(errs...)
+}
+
+// await waits for wait to return, bounded by ctx. When ctx ends first it
+// cancels the handlers' contexts, once per Stop, and waits until
+// [StopGrace] after that (graceEnd, shared by Stop's waits); on a bus that
+// was never started there is nothing to cancel, and it returns at once.
+// The error says what was left running.
+func (b *Bus) await(ctx context.Context, graceEnd *time.Time, wait func()) error {
+	done := make(chan struct{})
+	go func() {
+		wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	if b.pcancel == nil {
+		return fmt.Errorf("bus: stop: Deliver calls still running: %w", ctx.Err())
+	}
+	var err error
+	if graceEnd.IsZero() {
+		b.pcancel()
+		*graceEnd = time.Now().Add(StopGrace)
+		err = fmt.Errorf("bus: stop: in-flight messages not drained: %w", ctx.Err())
+	}
+	grace := time.NewTimer(time.Until(*graceEnd))
+	defer grace.Stop()
+	select {
+	case <-done:
+		return err
+	case <-grace.C:
+		return errors.Join(err, fmt.Errorf("bus: stop: handlers still running %s after their contexts were cancelled; closing anyway", StopGrace))
+	}
+}

@@ -1,0 +1,225 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+)
+
+// receiveLoop receives from the transport until rctx ends, processing
+// each delivery; a failed receive is retried after a back-off.
+func (b *Bus) receiveLoop(rctx, pctx context.Context, receive func(context.Context) (*Delivery, error)) {
+	sctx := context.WithoutCancel(pctx) // settles what was processed, even while stopping
+	backoff := time.Duration(0)
+	for {
+		d, err := receive(rctx)
+		if err != nil {
+			if rctx.Err() != nil || errors.Is(err, ErrClosed) {
+				return
+			}
+			backoff = min(max(2*backoff, 10*time.Millisecond), 2*time.Second)
+			b.logger.WarnContext(rctx, "receive failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+			t := time.NewTimer(backoff)
+			select {
+			case <-rctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		backoff = 0
+		b.process(pctx, sctx, d)
+	}
+}
+
+// process runs one polled delivery and settles it with the transport.
+func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
+	if d.Attempt < 1 {
+		b.attemptOutOfRange(ctx, d)
+	}
+	clean, err := b.handle(ctx, d)
+	if clean && b.releaser != nil {
+		// Last: the settling and its logs below still read d.
+		defer b.releaser.ReleaseDelivery(d)
+	}
+	var serr error
+	var poison error
+	if err != nil {
+		poison = poisonCause(err)
+	}
+	switch {
+	case err == nil:
+		serr = b.t.Delete(sctx, d)
+	case poison == nil && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
+		// Stop cancelled the handlers: the attempt was interrupted, not
+		// failed, so even a last attempt is retried rather than
+		// dead-lettered — unless the broker would dead-letter it on its
+		// next receive, without the reason (ReceiveCounter).
+		serr = b.t.Return(sctx, d, err)
+		b.logger.WarnContext(ctx, "message returned for retry: the bus stopped while it was handled", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
+	case poison != nil || d.Attempt >= b.maxAttempts:
+		serr = b.t.Fail(sctx, d, Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
+		if _, unhandled := poison.(*NoHandlerError); unhandled {
+			// Not a failure of this service: someone sent it a message
+			// it does not handle. The dead letter keeps it for whoever
+			// looks into that.
+			b.logger.WarnContext(ctx, "message dead-lettered: no handler for its name", append(describeEnvelope(&d.Envelope), slog.String("endpoint", b.endpoint), slog.Any("error", err))...)
+			break
+		}
+		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
+	default:
+		serr = b.t.Return(sctx, d, err)
+		b.logger.WarnContext(ctx, "message returned for retry", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
+	}
+	if serr != nil {
+		b.logger.ErrorContext(ctx, "settling message with the transport failed", append(describeEnvelope(&d.Envelope), slog.Any("error", serr))...)
+	}
+}
+
+// attemptOutOfRange counts a delivery whose attempt is below 1 as the
+// first, with a warning: whatever the transport read, the bus never lets
+// it shorten a message's life. (An attempt above the maximum is one the
+// bus makes itself, by returning a last attempt that Stop interrupted:
+// the message is dead-lettered on its next failure. A transport reading
+// the attempt from something a foreign publisher can write must ignore a
+// value it cannot trust; see [Delivery].Attempt.)
+func (b *Bus) attemptOutOfRange(ctx context.Context, d *Delivery) {
+	b.logger.WarnContext(ctx, "delivery attempt below 1; counting it as the first", append(describeEnvelope(&d.Envelope),
+		slog.String("attribute", "attempt"), slog.Int("attempt", d.Attempt), slog.String("transport", fmt.Sprintf("%T", b.t)))...)
+	d.Attempt = 1
+}
+
+// Deliver runs one message delivered from outside (pushed, for example by
+// an AWS Lambda SQS event) through the incoming pipeline and its handlers.
+// It returns nil when the message is handled and may be deleted, and an
+// error when it must be retried; [IsPoison](err) tells a message that
+// will never succeed (one that cannot be decoded, or whose name no
+// handler handles: [*NoHandlerError]). Deliver does not call the
+// transport to settle the message: the caller does. It works on a bus
+// that was not started. An Attempt of 0 counts as the first (a Delivery
+// built by hand); a negative one too, with a warning.
+func (b *Bus) Deliver(ctx context.Context, d *Delivery) error {
+	b.mu.Lock()
+	if b.state.Load() >= stateStopping {
+		b.mu.Unlock()
+		return ErrClosed
+	}
+	b.inflight.Add(1)
+	b.mu.Unlock()
+	defer b.inflight.Done()
+	switch {
+	case d.Attempt == 0:
+		d.Attempt = 1
+	case d.Attempt < 0:
+		b.attemptOutOfRange(ctx, d)
+	}
+	_, err := b.handle(ctx, d)
+	return err
+}
+
+// handle runs the incoming pipeline for d. clean reports that nothing can
+// reach d any more: every stage run it went through ended clean, so no
+// middleware still runs with it on another goroutine.
+func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
+	if d.Err != nil {
+		return true, &DecodeError{Message: d.Name, Type: "envelope", Err: d.Err}
+	}
+	if d.Name == "" {
+		return true, &DecodeError{Message: "", Type: "envelope", Err: errors.New("message has no name")}
+	}
+	r := b.inPool.Get().(*incomingRun)
+	r.d, r.escaped, r.unhandled = d, false, false
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{Value: p, Stack: debug.Stack()}
+		}
+		if r.reusable() { // else a next may still run on another goroutine: leave the run to it
+			clean = !r.escaped
+			r.d = nil
+			b.inPool.Put(r)
+		}
+	}()
+	return false, r.start(ctx)
+}
+
+// dispatch is the incoming stage's terminal step: decode, then run every
+// handler of the message in its own scope.
+func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
+	d := r.d
+	hs := b.handlers[d.Name]
+	if len(hs) == 0 {
+		r.unhandled = true
+		if b.unhandled == UnhandledDiscard {
+			if b.logger.Enabled(ctx, slog.LevelInfo) {
+				b.logger.InfoContext(ctx, "no handler for message; discarding it (bus.UnhandledDiscard)", append(describeEnvelope(&d.Envelope), slog.String("endpoint", b.endpoint))...)
+			}
+			return nil
+		}
+		return &NoHandlerError{Message: d.Name, Endpoint: b.endpoint}
+	}
+	if d.ContentType != "" && d.ContentType != b.contentType {
+		return &DecodeError{Message: d.Name, Type: hs[0].typ, Err: fmt.Errorf("content type %q, the bus's serializer reads %q", d.ContentType, b.contentType)}
+	}
+	var small [4]any
+	msgs := small[:0]
+	for _, h := range hs {
+		m, err := h.decode(b.ser, d.Body)
+		if err != nil {
+			return &DecodeError{Message: d.Name, Type: h.typ, Err: err}
+		}
+		msgs = append(msgs, m)
+	}
+	var failures []HandlerFailure
+	for i, h := range hs {
+		if err := b.runHandler(ctx, h, msgs[i], d, r); err != nil {
+			failures = append(failures, HandlerFailure{Handler: h.name, Err: err})
+		}
+	}
+	if failures != nil {
+		return &HandlerDispatchRejectedError{Message: d.Name, Failures: failures}
+	}
+	return nil
+}
+
+// runHandler runs one handler inside its handler chain and scope, then
+// flushes what it sent when it succeeded.
+func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, in *incomingRun) error {
+	// The scope is the handler's context too: one allocation for both.
+	scope := &handlerScope{Context: ctx, bus: b, attrs: d.Attributes, handler: h.name}
+	r := b.hdPool.Get().(*handlingRun)
+	r.h, r.msg, r.d, r.scope = h, msg, d, scope
+	err := func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = &PanicError{Value: p, Stack: debug.Stack()}
+			}
+		}()
+		return r.start(scope)
+	}()
+	if r.reusable() {
+		r.h, r.msg, r.d, r.scope = nil, nil, nil, nil
+		b.hdPool.Put(r)
+	} else {
+		in.escaped = true // its middleware may still read d on another goroutine
+	}
+	buf := scope.close()
+	if err != nil {
+		return err
+	}
+	if ctx.Err() != nil && b.state.Load() >= stateStopping {
+		// Stop cancelled the handler's context after it succeeded: what
+		// it sent still goes out (the transport's Close bounds this). A
+		// Deliver caller's own deadline still bounds its flush.
+		ctx = context.WithoutCancel(ctx)
+	}
+	for i, m := range buf {
+		if err := b.transmit(ctx, m); err != nil {
+			return fmt.Errorf("bus: flushing message %d of %d (%s) from handler %s: %w", i+1, len(buf), m.Envelope.Name, h.name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,188 @@
+package bus
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"time"
+)
+
+// Send sends msg to one endpoint: the one given with [To], else the route
+// set with [WithRoute], else this bus's own endpoint when it handles msg.
+// Inside a handler of this bus the message inherits the handled message's
+// correlation id and sticky attributes and is buffered until the handler
+// succeeds; elsewhere (including in a handler of another bus) Send returns
+// once the transport accepted it.
+func (b *Bus) Send(ctx context.Context, msg Message, opts ...SendOption) error {
+	return b.emit(ctx, KindSend, msg, opts)
+}
+
+// Publish delivers msg to every endpoint that handles its name. Inside a
+// handler the message is buffered and published when the handler succeeds.
+func (b *Bus) Publish(ctx context.Context, msg Message, opts ...SendOption) error {
+	return b.emit(ctx, KindPublish, msg, opts)
+}
+
+func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOption) (err error) {
+	if b.state.Load() == stateClosed {
+		return ErrClosed
+	}
+	if msg == nil {
+		return fmt.Errorf("bus: %s: nil message", kind)
+	}
+	var o sendConfig
+	if len(opts) > 0 {
+		o = applySendOptions(opts)
+	}
+	name := msg.MessageName()
+	scope := scopeFrom(ctx, b)
+	dest := ""
+	if kind == KindSend {
+		dest = o.to
+		if dest == "" {
+			dest = b.routes[name]
+		}
+		if dest == "" && len(b.handlers[name]) > 0 {
+			dest = b.endpoint
+		}
+		if dest == "" {
+			return fmt.Errorf("%w %s: pass bus.To(endpoint) or configure bus.WithRoute", ErrNoRoute, name)
+		}
+	}
+	now := time.Now() // one clock read per send: sent-at and the id's timestamp
+	id := o.messageID
+	if id == "" {
+		id = newIDAt(now)
+	}
+	r := b.outPool.Get().(*outgoingRun)
+	r.kind, r.msg, r.msgName, r.dest, r.scope, r.buffer = kind, msg, name, dest, scope, scope != nil && !o.immediate
+	r.attrs = Attributes{MessageID: id, CorrelationID: o.correlationID, SentAt: now.Truncate(time.Millisecond).UTC(), values: o.values, sticky: o.sticky}
+	if o.values != nil {
+		r.owned |= ownValues
+	}
+	if o.sticky != nil {
+		r.owned |= ownSticky
+	}
+	if scope != nil {
+		if r.attrs.CorrelationID == "" {
+			r.attrs.CorrelationID = scope.attrs.CorrelationID
+		}
+		if len(scope.attrs.sticky) > 0 {
+			if r.attrs.sticky == nil {
+				r.attrs.sticky = scope.attrs.sticky // immutable: shared, not owned
+			} else {
+				for k, v := range scope.attrs.sticky {
+					if _, set := r.attrs.sticky[k]; !set {
+						r.attrs.sticky[k] = v
+					}
+				}
+			}
+		}
+	}
+	if r.attrs.CorrelationID == "" {
+		r.attrs.CorrelationID = id
+	}
+	// An outbox put in the context (outbox.Within) takes the message even
+	// inside a handler; Immediately goes past every outbox.
+	if !o.immediate {
+		r.holdTo = outboxFrom(ctx, b)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{Value: p, Stack: debug.Stack()}
+		}
+		if r.reusable() {
+			r.reset()
+			b.outPool.Put(r)
+		}
+	}()
+	if err = r.start(ctx); err != nil {
+		return err
+	}
+	return r.store(ctx)
+}
+
+// store stores the message the terminal step held for an outbox or the
+// handler's buffer, once the chain returned nil.
+func (r *outgoingRun) store(ctx context.Context) error {
+	if !r.holds() {
+		return nil // handed to the transport by the terminal step
+	}
+	if e := r.epoch.Load(); len(r.p.fns) > 0 && r.term.Load() != e {
+		if r.entered.Load() == e {
+			// The terminal step was called and has not returned: a
+			// middleware returned nil while its next runs elsewhere.
+			return fmt.Errorf("bus: %s %s: outgoing middleware returned before the next it called did; the message was not stored", r.kind, r.msgName)
+		}
+		return nil // a middleware did not call next: dropped
+	}
+	if r.held.Envelope == nil {
+		return nil // dropped: failed validation or encoding returned an error
+	}
+	m, o := r.held, r.holdTo
+	r.held = Outbound{}
+	if o != nil {
+		return o.Add(ctx, m)
+	}
+	return r.scope.add(ctx, m)
+}
+
+// finishOutgoing is the outgoing stage's terminal step: encode, then buffer
+// in the handler's outbox or hand to the transport.
+func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
+	if r.holds() {
+		r.entered.Store(r.epoch.Load()) // store tells a next still running from a drop
+	}
+	if b.hv != nil && len(r.headers) > 0 {
+		if err := b.hv.ValidateHeaders(r.headers); err != nil {
+			return err
+		}
+	}
+	body, err := b.ser.Marshal(r.msg)
+	if err != nil {
+		return fmt.Errorf("bus: encoding %s: %w", r.msgName, err)
+	}
+	m := Outbound{Kind: r.kind, Options: SendOptions{Destination: r.dest}}
+	env := Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers}
+	r.owned = 0 // the envelope owns the maps now
+	r.headers = nil
+	if !r.holds() {
+		if b.lendEnvelopes {
+			// Handed straight to a transport that copies what it keeps:
+			// the envelope lives in the run, reused only once the run
+			// ended clean.
+			r.env = env
+			m.Envelope = &r.env
+		} else {
+			m.Envelope = new(Envelope)
+			*m.Envelope = env
+		}
+		return b.transmit(ctx, m)
+	}
+	m.Envelope = new(Envelope) // kept after the run ends
+	*m.Envelope = env
+	r.held = m
+	return nil
+}
+
+// transmit hands a finished message to the transport. It never runs middleware.
+func (b *Bus) transmit(ctx context.Context, m Outbound) error {
+	if m.Kind == KindPublish {
+		return b.t.Publish(ctx, m.Envelope, m.Options)
+	}
+	return b.t.Send(ctx, m.Envelope, m.Options)
+}
+
+// Dispatch hands a finished message to the transport without running any
+// middleware. An outbox relay uses it to send what a handler stored.
+func (b *Bus) Dispatch(ctx context.Context, m Outbound) error { return b.transmit(ctx, m) }
+
+// applySendOptions is apart from emit so that a send without options does
+// not move its config to the heap.
+func applySendOptions(opts []SendOption) sendConfig {
+	var o sendConfig
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
