@@ -31,7 +31,7 @@ func BenchmarkEnvelope(b *testing.B) {
 			b.ReportAllocs()
 			var env bus.Envelope
 			for b.Loop() {
-				env, _, _ = envelope(m)
+				env, _, _, _ = envelope(m, decodeLimits{maxAttempts: 5, now: time.Now()})
 			}
 			_ = env
 		})

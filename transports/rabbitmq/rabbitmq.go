@@ -140,7 +140,8 @@ type Transport struct {
 	o    options
 	log  *slog.Logger
 
-	live atomic.Pointer[session] // sess, read without the lock
+	live        atomic.Pointer[session] // sess, read without the lock
+	maxAttempts atomic.Int64            // Topology.MaxAttempts of the last Setup
 
 	mu      sync.Mutex
 	inst    string // the instance queue's name, fixed by the first Setup asking for it
@@ -259,6 +260,7 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 	if topo.Instance && t.inst == "" {
 		t.inst = instanceQueueName(topo.Endpoint)
 	}
+	t.maxAttempts.Store(int64(topo.MaxAttempts))
 	t.mu.Unlock()
 	// Declare on the live session, then record the topology so that every
 	// later session declares it too. A session that replaced the one set

@@ -225,11 +225,11 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 		handled <- struct{}{}
 		return nil
 	}))
-	// A body the handler's type cannot be decoded from, and an envelope the
-	// transport cannot read.
+	// A body the handler's type cannot be decoded from, and envelopes the
+	// transport cannot read: an attribute that is not a string, no name.
 	e.adm.publish(t, e.endpoint, amqp.Publishing{Type: "test.order", MessageId: "poison-body", ContentType: "application/json", Body: []byte(`{"id":"not a number"`)})
 	e.adm.publish(t, e.endpoint, amqp.Publishing{Type: "test.order", MessageId: "poison-envelope", ContentType: "application/json", Body: []byte(`{"id":1}`),
-		Headers: amqp.Table{rabbitmq.HeaderSentAt: int32(5)}})
+		Headers: amqp.Table{rabbitmq.HeaderAttributePrefix + "tenant": int32(5)}})
 	e.adm.publish(t, e.endpoint, amqp.Publishing{MessageId: "poison-nameless", Body: []byte(`{}`)})
 	dls := e.adm.deadLetters(testContext(t, 30*time.Second), t, e.endpoint, 3)
 	if len(dls) != 3 {
@@ -241,7 +241,7 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 	}
 	for id, want := range map[string]string{
 		"poison-body":     "cannot be decoded into rabbitmq_test.order",
-		"poison-envelope": rabbitmq.HeaderSentAt,
+		"poison-envelope": rabbitmq.HeaderAttributePrefix + "tenant holds an AMQP integer, want a string",
 		"poison-nameless": "type property",
 	} {
 		f, ok := reasons[id]

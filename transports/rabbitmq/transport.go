@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -201,7 +202,7 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 		if s.isDead() {
 			continue // its channel is gone: the broker redelivers it
 		}
-		return delivery(s, &m), nil
+		return t.delivery(ctx, s, &m), nil
 	}
 }
 
@@ -217,12 +218,29 @@ type received struct {
 
 var receivedPool = sync.Pool{New: func() any { return new(received) }}
 
-func delivery(s *session, m *amqp.Delivery) *bus.Delivery {
+func (t *Transport) delivery(ctx context.Context, s *session, m *amqp.Delivery) *bus.Delivery {
 	r := receivedPool.Get().(*received)
 	r.m, r.s = *m, s
-	env, attempt, err := envelope(&r.m)
+	limits := decodeLimits{maxAttempts: int(t.maxAttempts.Load()), now: time.Now()}
+	env, attempt, ignored, err := envelope(&r.m, limits)
+	for _, ig := range ignored {
+		t.log.WarnContext(ctx, "received message: reserved header ignored",
+			slog.String("header", ig.name), slog.String("value", clip(headerText(ig.value), 200)), slog.String("reason", ig.why),
+			slog.Int("max_attempts", limits.maxAttempts), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
+	}
 	r.d = bus.Delivery{Envelope: env, Attempt: attempt, Raw: &r.m, Token: r, Err: err}
 	return &r.d
+}
+
+// clip shortens s to at most n bytes for a log line.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // ReleaseDelivery implements [bus.DeliveryReleaser]: the bus is done with
@@ -385,7 +403,7 @@ func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, m *
 // envelope as it was received and the failure recorded by Fail.
 func DeadLetter(m amqp.Delivery) (bus.DeadLetter, error) {
 	// A poison message is dead-lettered as it came: keep what can be read.
-	env, _, _ := envelope(&m)
+	env, _, _, _ := envelope(&m, decodeLimits{now: time.Now()})
 	dl := bus.DeadLetter{Envelope: env}
 	var err error
 	reason, ok := m.Headers[HeaderFailureReason].(string)
