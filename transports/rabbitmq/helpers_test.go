@@ -183,7 +183,11 @@ func (l *recordedLogs) Enabled(context.Context, slog.Level) bool { return true }
 func (l *recordedLogs) Handle(_ context.Context, r slog.Record) error {
 	rec := logRecord{level: r.Level, msg: r.Message, attrs: map[string]string{}}
 	add := func(a slog.Attr) bool {
-		rec.attrs[a.Key] = a.Value.Resolve().String()
+		v := a.Value.Resolve()
+		rec.attrs[a.Key] = v.String()
+		if v.Kind() == slog.KindTime {
+			rec.attrs[a.Key] = v.Time().Format(time.RFC3339Nano)
+		}
 		return true
 	}
 	l.mu.Lock()

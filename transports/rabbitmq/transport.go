@@ -18,8 +18,10 @@ import (
 // Send publishes env to the queue of the endpoint opts.Destination through
 // the default exchange and returns once the broker confirmed it. A missing
 // queue is an [*UnroutableError], except for an instance queue
-// ([Transport.InstanceAddress]): that message is dropped with a warning. While the connection is down, Send waits
-// for the next one (bounded by ctx) and publishes again.
+// ([Transport.InstanceAddress]): that message is dropped with a warning.
+// The first Send of a transport connects. While there is no connection,
+// Send waits for one until ctx ends (then it returns an
+// [*UnreachableError]) and publishes again.
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
 	if opts.Destination == "" {
 		return fmt.Errorf("rabbitmq: send %s: %w: no destination endpoint", env.Name, bus.ErrNoRoute)
@@ -45,7 +47,8 @@ func (t *Transport) CopiesEnvelopes() bool { return true }
 // Publish publishes env to the topic exchange with its name as routing key:
 // every endpoint that handles the name gets a copy. It returns once the
 // broker confirmed it; when no endpoint subscribes it is an
-// [*UnroutableError] unless [WithUnroutablePublish] was given.
+// [*UnroutableError] unless [WithUnroutablePublish] was given. It waits
+// for a connection as Send does.
 func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, _ bus.SendOptions) error {
 	if env.Name == "" || len(env.Name) > maxShortString {
 		return fmt.Errorf("rabbitmq: publish: message name %.40q must be 1 to %d bytes", env.Name, maxShortString)
@@ -69,8 +72,11 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 	}
 	refused, redeclared := 0, false
 	for {
-		s, err := t.session(ctx)
+		s, err := t.session(ctx, func() string { return describe(exchange, key, env.Name) })
 		if err != nil {
+			if errors.Is(err, ErrUnreachable) {
+				return err
+			}
 			return fmt.Errorf("rabbitmq: %s: %w", describe(exchange, key, env.Name), err)
 		}
 		err = s.publisher().publish(ctx, exchange, key, mandatory, &msg)
@@ -141,7 +147,7 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		s, err := t.session(ctx)
+		s, err := t.session(ctx, func() string { return "Receive" })
 		if err != nil {
 			if errors.Is(err, bus.ErrClosed) || ctx.Err() != nil {
 				if ctx.Err() != nil {
