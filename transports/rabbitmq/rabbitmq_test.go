@@ -46,8 +46,10 @@ type env struct {
 	adm                     *admin
 }
 
-func newEnv(t *testing.T) *env {
-	url := testenv.RabbitMQ(t)
+func newEnv(t *testing.T) *env { return newEnvAt(t, testenv.RabbitMQ(t)) }
+
+// newEnvAt is newEnv on the broker at url.
+func newEnvAt(t *testing.T, url string) *env {
 	e := &env{url: url, adm: newAdmin(t, url), exchange: transporttest.Name("plugbus-test"), endpoint: transporttest.Name("rmq-test")}
 	t.Cleanup(func() { e.adm.deleteExchange(t, e.exchange) })
 	return e
