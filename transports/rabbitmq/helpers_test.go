@@ -276,7 +276,10 @@ func (a *admin) depth(t testing.TB, queue string) int {
 // declareQueue declares a durable queue deleted at cleanup.
 func (a *admin) declareQueue(t testing.TB, queue string) {
 	t.Helper()
-	a.do(t, func(ch *amqp.Channel) error { _, err := ch.QueueDeclare(queue, true, false, false, false, nil); return err })
+	a.do(t, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(queue, true, false, false, false, nil)
+		return err
+	})
 	t.Cleanup(func() {
 		a.do(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(queue, false, false, false); return err })
 	})
