@@ -68,11 +68,20 @@
 // available to middleware as Delivery.Raw while the message is processed
 // (the transport reuses it once the bus releases the delivery).
 //
-// # Reconnection
+// # Connecting and reconnection
 //
-// The transport owns one connection. When it or its consumer channel is
-// lost, it reconnects with exponential backoff, declares the topology again
-// and resumes consuming. A send during the outage waits for the new
+// The transport owns one connection, made on first use: Setup (bus Start
+// of a bus that receives), Send, Publish or [Transport.Connect]. Each
+// waits for the broker until its context ends and then returns an
+// [*UnreachableError]; with a context that never ends it waits for ever.
+// Every failed connection attempt is logged at warn level with the broker
+// address (its password replaced by "xxxxx") and the time of the next
+// attempt. A send-only bus never calls Setup: call Connect at startup to
+// check the broker.
+//
+// When the connection or its consumer channel is lost, the transport
+// reconnects with exponential backoff, declares the topology again and
+// resumes consuming. A send during the outage waits for the new
 // connection (bounded by its context) and is published again; it never
 // reports success for a message the broker did not confirm.
 package rabbitmq
