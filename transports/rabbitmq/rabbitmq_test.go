@@ -233,18 +233,20 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 	e.adm.publish(t, e.endpoint, amqp.Publishing{Type: "test.order", MessageId: "poison-envelope", ContentType: "application/json", Body: []byte(`{"id":1}`),
 		Headers: amqp.Table{rabbitmq.HeaderAttributePrefix + "tenant": int32(5)}})
 	e.adm.publish(t, e.endpoint, amqp.Publishing{MessageId: "poison-nameless", Body: []byte(`{}`)})
-	dls := e.adm.deadLetters(testContext(t, 30*time.Second), t, e.endpoint, 3)
-	if len(dls) != 3 {
-		t.Fatalf("dead letters: %d, want 3", len(dls))
+	e.adm.publish(t, e.endpoint, amqp.Publishing{Type: "test.order", MessageId: "poison-content-type", ContentType: "text/plain", Body: []byte(`{"id":1}`)})
+	dls := e.adm.deadLetters(testContext(t, 30*time.Second), t, e.endpoint, 4)
+	if len(dls) != 4 {
+		t.Fatalf("dead letters: %d, want 4", len(dls))
 	}
 	reasons := map[string]bus.Failure{}
 	for _, dl := range dls {
 		reasons[dl.Envelope.Attributes.MessageID] = dl.Failure
 	}
 	for id, want := range map[string]string{
-		"poison-body":     "cannot be decoded into rabbitmq_test.order",
-		"poison-envelope": rabbitmq.HeaderAttributePrefix + "tenant holds an AMQP integer, want a string",
-		"poison-nameless": "type property",
+		"poison-body":         "cannot be decoded into rabbitmq_test.order",
+		"poison-envelope":     rabbitmq.HeaderAttributePrefix + "tenant holds an AMQP integer, want a string",
+		"poison-nameless":     "type property",
+		"poison-content-type": `content type "text/plain"`,
 	} {
 		f, ok := reasons[id]
 		if !ok {

@@ -75,6 +75,8 @@ func TestForeignReservedHeadersAreIgnored(t *testing.T) {
 		"sent-at-future":  {amqp.Table{rabbitmq.HeaderSentAt: future.UnixNano()}, []string{rabbitmq.HeaderSentAt}},
 		"sent-at-type":    {amqp.Table{rabbitmq.HeaderSentAt: int32(5)}, []string{rabbitmq.HeaderSentAt}},
 		"timestamp-ahead": {nil, []string{"timestamp"}},
+		// The broker's redelivery count, on a first delivery: the publisher's.
+		"delivery-count": {amqp.Table{"x-delivery-count": int64(50)}, nil},
 	}
 	for id, c := range cases {
 		msg := amqp.Publishing{Type: "test.order", MessageId: id, ContentType: "application/json", Body: []byte(`{"id":1}`), Headers: c.headers}

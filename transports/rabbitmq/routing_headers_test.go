@@ -109,3 +109,25 @@ func TestCCHeaderNeverRoutesCopies(t *testing.T) {
 		t.Errorf("the queue named by CC holds %s, want the publisher's copy of cc-other-queue", kept[0].MessageId)
 	}
 }
+
+// A CC that is not an array of strings never reaches a queue: the broker
+// refuses the publish (it closes the channel).
+func TestCCOfAnotherTypeIsRefusedByTheBroker(t *testing.T) {
+	e := newEnv(t)
+	e.adm.declareQueue(t, e.endpoint)
+	ch, err := e.adm.channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirm("", e.endpoint, false, false, amqp.Publishing{Type: "test.order", Body: []byte(`{}`), Headers: amqp.Table{"CC": e.endpoint}})
+	if err == nil && dc.Wait() {
+		t.Error("the broker accepted a CC that is a string")
+	}
+	if n := e.adm.depth(t, e.endpoint); n != 0 {
+		t.Errorf("%d messages in the queue, want 0", n)
+	}
+}
