@@ -52,7 +52,7 @@ func FuzzEnvelope(f *testing.F) {
 		if timestamp != 0 {
 			m.Timestamp = time.Unix(timestamp, 0)
 		}
-		env, attempt, ignored, err := envelope(m, decodeLimits{maxAttempts: int(maxAttempts), now: now})
+		env, attempt, ignored, err := envelope(m, decodeLimits{maxAttempts: int(maxAttempts), clock: newSkewClock(func() time.Time { return now })})
 		if attempt < 1 {
 			t.Errorf("attempt %d", attempt)
 		}

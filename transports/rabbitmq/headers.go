@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -205,8 +206,32 @@ type decodeLimits struct {
 	// maxAttempts is the endpoint's maximum attempts (Topology.MaxAttempts);
 	// 0 sets no upper bound.
 	maxAttempts int
-	// now is the time of reception, for the sent time's skew.
-	now time.Time
+	// clock tells a sent time too far in the future.
+	clock *skewClock
+}
+
+// skewClock tells whether a time lies more than [ClockSkewAllowance] in
+// the future. Reading the clock costs more than decoding a message, so it
+// keeps the bound it last computed (a time that was in the future then)
+// and reads the clock again only for a time past it: in steady traffic,
+// about once every ClockSkewAllowance. (A wall clock stepped back keeps
+// the bound it had until a time passes it: the check is that much looser
+// meanwhile, never stricter.)
+type skewClock struct {
+	now   func() time.Time
+	bound atomic.Pointer[time.Time]
+}
+
+func newSkewClock(now func() time.Time) *skewClock { return &skewClock{now: now} }
+
+// ahead reports whether t is more than ClockSkewAllowance after now.
+func (c *skewClock) ahead(t time.Time) bool {
+	if b := c.bound.Load(); b != nil && !t.After(*b) {
+		return false // the bound was at most now + the allowance
+	}
+	b := c.now().Add(ClockSkewAllowance)
+	c.bound.Store(&b)
+	return t.After(b)
 }
 
 // ignoredHeader is a reserved header (or property) of a received message
@@ -310,10 +335,9 @@ func envelope(m *amqp.Delivery, lim decodeLimits) (env bus.Envelope, attempt int
 	}
 	// The sent time: the header, else the time of a UUIDv7 message id,
 	// else the timestamp property; one in the future is not trusted.
-	latest := lim.now.Add(ClockSkewAllowance)
 	var sentAt time.Time
 	if !sentAtHeader.IsZero() {
-		if sentAtHeader.After(latest) {
+		if lim.clock.ahead(sentAtHeader) {
 			ignored = append(ignored, ignoredHeader{HeaderSentAt, sentAtValue, whyFuture})
 		} else {
 			sentAt = sentAtHeader
@@ -321,7 +345,7 @@ func envelope(m *amqp.Delivery, lim decodeLimits) (env bus.Envelope, attempt int
 	}
 	if sentAt.IsZero() {
 		if t := sentAtFromID(m.MessageId); !t.IsZero() {
-			if t.After(latest) {
+			if lim.clock.ahead(t) {
 				ignored = append(ignored, ignoredHeader{"message-id (UUIDv7 time)", m.MessageId, whyFuture})
 			} else {
 				sentAt = t
@@ -329,7 +353,7 @@ func envelope(m *amqp.Delivery, lim decodeLimits) (env bus.Envelope, attempt int
 		}
 	}
 	if sentAt.IsZero() && !m.Timestamp.IsZero() {
-		if m.Timestamp.After(latest) {
+		if lim.clock.ahead(m.Timestamp) {
 			ignored = append(ignored, ignoredHeader{"timestamp", m.Timestamp, whyFuture})
 		} else {
 			sentAt = m.Timestamp

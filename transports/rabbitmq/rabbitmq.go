@@ -143,6 +143,7 @@ type Transport struct {
 
 	live        atomic.Pointer[session] // sess, read without the lock
 	maxAttempts atomic.Int64            // Topology.MaxAttempts of the last Setup
+	clock       *skewClock              // for the sent times of received messages
 
 	mu      sync.Mutex
 	inst    string // the instance queue's name, fixed by the first Setup asking for it
@@ -202,7 +203,7 @@ func New(url string, opts ...Option) (*Transport, error) {
 		redacted.Password = "xxxxx"
 	}
 	return &Transport{
-		url: url, addr: redacted.String(), user: user, o: o,
+		url: url, addr: redacted.String(), user: user, o: o, clock: newSkewClock(time.Now),
 		log:     o.logger.With(slog.String("transport", "rabbitmq")),
 		changed: make(chan struct{}),
 		done:    make(chan struct{}),

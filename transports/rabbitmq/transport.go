@@ -227,7 +227,7 @@ var receivedPool = sync.Pool{New: func() any { return new(received) }}
 func (t *Transport) delivery(ctx context.Context, s *session, m *amqp.Delivery) *bus.Delivery {
 	r := receivedPool.Get().(*received)
 	r.m, r.s = *m, s
-	limits := decodeLimits{maxAttempts: int(t.maxAttempts.Load()), now: time.Now()}
+	limits := decodeLimits{maxAttempts: int(t.maxAttempts.Load()), clock: t.clock}
 	env, attempt, ignored, err := envelope(&r.m, limits)
 	for _, ig := range ignored {
 		t.log.WarnContext(ctx, "received message: reserved header ignored",
@@ -409,7 +409,7 @@ func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, m *
 // envelope as it was received and the failure recorded by Fail.
 func DeadLetter(m amqp.Delivery) (bus.DeadLetter, error) {
 	// A poison message is dead-lettered as it came: keep what can be read.
-	env, _, _, _ := envelope(&m, decodeLimits{now: time.Now()})
+	env, _, _, _ := envelope(&m, decodeLimits{clock: newSkewClock(time.Now)})
 	dl := bus.DeadLetter{Envelope: env}
 	var err error
 	reason, ok := m.Headers[HeaderFailureReason].(string)
