@@ -43,7 +43,7 @@ type process struct {
 	exited chan struct{}
 }
 
-func start(cmd *exec.Cmd) (*process, error) {
+func startProcess(cmd *exec.Cmd) (*process, error) {
 	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -219,7 +219,7 @@ func (n *RabbitNode) run(program, out string, args ...string) (*process, error) 
 	defer f.Close() // the child has its own descriptor
 	cmd := exec.Command(program, args...)
 	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = n.env, n.dir, f, f
-	return start(cmd)
+	return startProcess(cmd)
 }
 
 // tail returns the end of a file of the node's directory, for a failure message.
