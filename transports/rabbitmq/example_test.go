@@ -82,6 +82,9 @@ func ExampleTransport_Connect() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	if err := b.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
 	defer b.Stop(context.Background())
 	if err := b.Send(ctx, placeOrder{ID: "42"}, bus.To("orders")); err != nil {
 		log.Fatal(err)
