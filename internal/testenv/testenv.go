@@ -1,6 +1,7 @@
-// Package testenv finds the services integration tests need. When a
-// service is absent a test skips with how to start it, except under
-// CI=true, where an absent service fails the test.
+// Package testenv finds the services integration tests need, and starts
+// those a test must have to itself (a RabbitMQ node it restarts:
+// [StartRabbitMQNode]). When a service is absent a test skips with how to
+// start it, except under CI=true, where an absent service fails the test.
 package testenv
 
 import (

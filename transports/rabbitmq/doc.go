@@ -50,19 +50,38 @@
 // # Headers
 //
 // The outgoing headers bag becomes AMQP message headers. Names starting
-// with [ReservedPrefix] ("plugbus-") carry the bus attributes and failure
-// metadata and are refused with a *bus.HeaderReservedError, as are "CC" and
-// "BCC", which RabbitMQ interprets for routing. Incoming headers of any
-// AMQP type (numbers, tables such as x-death) are read: non-string values
-// are turned into text, and the raw *amqp091.Delivery is available to
-// middleware as Delivery.Raw while the message is processed (the
-// transport reuses it once the bus releases the delivery).
+// with [ReservedPrefix] ("plugbus-", compared without regard to case)
+// carry the bus attributes and failure metadata and are refused with a
+// *bus.HeaderReservedError, as are "CC" and "BCC", on which RabbitMQ
+// routes (sender-selected distribution; the broker compares these two
+// with regard to case). The same names are reserved on receipt: they never
+// reach handlers as ordinary headers. Of a received message the transport
+// reads only its own spelling of its headers; any other reserved name, a
+// value of the wrong type or out of range (an attempt below 1 or above
+// Topology.MaxAttempts, a sent time more than [ClockSkewAllowance] ahead)
+// is ignored with a warning naming the header and the message: foreign
+// input never shortens a message's retries. The copies Return and Fail
+// make carry CC and BCC as [HeaderOriginalCC] and [HeaderOriginalBCC], so
+// that the broker never routes a copy anywhere else. Incoming ordinary
+// headers of any AMQP type (numbers, tables such as x-death) are read:
+// non-string values are turned into text, and the raw *amqp091.Delivery is
+// available to middleware as Delivery.Raw while the message is processed
+// (the transport reuses it once the bus releases the delivery).
 //
-// # Reconnection
+// # Connecting and reconnection
 //
-// The transport owns one connection. When it or its consumer channel is
-// lost, it reconnects with exponential backoff, declares the topology again
-// and resumes consuming. A send during the outage waits for the new
+// The transport owns one connection, made on first use: Setup (bus Start
+// of a bus that receives), Send, Publish or [Transport.Connect]. Each
+// waits for the broker until its context ends and then returns an
+// [*UnreachableError]; with a context that never ends it waits for ever.
+// Every failed connection attempt is logged at warn level with the broker
+// address (its password replaced by "xxxxx") and the time of the next
+// attempt. A send-only bus never calls Setup: call Connect at startup to
+// check the broker.
+//
+// When the connection or its consumer channel is lost, the transport
+// reconnects with exponential backoff, declares the topology again and
+// resumes consuming. A send during the outage waits for the new
 // connection (bounded by its context) and is published again; it never
 // reports success for a message the broker did not confirm.
 package rabbitmq

@@ -19,7 +19,55 @@ var (
 	ErrRefused = errors.New("rabbitmq: broker refused the message")
 	// ErrMessageTooLarge is matched by [*MessageTooLargeError].
 	ErrMessageTooLarge = errors.New("rabbitmq: message too large")
+	// ErrUnreachable is matched by [*UnreachableError].
+	ErrUnreachable = errors.New("rabbitmq: no connection to the broker")
 )
+
+// UnreachableError reports a call (Setup, and so bus Start; Send, Publish,
+// Connect) whose context ended while the transport had no connection to
+// the broker. The transport keeps trying to connect in the background
+// until it is closed; a later call may succeed. It matches
+// [ErrUnreachable] and the context's error with errors.Is.
+type UnreachableError struct {
+	// Op is what waited: "Setup(\"orders\")", "send of x to y", "Connect".
+	Op string
+	// Address is the broker URL with its password replaced by "xxxxx".
+	Address string
+	// Attempts is how many connection attempts failed in a row; 0 when
+	// the connection was lost and the first attempt to replace it was
+	// still under way.
+	Attempts int
+	// Last is why the last attempt failed, or why the connection was lost;
+	// nil when the first attempt was still under way.
+	Last error
+	// Err is the context's error.
+	Err error
+}
+
+// Error implements error.
+func (e *UnreachableError) Error() string {
+	switch {
+	case e.Last == nil:
+		return fmt.Sprintf("rabbitmq: %s: no connection to the broker at %s yet when waiting ended: %v; the first connection attempt had not finished (allow it more time)",
+			e.Op, e.Address, e.Err)
+	case e.Attempts == 0:
+		return fmt.Sprintf("rabbitmq: %s: no connection to the broker at %s: %v; the connection was lost (%v) and the reconnection had not finished (allow it more time)",
+			e.Op, e.Address, e.Err, e.Last)
+	}
+	return fmt.Sprintf("rabbitmq: %s: no connection to the broker at %s: %v after %d failed connection attempts, the last: %v; check the URL and that the broker runs and accepts connections from this host",
+		e.Op, e.Address, e.Err, e.Attempts, e.Last)
+}
+
+// Unwrap returns the context's error and the last connection failure.
+func (e *UnreachableError) Unwrap() []error {
+	if e.Last == nil {
+		return []error{e.Err}
+	}
+	return []error{e.Err, e.Last}
+}
+
+// Is reports whether target is ErrUnreachable.
+func (e *UnreachableError) Is(target error) bool { return target == ErrUnreachable }
 
 // RefusedError reports a message the broker refused by closing the
 // channel it was published on with a channel-level error (for example 406

@@ -3,6 +3,7 @@ package rabbitmq_test
 import (
 	"context"
 	"log"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -61,4 +62,31 @@ func Example_rawDelivery() {
 		},
 	}
 	_ = mw
+}
+
+// A send-only service checks the broker at startup: its bus's Start does
+// not reach the transport, Connect does, and says why it could not.
+func ExampleTransport_Connect() {
+	t, err := rabbitmq.New("amqp://guest:guest@127.0.0.1:5672/")
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := t.Connect(ctx); err != nil {
+		// A *rabbitmq.UnreachableError: the address (no password), the
+		// failed attempts and the last failure.
+		log.Fatal(err)
+	}
+	b, err := bus.New(bus.WithTransport(t))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := b.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer b.Stop(context.Background())
+	if err := b.Send(ctx, placeOrder{ID: "42"}, bus.To("orders")); err != nil {
+		log.Fatal(err)
+	}
 }

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -14,8 +16,11 @@ import (
 )
 
 // ReservedPrefix starts every header name the transport writes itself (bus
-// attributes, attempt count, failure metadata). Outgoing middleware cannot
-// set a header with this prefix, compared without regard to case.
+// attributes, attempt count, failure metadata). Names with this prefix,
+// compared without regard to case, are reserved in both directions:
+// outgoing middleware cannot set one, and a received one is never an
+// ordinary header; the transport reads only its own spelling (the
+// constants below) and ignores any other with a warning.
 const ReservedPrefix = "plugbus-"
 
 // Header names written by the transport.
@@ -41,22 +46,49 @@ const (
 	// dead-lettered message that another user published: RabbitMQ accepts
 	// only the publishing connection's own user in user-id.
 	HeaderUserID = ReservedPrefix + "user-id"
+	// HeaderOriginalCC holds the CC header of a received message on the
+	// copies Return and Fail make of it: under its own name the broker
+	// would route each copy to the queues it names again.
+	HeaderOriginalCC = ReservedPrefix + "original-cc"
+	// HeaderOriginalBCC is [HeaderOriginalCC] for BCC, which RabbitMQ
+	// removes before delivery, so that a received message has it only
+	// when another path put it back.
+	HeaderOriginalBCC = ReservedPrefix + "original-bcc"
+)
+
+// The headers RabbitMQ routes a published message on besides its routing
+// key (sender-selected distribution). The broker compares these names
+// with regard to case: "cc" is an ordinary header.
+const (
+	headerCC  = "CC"
+	headerBCC = "BCC"
 )
 
 // headerDeliveryCount is the header in which quorum queues count the
 // redeliveries of a message (absent on its first delivery).
 const headerDeliveryCount = "x-delivery-count"
 
+// ClockSkewAllowance is how far in the future a received message's sent
+// time may lie: a later one (from the plugbus-sent-at header, a UUIDv7
+// message id or the timestamp property) is ignored with a warning and the
+// next source is used, or none.
+const ClockSkewAllowance = 5 * time.Minute
+
 // maxShortString is the longest AMQP short string: header names, queue
 // names, routing keys.
 const maxShortString = 255
 
+// reservedPrefixed reports whether name starts with [ReservedPrefix],
+// compared without regard to case.
+func reservedPrefixed(name string) bool {
+	return len(name) >= len(ReservedPrefix) && strings.EqualFold(name[:len(ReservedPrefix)], ReservedPrefix)
+}
+
+// reserved reports whether name is a header the transport keeps for
+// itself, in both directions: outgoing middleware cannot set it and
+// handlers do not see it among the headers of a received message.
 func reserved(name string) bool {
-	if len(name) >= len(ReservedPrefix) && strings.EqualFold(name[:len(ReservedPrefix)], ReservedPrefix) {
-		return true
-	}
-	// RabbitMQ routes on CC and BCC (sender-selected distribution).
-	return strings.EqualFold(name, "CC") || strings.EqualFold(name, "BCC")
+	return reservedPrefixed(name) || name == headerCC || name == headerBCC
 }
 
 // ValidateHeaders refuses a header name the transport reserves with a
@@ -121,18 +153,30 @@ func publishing(env *bus.Envelope) (amqp.Publishing, error) {
 }
 
 // republishing copies a received message for Return and Fail: same
-// properties and body, headers copied with extra set on top. RabbitMQ
-// refuses a user-id property other than the publishing connection's user
-// (it closes the channel with PRECONDITION_FAILED), so a foreign user-id
-// moves to [HeaderUserID]. The broker's x-delivery-count of the original
-// is dropped: the copy is a new message, its attempt travels in
-// [HeaderAttempt].
+// properties and body, headers copied with extra set on top, except three
+// that must not travel on a copy:
+//   - CC and BCC, on which the broker would route the copy to the queues
+//     they name once more (into the endpoint's own queue: a loop), move to
+//     [HeaderOriginalCC] and [HeaderOriginalBCC];
+//   - a user-id property other than the publishing connection's user,
+//     which RabbitMQ refuses (it closes the channel with
+//     PRECONDITION_FAILED), moves to [HeaderUserID];
+//   - the broker's x-delivery-count of the original is dropped: the copy
+//     is a new message, its attempt travels in [HeaderAttempt].
 func (t *Transport) republishing(m *amqp.Delivery, extra int) (amqp.Publishing, amqp.Table) {
 	h := make(amqp.Table, len(m.Headers)+extra+1)
 	for k, v := range m.Headers {
 		h[k] = v
 	}
 	delete(h, headerDeliveryCount)
+	if v, ok := h[headerCC]; ok {
+		h[HeaderOriginalCC] = v
+		delete(h, headerCC)
+	}
+	if v, ok := h[headerBCC]; ok {
+		h[HeaderOriginalBCC] = v
+		delete(h, headerBCC)
+	}
 	userID := m.UserId
 	if userID != "" && userID != t.user {
 		h[HeaderUserID] = userID
@@ -156,19 +200,73 @@ func (t *Transport) republishing(m *amqp.Delivery, extra int) (amqp.Publishing, 
 	}, h
 }
 
-// envelope decodes a received AMQP message. A message it cannot read gets
-// Err set and as much of the envelope as could be read.
-func envelope(m *amqp.Delivery) (bus.Envelope, int, error) {
-	env := bus.Envelope{Name: m.Type, ContentType: m.ContentType, Body: m.Body}
-	attempt := 1
-	sentAt := sentAtFromID(m.MessageId) // overridden by a sent-at header
-	if sentAt.IsZero() {
-		sentAt = m.Timestamp
+// decodeLimits is what envelope checks a received message's reserved
+// headers against.
+type decodeLimits struct {
+	// maxAttempts is the endpoint's maximum attempts (Topology.MaxAttempts);
+	// 0 sets no upper bound.
+	maxAttempts int
+	// clock tells a sent time too far in the future.
+	clock *skewClock
+}
+
+// skewClock tells whether a time lies more than [ClockSkewAllowance] in
+// the future. Reading the clock costs more than decoding a message, so it
+// keeps the bound it last computed (a time that was in the future then)
+// and reads the clock again only for a time past it: in steady traffic,
+// about once every ClockSkewAllowance. (A wall clock stepped back keeps
+// the bound it had until a time passes it: the check is that much looser
+// meanwhile, never stricter.)
+type skewClock struct {
+	now   func() time.Time
+	bound atomic.Pointer[time.Time]
+}
+
+func newSkewClock(now func() time.Time) *skewClock { return &skewClock{now: now} }
+
+// ahead reports whether t is more than ClockSkewAllowance after now.
+func (c *skewClock) ahead(t time.Time) bool {
+	if b := c.bound.Load(); b != nil && !t.After(*b) {
+		return false // the bound was at most now + the allowance
 	}
+	b := c.now().Add(ClockSkewAllowance)
+	c.bound.Store(&b)
+	return t.After(b)
+}
+
+// ignoredHeader is a reserved header (or property) of a received message
+// that envelope did not trust: the transport logs it at warn level.
+type ignoredHeader struct {
+	name  string
+	value any
+	why   string
+}
+
+// Reasons for ignoring a reserved header.
+const (
+	whyNotOurs     = "a reserved name (plugbus- prefix, compared without regard to case) that the transport does not write: not an ordinary header, not read"
+	whyNotInteger  = "not an integer"
+	whyAttemptLow  = "below 1"
+	whyAttemptHigh = "above the endpoint's maximum attempts"
+	whyNotTime     = "neither nanoseconds since the Unix epoch nor an RFC 3339 time"
+	whyFuture      = "more than the clock-skew allowance in the future"
+)
+
+// envelope decodes a received AMQP message. A message it cannot read
+// (no name, an attribute header that is not a string) gets err set and as
+// much of the envelope as could be read. A reserved header it does not
+// trust (a foreign spelling or name, a wrong type, a value out of range)
+// is left out and returned in ignored, for a warning: it never makes a
+// message unreadable, and never shortens its life.
+func envelope(m *amqp.Delivery, lim decodeLimits) (env bus.Envelope, attempt int, ignored []ignoredHeader, err error) {
+	env = bus.Envelope{Name: m.Type, ContentType: m.ContentType, Body: m.Body}
+	attempt = 1
+	var sentAtHeader time.Time
+	var sentAtValue any
 	var values, sticky map[string]string
 	var errs []error
 	for k, v := range m.Headers {
-		if len(k) < len(ReservedPrefix) || k[:len(ReservedPrefix)] != ReservedPrefix {
+		if !reserved(k) {
 			if env.Headers == nil {
 				env.Headers = make(bus.Headers, len(m.Headers))
 			}
@@ -179,21 +277,26 @@ func envelope(m *amqp.Delivery) (bus.Envelope, int, error) {
 		case k == HeaderSentAt:
 			t, ok := headerTime(v)
 			if !ok {
-				errs = append(errs, fmt.Errorf("header %s = %v (%T) is neither nanoseconds since the Unix epoch nor an RFC 3339 time", k, v, v))
+				ignored = append(ignored, ignoredHeader{k, v, whyNotTime})
 				continue
 			}
-			sentAt = t
+			sentAtHeader, sentAtValue = t, v
 		case k == HeaderAttempt:
 			n, ok := headerInt(v)
-			if !ok || n < 1 {
-				errs = append(errs, fmt.Errorf("header %s = %v is not a positive integer", k, v))
-				continue
+			switch {
+			case !ok:
+				ignored = append(ignored, ignoredHeader{k, v, whyNotInteger})
+			case n < 1:
+				ignored = append(ignored, ignoredHeader{k, v, whyAttemptLow})
+			case lim.maxAttempts > 0 && n > lim.maxAttempts:
+				ignored = append(ignored, ignoredHeader{k, v, whyAttemptHigh})
+			default:
+				attempt = n
 			}
-			attempt = n
 		case strings.HasPrefix(k, HeaderAttributePrefix):
 			s, ok := v.(string)
 			if !ok {
-				errs = append(errs, fmt.Errorf("attribute header %s holds a %T, want a string", k, v))
+				errs = append(errs, fmt.Errorf("attribute header %s holds an AMQP %s, want a string", k, amqpType(v)))
 				continue
 			}
 			if values == nil {
@@ -203,23 +306,57 @@ func envelope(m *amqp.Delivery) (bus.Envelope, int, error) {
 		case strings.HasPrefix(k, HeaderStickyPrefix):
 			s, ok := v.(string)
 			if !ok {
-				errs = append(errs, fmt.Errorf("sticky attribute header %s holds a %T, want a string", k, v))
+				errs = append(errs, fmt.Errorf("sticky attribute header %s holds an AMQP %s, want a string", k, amqpType(v)))
 				continue
 			}
 			if sticky == nil {
 				sticky = make(map[string]string, 4)
 			}
 			sticky[k[len(HeaderStickyPrefix):]] = s
+		case k == headerCC, k == headerBCC, k == HeaderOriginalCC, k == HeaderOriginalBCC, k == HeaderUserID,
+			k == HeaderFailureReason, k == HeaderFailureAttempts, k == HeaderFailureEndpoint, k == HeaderFailureTime:
+			// Routing instructions the broker carried out, and what the
+			// transport writes on copies: not part of the envelope.
+		default:
+			ignored = append(ignored, ignoredHeader{k, v, whyNotOurs})
 		}
-		// Other reserved headers (failure metadata of a replayed dead
-		// letter) are not part of the envelope.
 	}
 	// A quorum queue counts redeliveries, including those of a consumer
 	// that crashed before settling: count them as attempts, so that a
-	// message that crashes its consumer ends in the dead-letter queue.
-	if v, ok := m.Headers[headerDeliveryCount]; ok {
-		if n, ok := headerInt(v); ok && n >= 0 {
-			attempt = max(attempt, n+1)
+	// message that crashes its consumer ends in the dead-letter queue. The
+	// broker sets the count on redeliveries only; on a first delivery the
+	// header is the publisher's, and not trusted.
+	if m.Redelivered {
+		if v, ok := m.Headers[headerDeliveryCount]; ok {
+			if n, ok := headerInt(v); ok && n > 0 && n < math.MaxInt32 {
+				attempt = max(attempt, n+1)
+			}
+		}
+	}
+	// The sent time: the header, else the time of a UUIDv7 message id,
+	// else the timestamp property; one in the future is not trusted.
+	var sentAt time.Time
+	if !sentAtHeader.IsZero() {
+		if lim.clock.ahead(sentAtHeader) {
+			ignored = append(ignored, ignoredHeader{HeaderSentAt, sentAtValue, whyFuture})
+		} else {
+			sentAt = sentAtHeader
+		}
+	}
+	if sentAt.IsZero() {
+		if t := sentAtFromID(m.MessageId); !t.IsZero() {
+			if lim.clock.ahead(t) {
+				ignored = append(ignored, ignoredHeader{"message-id (UUIDv7 time)", m.MessageId, whyFuture})
+			} else {
+				sentAt = t
+			}
+		}
+	}
+	if sentAt.IsZero() && !m.Timestamp.IsZero() {
+		if lim.clock.ahead(m.Timestamp) {
+			ignored = append(ignored, ignoredHeader{"timestamp", m.Timestamp, whyFuture})
+		} else {
+			sentAt = m.Timestamp
 		}
 	}
 	if env.Name == "" {
@@ -231,9 +368,34 @@ func envelope(m *amqp.Delivery) (bus.Envelope, int, error) {
 	}
 	env.Attributes = bus.NewAttributes(m.MessageId, corr, sentAt, values, sticky)
 	if errs != nil {
-		return env, attempt, fmt.Errorf("rabbitmq: unreadable message: %w", errors.Join(errs...))
+		return env, attempt, ignored, fmt.Errorf("rabbitmq: unreadable message: %w", errors.Join(errs...))
 	}
-	return env, attempt, nil
+	return env, attempt, ignored, nil
+}
+
+// amqpType names the AMQP field type a header value was read from.
+func amqpType(v any) string {
+	switch v.(type) {
+	case nil:
+		return "void"
+	case bool:
+		return "boolean"
+	case int8, uint8, int16, uint16, int32, uint32, int64, int:
+		return "integer"
+	case float32, float64:
+		return "float"
+	case amqp.Decimal:
+		return "decimal"
+	case []byte:
+		return "byte array"
+	case time.Time:
+		return "timestamp"
+	case amqp.Table:
+		return "table"
+	case []any:
+		return "array"
+	}
+	return fmt.Sprintf("%T", v)
 }
 
 func headerTime(v any) (time.Time, bool) {

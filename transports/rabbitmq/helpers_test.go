@@ -2,6 +2,9 @@ package rabbitmq_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -151,4 +154,150 @@ func testContext(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// logRecord is one captured log line: its level, message and attributes
+// (groups flattened into dotted keys), and its whole text.
+type logRecord struct {
+	level slog.Level
+	msg   string
+	attrs map[string]string
+	text  string
+}
+
+// recordedLogs is a slog.Handler that keeps every record, for tests that
+// check what was logged.
+type recordedLogs struct {
+	mu      sync.Mutex
+	records []logRecord
+	changed chan struct{} // closed and replaced on each record
+	attrs   []slog.Attr   // of WithAttrs
+}
+
+func newRecordedLogs() *recordedLogs { return &recordedLogs{changed: make(chan struct{})} }
+
+func (l *recordedLogs) logger() *slog.Logger { return slog.New(l) }
+
+func (l *recordedLogs) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l *recordedLogs) Handle(_ context.Context, r slog.Record) error {
+	rec := logRecord{level: r.Level, msg: r.Message, attrs: map[string]string{}}
+	add := func(a slog.Attr) bool {
+		v := a.Value.Resolve()
+		rec.attrs[a.Key] = v.String()
+		if v.Kind() == slog.KindTime {
+			rec.attrs[a.Key] = v.Time().Format(time.RFC3339Nano)
+		}
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range l.attrs {
+		add(a)
+	}
+	r.Attrs(add)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", r.Level, r.Message)
+	for k, v := range rec.attrs {
+		fmt.Fprintf(&b, " %s=%q", k, v)
+	}
+	rec.text = b.String()
+	l.records = append(l.records, rec)
+	close(l.changed)
+	l.changed = make(chan struct{})
+	return nil
+}
+
+func (l *recordedLogs) WithAttrs(attrs []slog.Attr) slog.Handler {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// The transport adds one attribute ("transport") once: sharing the
+	// records between the parent and the child keeps every line in one place.
+	l.attrs = append(l.attrs, attrs...)
+	return l
+}
+
+func (l *recordedLogs) WithGroup(string) slog.Handler { return l }
+
+// matching returns the records at level whose message contains msg.
+func (l *recordedLogs) matching(level slog.Level, msg string) []logRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []logRecord
+	for _, r := range l.records {
+		if r.level == level && strings.Contains(r.msg, msg) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// await waits until n records at level contain msg, or ctx ends.
+func (l *recordedLogs) await(ctx context.Context, level slog.Level, msg string, n int) []logRecord {
+	for {
+		l.mu.Lock()
+		changed := l.changed
+		l.mu.Unlock()
+		if got := l.matching(level, msg); len(got) >= n {
+			return got
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return l.matching(level, msg)
+		}
+	}
+}
+
+// String returns every line, for a failure message.
+func (l *recordedLogs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b strings.Builder
+	for _, r := range l.records {
+		b.WriteString(r.text)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// depth returns how many messages are ready in queue.
+func (a *admin) depth(t testing.TB, queue string) int {
+	t.Helper()
+	n := -1
+	a.do(t, func(ch *amqp.Channel) error {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		n = q.Messages
+		return err
+	})
+	return n
+}
+
+// declareQueue declares a durable queue deleted at cleanup.
+func (a *admin) declareQueue(t testing.TB, queue string) {
+	t.Helper()
+	a.do(t, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(queue, true, false, false, false, nil)
+		return err
+	})
+	t.Cleanup(func() {
+		a.do(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(queue, false, false, false); return err })
+	})
+}
+
+// get takes the messages ready in queue, up to n, acknowledging them.
+func (a *admin) get(t testing.TB, queue string, n int) []amqp.Delivery {
+	t.Helper()
+	var out []amqp.Delivery
+	a.do(t, func(ch *amqp.Channel) error {
+		for len(out) < n {
+			m, ok, err := ch.Get(queue, true)
+			if err != nil || !ok {
+				return err
+			}
+			out = append(out, m)
+		}
+		return nil
+	})
+	return out
 }

@@ -136,11 +136,14 @@ func (o *options) deadLetterArgs() amqp.Table {
 // Build it with [New]; it connects on first use.
 type Transport struct {
 	url  string
+	addr string // url with its password replaced, for logs and errors
 	user string // the broker user of the connection: user-id it may publish
 	o    options
 	log  *slog.Logger
 
-	live atomic.Pointer[session] // sess, read without the lock
+	live        atomic.Pointer[session] // sess, read without the lock
+	maxAttempts atomic.Int64            // Topology.MaxAttempts of the last Setup
+	clock       *skewClock              // for the sent times of received messages
 
 	mu      sync.Mutex
 	inst    string // the instance queue's name, fixed by the first Setup asking for it
@@ -148,6 +151,7 @@ type Transport struct {
 	sess    *session      // the live session, nil while (re)connecting
 	changed chan struct{} // closed and replaced whenever sess changes
 	lastErr error         // why the last connection attempt failed
+	failed  int           // connection attempts failed in a row
 	started bool
 	closed  bool
 	done    chan struct{} // closed by Close
@@ -157,7 +161,9 @@ type Transport struct {
 
 // New returns a transport for the broker at url
 // ("amqp://user:password@host:5672/vhost"). It does not connect: the
-// first Setup, Send or Publish does, and waits for the broker.
+// first Setup (bus Start of a bus that receives), Send, Publish or
+// [Transport.Connect] does, and waits for the broker as long as its
+// context allows.
 func New(url string, opts ...Option) (*Transport, error) {
 	uri, err := amqp.ParseURI(url)
 	if err != nil {
@@ -192,8 +198,12 @@ func New(url string, opts ...Option) (*Transport, error) {
 			break
 		}
 	}
+	redacted := uri
+	if redacted.Password != "" {
+		redacted.Password = "xxxxx"
+	}
 	return &Transport{
-		url: url, user: user, o: o,
+		url: url, addr: redacted.String(), user: user, o: o, clock: newSkewClock(time.Now),
 		log:     o.logger.With(slog.String("transport", "rabbitmq")),
 		changed: make(chan struct{}),
 		done:    make(chan struct{}),
@@ -238,9 +248,11 @@ func validateTopology(topo bus.Topology) error {
 // bindings of the queue to the exchange for each handled message name, then
 // starts consuming with manual acknowledgements. With topo.Instance it also
 // declares the transport's instance queue and consumes from it (see
-// [Transport.InstanceAddress]); the endpoint may then be empty. It waits
-// for the broker until ctx ends. Calling it again with the same endpoint is
-// harmless; a transport serves one endpoint.
+// [Transport.InstanceAddress]); the endpoint may then be empty. It
+// connects first, waiting for the broker until ctx ends (each failed
+// attempt logged at warn level): then it returns an [*UnreachableError].
+// Calling it again with the same endpoint is harmless; a transport serves
+// one endpoint.
 func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 	if err := validateTopology(topo); err != nil {
 		return err
@@ -259,14 +271,18 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 	if topo.Instance && t.inst == "" {
 		t.inst = instanceQueueName(topo.Endpoint)
 	}
+	t.maxAttempts.Store(int64(topo.MaxAttempts))
 	t.mu.Unlock()
 	// Declare on the live session, then record the topology so that every
 	// later session declares it too. A session that replaced the one set
 	// up meanwhile may have missed it: set that one up as well.
 	var done *session
 	for {
-		s, err := t.session(ctx)
+		s, err := t.session(ctx, func() string { return fmt.Sprintf("Setup(%q)", topo.Endpoint) })
 		if err != nil {
+			if errors.Is(err, ErrUnreachable) {
+				return err
+			}
 			return fmt.Errorf("rabbitmq: Setup(%q): %w", topo.Endpoint, err)
 		}
 		if s == done {
@@ -330,9 +346,21 @@ func (t *Transport) topology() *bus.Topology {
 	return t.topo
 }
 
+// Connect connects to the broker, or waits for the connection under way,
+// until ctx ends; then it returns an [*UnreachableError]. Setup, Send and
+// Publish connect by themselves; a send-only bus, whose Start does not
+// reach the transport, can call Connect at startup to fail fast on a
+// wrong address or a broker that is down. After Close it returns
+// bus.ErrClosed.
+func (t *Transport) Connect(ctx context.Context) error {
+	_, err := t.session(ctx, func() string { return "Connect" })
+	return err
+}
+
 // session returns the live session, starting the connection on first use
-// and waiting for a reconnection while there is none.
-func (t *Transport) session(ctx context.Context) (*session, error) {
+// and waiting for a reconnection while there is none. When ctx ends first
+// it returns an [*UnreachableError] for the operation op names.
+func (t *Transport) session(ctx context.Context, op func() string) (*session, error) {
 	if s := t.live.Load(); s != nil && !s.isDead() && !t.isClosed() {
 		return s, nil
 	}
@@ -348,7 +376,7 @@ func (t *Transport) session(ctx context.Context) (*session, error) {
 			t.cancel = cancel
 			t.wg.Go(func() { t.supervise(sctx) })
 		}
-		s, changed, lastErr := t.sess, t.changed, t.lastErr
+		s, changed := t.sess, t.changed
 		t.mu.Unlock()
 		if s != nil && !s.isDead() {
 			return s, nil
@@ -356,19 +384,20 @@ func (t *Transport) session(ctx context.Context) (*session, error) {
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			if lastErr != nil {
-				return nil, fmt.Errorf("no connection to the broker: %w (last connection attempt: %v)", ctx.Err(), lastErr)
-			}
-			return nil, fmt.Errorf("waiting for the connection to the broker: %w", ctx.Err())
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			return nil, &UnreachableError{Op: op(), Address: t.addr, Attempts: t.failed, Last: t.lastErr, Err: ctx.Err()}
 		case <-t.done:
 			return nil, bus.ErrClosed
 		}
 	}
 }
 
-func (t *Transport) setSession(s *session, lastErr error) {
+// setSession records the live session (nil while there is none), why
+// there is none and how many connection attempts failed in a row.
+func (t *Transport) setSession(s *session, lastErr error, failed int) {
 	t.mu.Lock()
-	t.sess, t.lastErr = s, lastErr
+	t.sess, t.lastErr, t.failed = s, lastErr, failed
 	t.live.Store(s)
 	close(t.changed)
 	t.changed = make(chan struct{})
@@ -376,18 +405,22 @@ func (t *Transport) setSession(s *session, lastErr error) {
 }
 
 // supervise keeps a session alive until ctx ends: connect, wait for the
-// session to die, reconnect with backoff.
+// session to die, reconnect with backoff. Each failed attempt is logged at
+// warn level with the address and the time of the next.
 func (t *Transport) supervise(ctx context.Context) {
 	backoff := t.o.minBackoff
+	failed := 0
 	for {
 		s, err := t.connect(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			t.setSession(nil, err)
+			failed++
+			t.setSession(nil, err, failed)
 			wait := backoff/2 + rand.N(backoff/2+1)
-			t.log.Warn("connecting to RabbitMQ failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+			t.log.Warn("connecting to RabbitMQ failed; retrying", slog.String("address", t.addr), slog.Int("attempt", failed),
+				slog.Any("error", err), slog.Duration("backoff", wait), slog.Time("retry_at", time.Now().Add(wait)))
 			timer := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
@@ -398,12 +431,13 @@ func (t *Transport) supervise(ctx context.Context) {
 			backoff = min(2*backoff, t.o.maxBackoff)
 			continue
 		}
-		backoff = t.o.minBackoff
-		t.setSession(s, nil)
+		t.log.Info("connected to RabbitMQ", slog.String("address", t.addr), slog.Int("attempts", failed+1))
+		backoff, failed = t.o.minBackoff, 0
+		t.setSession(s, nil, 0)
 		select {
 		case <-s.dead:
-			t.log.Warn("connection to RabbitMQ lost; reconnecting", slog.Any("error", s.cause()))
-			t.setSession(nil, s.cause())
+			t.log.Warn("connection to RabbitMQ lost; reconnecting", slog.String("address", t.addr), slog.Any("error", s.cause()))
+			t.setSession(nil, s.cause(), 0)
 			s.close()
 		case <-ctx.Done():
 			s.close()

@@ -46,8 +46,10 @@ type env struct {
 	adm                     *admin
 }
 
-func newEnv(t *testing.T) *env {
-	url := testenv.RabbitMQ(t)
+func newEnv(t *testing.T) *env { return newEnvAt(t, testenv.RabbitMQ(t)) }
+
+// newEnvAt is newEnv on the broker at url.
+func newEnvAt(t *testing.T, url string) *env {
 	e := &env{url: url, adm: newAdmin(t, url), exchange: transporttest.Name("plugbus-test"), endpoint: transporttest.Name("rmq-test")}
 	t.Cleanup(func() { e.adm.deleteExchange(t, e.exchange) })
 	return e
@@ -225,24 +227,26 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 		handled <- struct{}{}
 		return nil
 	}))
-	// A body the handler's type cannot be decoded from, and an envelope the
-	// transport cannot read.
+	// A body the handler's type cannot be decoded from, and envelopes the
+	// transport cannot read: an attribute that is not a string, no name.
 	e.adm.publish(t, e.endpoint, amqp.Publishing{Type: "test.order", MessageId: "poison-body", ContentType: "application/json", Body: []byte(`{"id":"not a number"`)})
 	e.adm.publish(t, e.endpoint, amqp.Publishing{Type: "test.order", MessageId: "poison-envelope", ContentType: "application/json", Body: []byte(`{"id":1}`),
-		Headers: amqp.Table{rabbitmq.HeaderSentAt: int32(5)}})
+		Headers: amqp.Table{rabbitmq.HeaderAttributePrefix + "tenant": int32(5)}})
 	e.adm.publish(t, e.endpoint, amqp.Publishing{MessageId: "poison-nameless", Body: []byte(`{}`)})
-	dls := e.adm.deadLetters(testContext(t, 30*time.Second), t, e.endpoint, 3)
-	if len(dls) != 3 {
-		t.Fatalf("dead letters: %d, want 3", len(dls))
+	e.adm.publish(t, e.endpoint, amqp.Publishing{Type: "test.order", MessageId: "poison-content-type", ContentType: "text/plain", Body: []byte(`{"id":1}`)})
+	dls := e.adm.deadLetters(testContext(t, 30*time.Second), t, e.endpoint, 4)
+	if len(dls) != 4 {
+		t.Fatalf("dead letters: %d, want 4", len(dls))
 	}
 	reasons := map[string]bus.Failure{}
 	for _, dl := range dls {
 		reasons[dl.Envelope.Attributes.MessageID] = dl.Failure
 	}
 	for id, want := range map[string]string{
-		"poison-body":     "cannot be decoded into rabbitmq_test.order",
-		"poison-envelope": rabbitmq.HeaderSentAt,
-		"poison-nameless": "type property",
+		"poison-body":         "cannot be decoded into rabbitmq_test.order",
+		"poison-envelope":     rabbitmq.HeaderAttributePrefix + "tenant holds an AMQP integer, want a string",
+		"poison-nameless":     "type property",
+		"poison-content-type": `content type "text/plain"`,
 	} {
 		f, ok := reasons[id]
 		if !ok {

@@ -2,9 +2,6 @@ package rabbitmq_test
 
 import (
 	"context"
-	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,49 +11,16 @@ import (
 	"github.com/plugbus/plugbus/internal/testenv"
 )
 
-// rabbitmqctl returns a function running rabbitmqctl with its arguments
-// (PLUGBUS_RABBITMQCTL overrides the command, for example
-// "docker exec rabbitmq rabbitmqctl"), skipping t when there is none.
-func rabbitmqctl(t *testing.T) func(ctx context.Context, args ...string) error {
-	t.Helper()
-	cmd := strings.Fields(testenv.Getenv("PLUGBUS_RABBITMQCTL", "rabbitmqctl"))
-	if _, err := exec.LookPath(cmd[0]); err != nil {
-		msg := "restarting the broker needs rabbitmqctl (set PLUGBUS_RABBITMQCTL to the command that runs it): " + err.Error()
-		if testenv.CI() {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return func(ctx context.Context, args ...string) error {
-		c := exec.CommandContext(ctx, cmd[0], append(cmd[1:], args...)...)
-		c.Env = os.Environ()
-		out, err := c.CombinedOutput()
-		if err != nil {
-			t.Logf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return err
-	}
-}
-
 // TestBrokerRestartLosesNothing restarts the broker twice while 10,000
-// messages are being sent and handled: every message is handled.
+// messages are being sent and handled: every message is handled. The
+// broker is a node of the test's own (testenv.StartRabbitMQNode), never
+// the shared one.
 func TestBrokerRestartLosesNothing(t *testing.T) {
-	if testing.Short() {
-		t.Skip("restarts the broker; skipped with -short")
+	if testing.Short() && !testenv.CI() {
+		t.Skip("starts and restarts a RabbitMQ node of its own; skipped with -short")
 	}
-	e := newEnv(t)
-	ctl := rabbitmqctl(t)
-	t.Cleanup(func() {
-		// Whatever happened, leave the broker running.
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		if err := ctl(ctx, "start_app"); err != nil {
-			t.Errorf("restarting the broker at cleanup: %v", err)
-		}
-		if err := ctl(ctx, "await_startup"); err != nil {
-			t.Errorf("waiting for the broker at cleanup: %v", err)
-		}
-	})
+	url, node := testenv.StartRabbitMQNode(t)
+	e := newEnvAt(t, url)
 
 	const n = 10_000
 	var mu sync.Mutex
@@ -97,11 +61,11 @@ func TestBrokerRestartLosesNothing(t *testing.T) {
 				}
 			}
 			t.Logf("stopping the broker after %d sends", sent.Load())
-			if err := ctl(ctx, "stop_app"); err != nil {
+			if err := node.Ctl(ctx, "stop_app"); err != nil {
 				restarted <- err
 				return
 			}
-			if err := ctl(ctx, "start_app"); err != nil {
+			if err := node.Ctl(ctx, "start_app"); err != nil {
 				restarted <- err
 				return
 			}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -17,8 +18,10 @@ import (
 // Send publishes env to the queue of the endpoint opts.Destination through
 // the default exchange and returns once the broker confirmed it. A missing
 // queue is an [*UnroutableError], except for an instance queue
-// ([Transport.InstanceAddress]): that message is dropped with a warning. While the connection is down, Send waits
-// for the next one (bounded by ctx) and publishes again.
+// ([Transport.InstanceAddress]): that message is dropped with a warning.
+// The first Send of a transport connects. While there is no connection,
+// Send waits for one until ctx ends (then it returns an
+// [*UnreachableError]) and publishes again.
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
 	if opts.Destination == "" {
 		return fmt.Errorf("rabbitmq: send %s: %w: no destination endpoint", env.Name, bus.ErrNoRoute)
@@ -44,7 +47,8 @@ func (t *Transport) CopiesEnvelopes() bool { return true }
 // Publish publishes env to the topic exchange with its name as routing key:
 // every endpoint that handles the name gets a copy. It returns once the
 // broker confirmed it; when no endpoint subscribes it is an
-// [*UnroutableError] unless [WithUnroutablePublish] was given.
+// [*UnroutableError] unless [WithUnroutablePublish] was given. It waits
+// for a connection as Send does.
 func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, _ bus.SendOptions) error {
 	if env.Name == "" || len(env.Name) > maxShortString {
 		return fmt.Errorf("rabbitmq: publish: message name %.40q must be 1 to %d bytes", env.Name, maxShortString)
@@ -68,8 +72,11 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 	}
 	refused, redeclared := 0, false
 	for {
-		s, err := t.session(ctx)
+		s, err := t.session(ctx, func() string { return describe(exchange, key, env.Name) })
 		if err != nil {
+			if errors.Is(err, ErrUnreachable) {
+				return err
+			}
 			return fmt.Errorf("rabbitmq: %s: %w", describe(exchange, key, env.Name), err)
 		}
 		err = s.publisher().publish(ctx, exchange, key, mandatory, &msg)
@@ -140,7 +147,7 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		s, err := t.session(ctx)
+		s, err := t.session(ctx, func() string { return "Receive" })
 		if err != nil {
 			if errors.Is(err, bus.ErrClosed) || ctx.Err() != nil {
 				if ctx.Err() != nil {
@@ -201,7 +208,7 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 		if s.isDead() {
 			continue // its channel is gone: the broker redelivers it
 		}
-		return delivery(s, &m), nil
+		return t.delivery(ctx, s, &m), nil
 	}
 }
 
@@ -217,12 +224,29 @@ type received struct {
 
 var receivedPool = sync.Pool{New: func() any { return new(received) }}
 
-func delivery(s *session, m *amqp.Delivery) *bus.Delivery {
+func (t *Transport) delivery(ctx context.Context, s *session, m *amqp.Delivery) *bus.Delivery {
 	r := receivedPool.Get().(*received)
 	r.m, r.s = *m, s
-	env, attempt, err := envelope(&r.m)
+	limits := decodeLimits{maxAttempts: int(t.maxAttempts.Load()), clock: t.clock}
+	env, attempt, ignored, err := envelope(&r.m, limits)
+	for _, ig := range ignored {
+		t.log.WarnContext(ctx, "received message: reserved header ignored",
+			slog.String("header", ig.name), slog.String("value", clip(headerText(ig.value), 200)), slog.String("reason", ig.why),
+			slog.Int("max_attempts", limits.maxAttempts), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
+	}
 	r.d = bus.Delivery{Envelope: env, Attempt: attempt, Raw: &r.m, Token: r, Err: err}
 	return &r.d
+}
+
+// clip shortens s to at most n bytes for a log line.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // ReleaseDelivery implements [bus.DeliveryReleaser]: the bus is done with
@@ -385,7 +409,7 @@ func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, m *
 // envelope as it was received and the failure recorded by Fail.
 func DeadLetter(m amqp.Delivery) (bus.DeadLetter, error) {
 	// A poison message is dead-lettered as it came: keep what can be read.
-	env, _, _ := envelope(&m)
+	env, _, _, _ := envelope(&m, decodeLimits{clock: newSkewClock(time.Now)})
 	dl := bus.DeadLetter{Envelope: env}
 	var err error
 	reason, ok := m.Headers[HeaderFailureReason].(string)
