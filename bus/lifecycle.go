@@ -11,8 +11,8 @@ import (
 
 // Start declares the endpoint's topology, runs the middleware Start hooks
 // in registration order and starts receiving. A bus without an endpoint
-// (and without a middleware that needs an instance queue) only runs the
-// hooks. Send and Publish work during Start (from a Start hook, say) and
+// (and without a middleware that needs an instance queue) connects a
+// transport that holds a connection ([Connector]) and runs the hooks. Send and Publish work during Start (from a Start hook, say) and
 // without it. A stopped bus cannot start again: build a new one.
 func (b *Bus) Start(ctx context.Context) error {
 	b.lifecycle.Lock()
@@ -28,6 +28,10 @@ func (b *Bus) Start(ctx context.Context) error {
 		topo := Topology{Endpoint: b.endpoint, Handles: slices.Clone(b.handles), MaxAttempts: b.maxAttempts, Concurrency: b.concurrency, Instance: b.instance}
 		if err := b.t.Setup(ctx, topo); err != nil {
 			return fmt.Errorf("bus: setting up endpoint %q: %w", b.endpoint, err)
+		}
+	} else if c, ok := b.t.(Connector); ok {
+		if err := c.Connect(ctx); err != nil {
+			return fmt.Errorf("bus: connecting the transport of a send-only bus: %w", err)
 		}
 	}
 	for i, m := range b.mws {

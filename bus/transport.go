@@ -103,6 +103,15 @@ type ReceiveCounter interface {
 	CountsReceives() bool
 }
 
+// Connector is implemented by transports that hold a connection to a
+// broker. Start calls Connect on a bus that does not receive (a send-only
+// bus, which never calls Setup), so that Start fails, when ctx ends, on a
+// wrong address or a broker that is down, as it does for a bus that
+// receives. Connect waits for the connection until ctx ends.
+type Connector interface {
+	Connect(ctx context.Context) error
+}
+
 // InstanceReceiver is implemented by transports that can receive from the
 // instance queue alone. The bus then reads it with a receive loop of its
 // own, beside its handler workers, so that a handler waiting for a reply

@@ -134,25 +134,22 @@ func TestStartWithoutDeadlineLogsEveryAttempt(t *testing.T) {
 	_ = b.Stop(context.Background())
 }
 
-// A send-only bus never calls Setup, so its Start does not reach the
-// transport: Connect is what checks the broker at startup, and the first
-// Send connects and waits as long as its context allows.
-func TestSendOnlyBusConnectsOnConnectOrFirstSend(t *testing.T) {
+// A send-only bus never calls Setup: its Start connects (the transport is
+// a bus.Connector) and fails when its context ends, and a later Send
+// connects and waits as long as its own context allows.
+func TestSendOnlyBusStartConnects(t *testing.T) {
 	tr, logs, redacted := deadTransport(t)
 	b, err := bus.New(bus.WithTransport(tr))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Stop(context.Background()) })
-	if err := b.Start(testContext(t, time.Second)); err != nil {
-		t.Fatalf("Start of a send-only bus: %v, want nil (it does not connect)", err)
-	}
-	if logs.String() != "" {
-		t.Errorf("the transport logged before its first use:\n%s", logs)
+	var ue *rabbitmq.UnreachableError
+	if err := b.Start(testContext(t, 300*time.Millisecond)); !errors.As(err, &ue) || ue.Op != "Connect" || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Start of a send-only bus against a dead broker: %v, want a *rabbitmq.UnreachableError", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	var ue *rabbitmq.UnreachableError
 	if err := tr.Connect(ctx); !errors.As(err, &ue) || ue.Op != "Connect" || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Connect to a dead broker: %v, want a *rabbitmq.UnreachableError", err)
 	}

@@ -76,8 +76,8 @@
 // [*UnreachableError]; with a context that never ends it waits for ever.
 // Every failed connection attempt is logged at warn level with the broker
 // address (its password replaced by "xxxxx") and the time of the next
-// attempt. A send-only bus never calls Setup: call Connect at startup to
-// check the broker.
+// attempt. A send-only bus never calls Setup: its Start calls Connect
+// (the transport is a bus.Connector), so it fails the same way.
 //
 // When the connection or its consumer channel is lost, the transport
 // reconnects with exponential backoff, declares the topology again and

@@ -348,8 +348,8 @@ func (t *Transport) topology() *bus.Topology {
 
 // Connect connects to the broker, or waits for the connection under way,
 // until ctx ends; then it returns an [*UnreachableError]. Setup, Send and
-// Publish connect by themselves; a send-only bus, whose Start does not
-// reach the transport, can call Connect at startup to fail fast on a
+// Publish connect by themselves; bus.Start calls Connect for a send-only
+// bus (it implements bus.Connector), so that its Start fails fast too on a
 // wrong address or a broker that is down. After Close it returns
 // bus.ErrClosed.
 func (t *Transport) Connect(ctx context.Context) error {
