@@ -34,7 +34,7 @@ func (inst *instance) request() *pluginproto.InstantiateRequest {
 // process again if the last bus using it stopped.
 func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	if p.cfg.logger == nil && info.Logger != nil {
-		p.logger.Store(info.Logger)
+		p.setLogScope("", info.Logger)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -23,6 +23,7 @@ package plugin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -39,6 +40,7 @@ import (
 
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/lazylog"
 	"github.com/plugbus/plugbus/internal/pluginproto"
 )
 
@@ -87,10 +89,10 @@ type Plugin struct {
 	sum  string
 	cfg  config
 	desc Description
-	name atomic.Pointer[string]
 
-	logger atomic.Pointer[slog.Logger] // base, without the plugin attribute
-	log    *slog.Logger                // dynamic: current base + plugin name
+	logScope   atomic.Pointer[logScope] // replaced whole, under logScopeMu
+	logScopeMu sync.Mutex
+	log        *slog.Logger // follows logScope: a plugin loaded before its bus logs to the bus's logger once instantiated
 
 	cur atomic.Pointer[process] // live process, nil when down or idle
 
@@ -141,9 +143,7 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 	if base == nil {
 		base = slog.Default()
 	}
-	p.logger.Store(base)
-	p.setName(filepath.Base(abs))
-	p.log = slog.New(&dynHandler{p: p})
+	p.initLog(filepath.Base(abs), base)
 
 	proc, err := p.start()
 	if err != nil {
@@ -156,7 +156,7 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 		proc.stop()
 		return nil, fmt.Errorf("plugin: %s did not describe itself: %w", abs, err)
 	}
-	p.setName(d.Name)
+	p.setLogScope(d.Name, nil)
 	p.desc = Description{Path: abs, SHA256: sum, Name: d.Name, Version: d.Version, ProtocolVersion: proc.client.NegotiatedVersion(), SDK: d.Sdk}
 	for _, s := range d.Stages {
 		p.desc.Stages = append(p.desc.Stages, StageInfo{Stage: pluginproto.BusStage(s.Stage), BeforeOnly: s.BeforeOnly})
@@ -172,9 +172,33 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 func (p *Plugin) Describe() Description { return p.desc }
 
 // Name returns the plugin's middleware name.
-func (p *Plugin) Name() string { return *p.name.Load() }
+func (p *Plugin) Name() string { return p.logScope.Load().name }
 
-func (p *Plugin) setName(n string) { p.name.Store(&n) }
+// logScope is the plugin's name and the logger it logs to: the one set
+// with WithLogger, or the last bus's, with the plugin's name.
+type logScope struct {
+	name   string
+	base   *slog.Logger // without the name
+	logger *slog.Logger // base with the name
+}
+
+// initLog names the plugin and makes p.log, which follows later changes
+// of the name and of the logger.
+func (p *Plugin) initLog(name string, base *slog.Logger) {
+	p.setLogScope(name, base)
+	p.log = slog.New(lazylog.Follow(func() slog.Handler { return p.logScope.Load().logger.Handler() }))
+}
+
+// setLogScope changes the plugin's name, or the logger it logs to, or
+// both; an empty name or a nil base keeps the current one.
+func (p *Plugin) setLogScope(name string, base *slog.Logger) {
+	p.logScopeMu.Lock()
+	defer p.logScopeMu.Unlock()
+	if cur := p.logScope.Load(); cur != nil {
+		name, base = cmp.Or(name, cur.name), cmp.Or(base, cur.base)
+	}
+	p.logScope.Store(&logScope{name: name, base: base, logger: base.With(slog.String("plugin", name))})
+}
 
 // PID returns the process id of the running plugin process, 0 when none runs.
 func (p *Plugin) PID() int {
@@ -440,42 +464,6 @@ func (w *lineLogger) Write(b []byte) (int, error) {
 		w.buf = w.buf[i+1:]
 	}
 	return len(b), nil
-}
-
-// dynHandler sends records to the plugin's current base logger with the
-// plugin's name, so that a plugin loaded before its bus logs to the bus's
-// logger once instantiated.
-type dynHandler struct {
-	p   *Plugin
-	ops []func(slog.Handler) slog.Handler // WithAttrs and WithGroup, in order
-}
-
-func (h *dynHandler) target() slog.Handler {
-	t := h.p.logger.Load().Handler().WithAttrs([]slog.Attr{slog.String("plugin", h.p.Name())})
-	for _, op := range h.ops {
-		t = op(t)
-	}
-	return t
-}
-
-func (h *dynHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return h.p.logger.Load().Handler().Enabled(ctx, l)
-}
-
-func (h *dynHandler) Handle(ctx context.Context, r slog.Record) error {
-	return h.target().Handle(ctx, r)
-}
-
-func (h *dynHandler) with(op func(slog.Handler) slog.Handler) slog.Handler {
-	return &dynHandler{p: h.p, ops: append(h.ops[:len(h.ops):len(h.ops)], op)}
-}
-
-func (h *dynHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return h.with(func(t slog.Handler) slog.Handler { return t.WithAttrs(as) })
-}
-
-func (h *dynHandler) WithGroup(name string) slog.Handler {
-	return h.with(func(t slog.Handler) slog.Handler { return t.WithGroup(name) })
 }
 
 var _ bus.Plugin = (*Plugin)(nil)

@@ -55,9 +55,7 @@ func (f *fakeInvoke) Recv() (*pluginproto.PluginBatch, error) {
 func fakeProcess(t *testing.T, reply func(call uint64) []*pluginproto.PluginFrame) (*Plugin, *process) {
 	p := &Plugin{cfg: defaults(), insts: make(map[uint32]*instance), closing: make(chan struct{})}
 	p.cfg.callTimeout = 2 * time.Second
-	p.logger.Store(slog.New(slog.DiscardHandler))
-	p.setName("fake")
-	p.log = slog.New(&dynHandler{p: p})
+	p.initLog("fake", slog.New(slog.DiscardHandler))
 	proc := newProcess(p, nil, nil)
 	st := &stream{proc: proc, s: &fakeInvoke{ctx: proc.ctx, dead: proc.dead, recv: make(chan *pluginproto.PluginBatch), reply: reply}, calls: make(map[uint64]*hcall)}
 	proc.streams = append(proc.streams, st)

@@ -26,6 +26,7 @@ import (
 
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/lazylog"
 	"github.com/plugbus/plugbus/internal/pluginproto"
 )
 
@@ -93,7 +94,8 @@ func serve(p bus.Plugin, opts []Option) error {
 	}
 	logger := slog.New(newHostHandler(os.Stderr, levelFromEnv()))
 	slog.SetDefault(logger)
-	s := newServer(p, c.version, slog.New(lazyHandler{h: logger.Handler()}))
+	// Stage contexts scope this logger for every invocation; most never log.
+	s := newServer(p, c.version, slog.New(lazylog.New(logger.Handler())))
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig: pluginproto.Handshake,
 		VersionedPlugins: map[int]goplugin.PluginSet{
