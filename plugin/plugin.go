@@ -44,8 +44,9 @@ import (
 	"github.com/plugbus/plugbus/internal/pluginproto"
 )
 
-// StageInfo describes one stage a plugin implements.
-type StageInfo struct {
+// ImplementedStage is one stage a plugin's middleware implements, as the
+// plugin reported it at load.
+type ImplementedStage struct {
 	Stage bus.Stage
 	// BeforeOnly is true when the middleware declared it has no code after
 	// next in this stage (sdk.BeforeOnly): it costs one round trip.
@@ -61,7 +62,7 @@ type Description struct {
 	// ProtocolVersion is the negotiated wire protocol major.
 	ProtocolVersion int
 	// Stages lists the stages the middleware implements.
-	Stages []StageInfo
+	Stages []ImplementedStage
 	// SDK is the plugbus version the plugin was built with.
 	SDK string
 }
@@ -85,26 +86,25 @@ type Stats struct {
 // Plugin is a loaded out-of-process plugin. It is a [bus.Plugin]: pass it to
 // bus.WithMiddleware. It is safe for concurrent use.
 type Plugin struct {
-	path string
-	sum  string
-	cfg  config
-	desc Description
+	path        string
+	cfg         config
+	description Description
 
 	logScope   atomic.Pointer[logScope] // replaced whole, under logScopeMu
 	logScopeMu sync.Mutex
 	log        *slog.Logger // follows logScope: a plugin loaded before its bus logs to the bus's logger once instantiated
 
-	cur atomic.Pointer[process] // live process, nil when down or idle
+	live atomic.Pointer[process] // nil when down or idle
 
-	mu         sync.Mutex
-	proc       *process // current process, possibly dead, nil when idle
-	restarting bool
-	backoff    time.Duration // last restart delay; 0 after a process stayed up
-	insts      map[uint32]*instance
-	nextInst   uint32
-	closed     bool
-	closing    chan struct{}
-	wg         sync.WaitGroup
+	mu             sync.Mutex
+	proc           *process // current process, possibly dead, nil when idle
+	restarting     bool
+	backoff        time.Duration // last restart delay; 0 after a process stayed up
+	instances      map[uint32]*instance
+	lastInstanceID uint32
+	closed         bool
+	closing        chan struct{}
+	wg             sync.WaitGroup
 
 	invocations, skipped, unavailable, timeouts, crashes, restarts atomic.Uint64
 	lastSkipLog                                                    atomic.Int64
@@ -138,7 +138,7 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 	if c.sum != nil && sum != hex.EncodeToString(c.sum) {
 		return nil, &ChecksumError{Path: abs, Want: hex.EncodeToString(c.sum), Got: sum}
 	}
-	p := &Plugin{path: abs, sum: sum, cfg: c, insts: make(map[uint32]*instance), closing: make(chan struct{})}
+	p := &Plugin{path: abs, cfg: c, instances: make(map[uint32]*instance), closing: make(chan struct{})}
 	base := c.logger
 	if base == nil {
 		base = slog.Default()
@@ -157,9 +157,9 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 		return nil, fmt.Errorf("plugin: %s did not describe itself: %w", abs, err)
 	}
 	p.setLogScope(d.Name, nil)
-	p.desc = Description{Path: abs, SHA256: sum, Name: d.Name, Version: d.Version, ProtocolVersion: proc.client.NegotiatedVersion(), SDK: d.Sdk}
+	p.description = Description{Path: abs, SHA256: sum, Name: d.Name, Version: d.Version, ProtocolVersion: proc.client.NegotiatedVersion(), SDK: d.Sdk}
 	for _, s := range d.Stages {
-		p.desc.Stages = append(p.desc.Stages, StageInfo{Stage: pluginproto.BusStage(s.Stage), BeforeOnly: s.BeforeOnly})
+		p.description.Stages = append(p.description.Stages, ImplementedStage{Stage: pluginproto.BusStage(s.Stage), BeforeOnly: s.BeforeOnly})
 	}
 	p.mu.Lock()
 	p.install(proc)
@@ -169,7 +169,7 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 }
 
 // Describe returns what the plugin reported at load.
-func (p *Plugin) Describe() Description { return p.desc }
+func (p *Plugin) Describe() Description { return p.description }
 
 // Name returns the plugin's middleware name.
 func (p *Plugin) Name() string { return p.logScope.Load().name }
@@ -202,7 +202,7 @@ func (p *Plugin) setLogScope(name string, base *slog.Logger) {
 
 // PID returns the process id of the running plugin process, 0 when none runs.
 func (p *Plugin) PID() int {
-	if proc := p.cur.Load(); proc != nil {
+	if proc := p.live.Load(); proc != nil {
 		return proc.pid
 	}
 	return 0
@@ -227,7 +227,7 @@ func (p *Plugin) Close() error {
 	close(p.closing)
 	proc := p.proc
 	p.proc = nil
-	p.cur.Store(nil)
+	p.live.Store(nil)
 	p.mu.Unlock()
 	if proc != nil {
 		proc.stop()
@@ -308,7 +308,7 @@ func (p *Plugin) start() (*process, error) {
 // install makes proc current and watches it. p.mu is held.
 func (p *Plugin) install(proc *process) {
 	p.proc = proc
-	p.cur.Store(proc)
+	p.live.Store(proc)
 	p.wg.Go(func() { p.watch(proc) })
 }
 
@@ -325,7 +325,7 @@ func (p *Plugin) watch(proc *process) {
 		p.mu.Unlock()
 		return
 	}
-	p.cur.Store(nil)
+	p.live.Store(nil)
 	p.restarting = true
 	if time.Since(proc.started) >= p.cfg.stableUptime {
 		p.backoff = 0 // it ran fine for a while: back to the initial delay
@@ -409,7 +409,7 @@ func (p *Plugin) nextBackoff() time.Duration {
 func (p *Plugin) replay(proc *process) error {
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.startTimeout)
 	defer cancel()
-	for _, inst := range p.insts {
+	for _, inst := range p.instances {
 		if _, err := proc.rpc.Instantiate(ctx, inst.request()); err != nil {
 			return fmt.Errorf("instantiating for bus %q: %w", inst.info.Name, err)
 		}
@@ -433,7 +433,7 @@ func (p *Plugin) ensure() (*process, error) {
 		return nil, ErrClosed
 	}
 	if p.proc != nil || p.restarting {
-		return p.cur.Load(), nil
+		return p.live.Load(), nil
 	}
 	proc, err := p.start()
 	if err != nil {

@@ -201,10 +201,11 @@ func decodeHostError(e *pluginproto.Error) error {
 	return &HostError{Message: e.Message, code: e.Code}
 }
 
-func stageInfos(m bus.Middleware, before [4]bool) []*pluginproto.StageInfo {
+// implementedStages lists the stages m implements, for the host.
+func implementedStages(m bus.Middleware, beforeOnly [4]bool) []*pluginproto.StageInfo {
 	var out []*pluginproto.StageInfo
 	add := func(s bus.Stage) {
-		out = append(out, &pluginproto.StageInfo{Stage: pluginproto.StageOf(s), BeforeOnly: before[s]})
+		out = append(out, &pluginproto.StageInfo{Stage: pluginproto.StageOf(s), BeforeOnly: beforeOnly[s]})
 	}
 	if m.Incoming != nil {
 		add(bus.StageIncoming)
