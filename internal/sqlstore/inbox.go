@@ -1,4 +1,4 @@
-package store
+package sqlstore
 
 import (
 	"context"
@@ -47,7 +47,7 @@ func (s *Store) ClaimHandler(ctx context.Context, tx *Tx, endpoint, messageID, h
 		return false, errors.New("store: ClaimHandler: empty handler name")
 	}
 	tx.mu.Lock()
-	res, err := tx.tx.ExecContext(ctx, s.q.inboxInsert, endpoint, messageID, handler, time.Now().UnixNano())
+	res, err := tx.sqlTx.ExecContext(ctx, s.q.inboxInsert, endpoint, messageID, handler, time.Now().UnixNano())
 	tx.mu.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("store: inbox claim of %s by %s at %s: %w", messageID, handler, endpoint, err)
@@ -65,7 +65,7 @@ func (s *Store) ClaimHandler(ctx context.Context, tx *Tx, endpoint, messageID, h
 // back.
 func (s *Store) ReleaseHandler(ctx context.Context, tx *Tx, endpoint, messageID, handler string) error {
 	tx.mu.Lock()
-	_, err := tx.tx.ExecContext(ctx, s.q.inboxDelete, endpoint, messageID, handler)
+	_, err := tx.sqlTx.ExecContext(ctx, s.q.inboxDelete, endpoint, messageID, handler)
 	tx.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("store: inbox release of %s by %s at %s: %w", messageID, handler, endpoint, err)
