@@ -5,7 +5,7 @@
 // bus.WithMiddleware — and its unit tests use bustest unchanged. The main of
 // the plugin binary is one call:
 //
-//	func main() { sdk.Serve(tenancy.New()) }
+//	func main() { sdk.Serve(tenancy.New("acme")) }
 //
 // Inside the plugin process the middleware runs exactly as in process: its
 // stage functions receive stage contexts built from what the host sent
