@@ -55,12 +55,12 @@ func encodeOutbound(m bus.Outbound) ([]any, error) {
 }
 
 // batchRow is one row the relay claimed: a message to dispatch, or a row
-// that could not be decoded (bad), which is parked.
+// that could not be decoded, which is parked.
 type batchRow struct {
-	id       int64
-	attempts int
-	m        bus.Outbound
-	bad      error
+	id          int64
+	attempts    int
+	msg         bus.Outbound
+	undecodable error
 }
 
 func scanOutbound(rows *sql.Rows) (batchRow, error) {
@@ -77,17 +77,17 @@ func scanOutbound(rows *sql.Rows) (batchRow, error) {
 	}
 	var sa storedAttrs
 	if err := json.Unmarshal([]byte(attrs), &sa); err != nil {
-		r.bad = fmt.Errorf("store: outbox row %d: undecodable attributes: %w", r.id, err)
+		r.undecodable = fmt.Errorf("store: outbox row %d: undecodable attributes: %w", r.id, err)
 	}
 	var h bus.Headers
-	if headers != "{}" && r.bad == nil {
+	if headers != "{}" && r.undecodable == nil {
 		if err := json.Unmarshal([]byte(headers), &h); err != nil {
-			r.bad = fmt.Errorf("store: outbox row %d: undecodable headers: %w", r.id, err)
+			r.undecodable = fmt.Errorf("store: outbox row %d: undecodable headers: %w", r.id, err)
 		}
 	}
 	env := &bus.Envelope{Name: name, ContentType: ct, Body: body, Headers: h,
 		Attributes: bus.NewAttributes(msgID, corr, time.Unix(0, sentAt).UTC(), sa.Values, sa.Sticky)}
-	r.m = bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Options: bus.SendOptions{Destination: dest}}
+	r.msg = bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Options: bus.SendOptions{Destination: dest}}
 	return r, nil
 }
 
@@ -147,11 +147,11 @@ func (s *Store) DispatchPending(ctx context.Context, limit int, dispatch func(co
 		limit = 1
 	}
 	if s.dialect.rowLocks() {
-		return s.dispatchLocked(ctx, limit, dispatch)
+		return s.dispatchWithRowLocks(ctx, limit, dispatch)
 	}
 	s.sqliteRelay.Lock()
 	defer s.sqliteRelay.Unlock()
-	rows, err := s.db.QueryContext(ctx, s.q.claim, time.Now().UnixNano(), limit)
+	rows, err := s.db.QueryContext(ctx, s.queries.claim, time.Now().UnixNano(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: reading the outbox: %w", err)
 	}
@@ -160,7 +160,7 @@ func (s *Store) DispatchPending(ctx context.Context, limit int, dispatch func(co
 		return 0, err
 	}
 	sent, failed, cerr := s.dispatchAll(ctx, batch, dispatch)
-	if err := s.mark(ctx, s.db, sent, failed); err != nil {
+	if err := s.recordOutcome(ctx, s.db, sent, failed); err != nil {
 		return 0, err
 	}
 	return len(sent), joinDispatch(cerr, failed)
@@ -170,7 +170,7 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-func (s *Store) dispatchLocked(ctx context.Context, limit int, dispatch func(context.Context, bus.Outbound) error) (int, error) {
+func (s *Store) dispatchWithRowLocks(ctx context.Context, limit int, dispatch func(context.Context, bus.Outbound) error) (int, error) {
 	// Not ctx: database/sql rolls a transaction back when its context is
 	// done, and what was dispatched before a Stop must still be marked.
 	tx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)
@@ -183,7 +183,7 @@ func (s *Store) dispatchLocked(ctx context.Context, limit int, dispatch func(con
 	if _, err := tx.ExecContext(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
 		return 0, fmt.Errorf("store: relay: %w", err)
 	}
-	rows, err := tx.QueryContext(ctx, s.q.claimForUpdate, time.Now().UnixNano(), limit)
+	rows, err := tx.QueryContext(ctx, s.queries.claimForUpdate, time.Now().UnixNano(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: reading the outbox: %w", err)
 	}
@@ -195,7 +195,7 @@ func (s *Store) dispatchLocked(ctx context.Context, limit int, dispatch func(con
 		return 0, nil
 	}
 	sent, failed, cerr := s.dispatchAll(ctx, batch, dispatch)
-	if err := s.mark(ctx, tx, sent, failed); err != nil {
+	if err := s.recordOutcome(ctx, tx, sent, failed); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -229,9 +229,9 @@ func (s *Store) dispatchAll(ctx context.Context, batch []batchRow, dispatch func
 		if err := ctx.Err(); err != nil {
 			return sent, failed, err
 		}
-		err := r.bad
+		err := r.undecodable
 		if err == nil {
-			if err = dispatch(ctx, r.m); err == nil {
+			if err = dispatch(ctx, r.msg); err == nil {
 				sent = append(sent, r.id)
 				continue
 			}
@@ -239,8 +239,8 @@ func (s *Store) dispatchAll(ctx context.Context, batch []batchRow, dispatch func
 				return sent, failed, cerr // interrupted, not refused
 			}
 		}
-		de := &DispatchError{ID: r.id, MessageID: r.m.Envelope.Attributes.MessageID, Name: r.m.Envelope.Name, Attempts: r.attempts + 1, Err: err}
-		de.Parked = r.bad != nil || de.Attempts >= s.retry.attempts
+		de := &DispatchError{ID: r.id, MessageID: r.msg.Envelope.Attributes.MessageID, Name: r.msg.Envelope.Name, Attempts: r.attempts + 1, Err: err}
+		de.Parked = r.undecodable != nil || de.Attempts >= s.retry.attempts
 		failed = append(failed, de)
 	}
 	return sent, failed, nil
@@ -263,8 +263,8 @@ func joinDispatch(cerr error, failed []*DispatchError) error {
 	return errors.Join(errs...)
 }
 
-// mark records the dispatched rows, and the errors of the refused ones.
-func (s *Store) mark(ctx context.Context, x execer, ids []int64, failed []*DispatchError) error {
+// recordOutcome records the dispatched rows, and the errors of the refused ones.
+func (s *Store) recordOutcome(ctx context.Context, x execer, ids []int64, failed []*DispatchError) error {
 	ctx = context.WithoutCancel(ctx) // what was dispatched must be recorded
 	now := time.Now()
 	if len(ids) > 0 {
@@ -280,7 +280,7 @@ func (s *Store) mark(ctx context.Context, x execer, ids []int64, failed []*Dispa
 			}
 			arg = string(append(b, ']'))
 		}
-		if _, err := x.ExecContext(ctx, s.q.markDispatched, now.UnixNano(), arg); err != nil {
+		if _, err := x.ExecContext(ctx, s.queries.markDispatched, now.UnixNano(), arg); err != nil {
 			return fmt.Errorf("store: marking %d outbox rows dispatched (they will be dispatched again): %w", len(ids), err)
 		}
 	}
@@ -293,7 +293,7 @@ func (s *Store) mark(ctx context.Context, x execer, ids []int64, failed []*Dispa
 		if !de.Parked {
 			de.RetryAt = retryAt
 		}
-		if _, err := x.ExecContext(ctx, s.q.markFailed, de.Attempts, de.Err.Error(), retryAt.UnixNano(), parked, de.ID); err != nil {
+		if _, err := x.ExecContext(ctx, s.queries.markFailed, de.Attempts, de.Err.Error(), retryAt.UnixNano(), parked, de.ID); err != nil {
 			return fmt.Errorf("store: recording the dispatch error of outbox row %d: %w", de.ID, err)
 		}
 		if de.Parked {

@@ -18,7 +18,7 @@ func (s *Store) inboxHas(ctx context.Context, q interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
 }, endpoint, messageID, handler string) (bool, error) {
 	var one int
-	err := q.QueryRowContext(ctx, s.q.inboxProcessed, endpoint, messageID, handler).Scan(&one)
+	err := q.QueryRowContext(ctx, s.queries.inboxProcessed, endpoint, messageID, handler).Scan(&one)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil
@@ -31,7 +31,7 @@ func (s *Store) inboxHas(ctx context.Context, q interface {
 // MarkProcessed records that endpoint processed messageID (every handler
 // succeeded). Recording it twice is not an error.
 func (s *Store) MarkProcessed(ctx context.Context, endpoint, messageID string) error {
-	if _, err := s.db.ExecContext(ctx, s.q.inboxInsert, endpoint, messageID, "", time.Now().UnixNano()); err != nil {
+	if _, err := s.db.ExecContext(ctx, s.queries.inboxInsert, endpoint, messageID, "", time.Now().UnixNano()); err != nil {
 		return fmt.Errorf("store: recording %s as processed at %s: %w", messageID, endpoint, err)
 	}
 	return nil
@@ -47,7 +47,7 @@ func (s *Store) ClaimHandler(ctx context.Context, tx *Tx, endpoint, messageID, h
 		return false, errors.New("store: ClaimHandler: empty handler name")
 	}
 	tx.mu.Lock()
-	res, err := tx.sqlTx.ExecContext(ctx, s.q.inboxInsert, endpoint, messageID, handler, time.Now().UnixNano())
+	res, err := tx.sqlTx.ExecContext(ctx, s.queries.inboxInsert, endpoint, messageID, handler, time.Now().UnixNano())
 	tx.mu.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("store: inbox claim of %s by %s at %s: %w", messageID, handler, endpoint, err)
@@ -65,7 +65,7 @@ func (s *Store) ClaimHandler(ctx context.Context, tx *Tx, endpoint, messageID, h
 // back.
 func (s *Store) ReleaseHandler(ctx context.Context, tx *Tx, endpoint, messageID, handler string) error {
 	tx.mu.Lock()
-	_, err := tx.sqlTx.ExecContext(ctx, s.q.inboxDelete, endpoint, messageID, handler)
+	_, err := tx.sqlTx.ExecContext(ctx, s.queries.inboxDelete, endpoint, messageID, handler)
 	tx.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("store: inbox release of %s by %s at %s: %w", messageID, handler, endpoint, err)
@@ -77,7 +77,7 @@ func (s *Store) ReleaseHandler(ctx context.Context, tx *Tx, endpoint, messageID,
 // how many it deleted. A duplicate that arrives after its record was
 // purged is processed again.
 func (s *Store) PurgeProcessed(ctx context.Context, before time.Time) (int64, error) {
-	res, err := s.db.ExecContext(ctx, s.q.purgeInbox, before.UnixNano())
+	res, err := s.db.ExecContext(ctx, s.queries.purgeInbox, before.UnixNano())
 	if err != nil {
 		return 0, fmt.Errorf("store: purging the inbox: %w", err)
 	}

@@ -29,7 +29,7 @@ func (s *Store) Parked(ctx context.Context, after int64, limit int) ([]ParkedMes
 	if limit < 1 {
 		limit = 100
 	}
-	rows, err := s.db.QueryContext(ctx, s.q.listParked, after, limit)
+	rows, err := s.db.QueryContext(ctx, s.queries.listParked, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: listing parked outbox rows: %w", err)
 	}
@@ -56,7 +56,7 @@ func (s *Store) Parked(ctx context.Context, after int64, limit int) ([]ParkedMes
 // ParkedCount returns how many rows are parked.
 func (s *Store) ParkedCount(ctx context.Context) (int64, error) {
 	var n int64
-	if err := s.db.QueryRowContext(ctx, s.q.parkedCount).Scan(&n); err != nil {
+	if err := s.db.QueryRowContext(ctx, s.queries.parkedCount).Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: counting parked outbox rows: %w", err)
 	}
 	return n, nil
@@ -71,7 +71,7 @@ func (s *Store) Requeue(ctx context.Context, ids ...int64) (int64, error) {
 	var total int64
 	err := s.InTx(ctx, func(ctx context.Context, tx *Tx) error {
 		for _, id := range ids {
-			res, err := tx.sqlTx.ExecContext(ctx, s.q.requeue, id)
+			res, err := tx.sqlTx.ExecContext(ctx, s.queries.requeue, id)
 			if err != nil {
 				return fmt.Errorf("store: requeueing outbox row %d: %w", id, err)
 			}
@@ -94,7 +94,7 @@ func (s *Store) Requeue(ctx context.Context, ids ...int64) (int64, error) {
 func (s *Store) PurgeDispatched(ctx context.Context, before time.Time) (int64, error) {
 	var total int64
 	for {
-		res, err := s.db.ExecContext(ctx, s.q.purgeOutbox, before.UnixNano())
+		res, err := s.db.ExecContext(ctx, s.queries.purgeOutbox, before.UnixNano())
 		if err != nil {
 			return total, fmt.Errorf("store: purging the outbox: %w", err)
 		}
@@ -110,7 +110,7 @@ func (s *Store) PurgeDispatched(ctx context.Context, before time.Time) (int64, e
 // rows not included: see [Store.ParkedCount]).
 func (s *Store) Pending(ctx context.Context) (int64, error) {
 	var n int64
-	if err := s.db.QueryRowContext(ctx, s.q.pendingCount).Scan(&n); err != nil {
+	if err := s.db.QueryRowContext(ctx, s.queries.pendingCount).Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: counting pending outbox messages: %w", err)
 	}
 	return n, nil

@@ -135,7 +135,7 @@ type Store struct {
 	logger   *slog.Logger
 	closeDB  bool
 	retry    retryPolicy
-	q        queries
+	queries  queries
 
 	commitMu sync.Mutex
 	commit   chan struct{} // closed, and replaced, at every commit that stores messages
@@ -151,7 +151,7 @@ func New(db *sql.DB, c Config) *Store {
 	return &Store{db: db, dialect: c.Dialect, outbox: c.Outbox, inbox: c.Inbox, notifier: c.Notifier, closeDB: c.CloseDB,
 		retry:  retryPolicy{attempts: c.DispatchAttempts, first: c.DispatchBackoff, most: c.DispatchMaxBackoff},
 		logger: c.Logger.With(slog.String("store", c.Dialect.String())), commit: make(chan struct{}),
-		q: buildQueries(c.Dialect, c.Outbox, c.Inbox)}
+		queries: buildQueries(c.Dialect, c.Outbox, c.Inbox)}
 }
 
 // DB returns the database.
@@ -208,12 +208,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return fmt.Errorf("store: migrate: taking the migration lock: %w", err)
 		}
 	}
-	for _, stmt := range s.q.ddl {
+	for _, stmt := range s.queries.ddl {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("store: migrate: %s: %w", firstLine(stmt), err)
 		}
 	}
-	for _, c := range s.q.addColumns {
+	for _, c := range s.queries.addColumns {
 		if err := s.addColumn(ctx, tx, c); err != nil {
 			return err
 		}

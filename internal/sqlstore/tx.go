@@ -65,7 +65,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 	t.storedMessages = false
 	t.mu.Unlock()
 	if stored && s.dialect.rowLocks() {
-		if _, err := sqlTx.ExecContext(ctx, s.q.notify, s.Channel()); err != nil {
+		if _, err := sqlTx.ExecContext(ctx, s.queries.notify, s.Channel()); err != nil {
 			return fmt.Errorf("store: notifying the outbox relays: %w", err)
 		}
 	}
@@ -106,7 +106,7 @@ func (t *Tx) Add(ctx context.Context, m bus.Outbound) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, err := t.sqlTx.ExecContext(ctx, t.store.q.insertOutbox, row...); err != nil {
+	if _, err := t.sqlTx.ExecContext(ctx, t.store.queries.insertOutbox, row...); err != nil {
 		return fmt.Errorf("store: storing %s (id %s) in the outbox: %w", m.Envelope.Name, m.Envelope.Attributes.MessageID, err)
 	}
 	t.storedMessages = true
