@@ -4,7 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"maps"
-	"sync"
+
+	"github.com/plugbus/plugbus/internal/lazylog"
 )
 
 // StageInfo describes a stage context made outside a bus, by
@@ -27,9 +28,10 @@ func standalonePipe[C any](stage Stage, info StageInfo) *pipe[C] {
 	}
 	p := &pipe[C]{stage: stage}
 	p.names = []string{info.Middleware}
-	// Scoped when first used: building loggers eagerly would cost every
+	// Scoped when a record is handled: scoping eagerly would cost every
 	// standalone context (a plugin process makes one per message).
-	p.base = []*slog.Logger{slog.New(&lazyScope{base: info.Logger, attrs: []any{slog.String("stage", stage.String()), slog.String("middleware", info.Middleware)}})}
+	scoped := lazylog.New(info.Logger.Handler(), slog.String("stage", stage.String()), slog.String("middleware", info.Middleware))
+	p.base = []*slog.Logger{slog.New(scoped)}
 	return p
 }
 
@@ -108,29 +110,3 @@ func outboxFrom(ctx context.Context, b *Bus) Outbox {
 	}
 	return nil
 }
-
-// lazyScope is a slog.Handler that scopes its base logger's handler with
-// attrs on first use.
-type lazyScope struct {
-	base  *slog.Logger
-	attrs []any
-	once  sync.Once
-	h     slog.Handler
-}
-
-func (l *lazyScope) handler() slog.Handler {
-	l.once.Do(func() { l.h = l.base.With(l.attrs...).Handler() })
-	return l.h
-}
-
-func (l *lazyScope) Enabled(ctx context.Context, level slog.Level) bool {
-	return l.base.Handler().Enabled(ctx, level)
-}
-
-func (l *lazyScope) Handle(ctx context.Context, r slog.Record) error {
-	return l.handler().Handle(ctx, r)
-}
-
-func (l *lazyScope) WithAttrs(attrs []slog.Attr) slog.Handler { return l.handler().WithAttrs(attrs) }
-
-func (l *lazyScope) WithGroup(name string) slog.Handler { return l.handler().WithGroup(name) }

@@ -59,7 +59,7 @@ func TestDescribeAndStop(t *testing.T) {
 	}
 	d := p.Describe()
 	if d.Name != "scenario" || d.Version != "v1.2.3" || d.ProtocolVersion != 1 || d.SHA256 != bins.beforeSum ||
-		len(d.Stages) != 1 || d.Stages[0] != (plugin.StageInfo{Stage: bus.StageIncoming, BeforeOnly: true}) {
+		len(d.Stages) != 1 || d.Stages[0] != (plugin.ImplementedStage{Stage: bus.StageIncoming, BeforeOnly: true}) {
 		t.Fatalf("description %+v", d)
 	}
 	pid := p.PID()

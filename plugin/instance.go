@@ -34,7 +34,7 @@ func (inst *instance) request() *pluginproto.InstantiateRequest {
 // process again if the last bus using it stopped.
 func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	if p.cfg.logger == nil && info.Logger != nil {
-		p.logger.Store(info.Logger)
+		p.setLogScope("", info.Logger)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -45,19 +45,19 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	if proc == nil {
 		return bus.Middleware{}, &UnavailableError{Plugin: p.Name(), Err: errors.New("the plugin is restarting; try again")}
 	}
-	p.nextInst++
-	inst := &instance{p: p, id: p.nextInst, info: info}
+	p.lastInstanceID++
+	inst := &instance{p: p, id: p.lastInstanceID, info: info}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.startTimeout)
 	defer cancel()
 	resp, err := proc.rpc.Instantiate(ctx, inst.request())
 	if err != nil {
-		if len(p.insts) == 0 {
+		if len(p.instances) == 0 {
 			p.idle()
 		}
 		return bus.Middleware{}, fmt.Errorf("plugin %q: instantiating for bus %q: %w", p.Name(), info.Name, err)
 	}
 	inst.name, inst.hasStart, inst.hasStop = resp.Name, resp.HasStart, resp.HasStop
-	p.insts[inst.id] = inst
+	p.instances[inst.id] = inst
 	m := bus.Middleware{Name: resp.Name, Start: inst.start, Stop: inst.stop}
 	for _, s := range resp.Stages {
 		switch pluginproto.BusStage(s.Stage) {
@@ -81,7 +81,7 @@ func (p *Plugin) idle() {
 		return
 	}
 	p.proc = nil
-	p.cur.Store(nil)
+	p.live.Store(nil)
 	if p.restarting {
 		return // the watcher stops the dead process and the new one
 	}
@@ -90,7 +90,7 @@ func (p *Plugin) idle() {
 }
 
 func (inst *instance) lifecycle(ctx context.Context, op pluginproto.LifecycleRequest_Op) error {
-	proc := inst.p.cur.Load()
+	proc := inst.p.live.Load()
 	if proc == nil {
 		return &UnavailableError{Plugin: inst.p.Name(), Err: errors.New("the plugin process is down")}
 	}
@@ -114,7 +114,7 @@ func (inst *instance) start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	inst.started = true
-	if !inst.hasStart || p.cur.Load() == nil {
+	if !inst.hasStart || p.live.Load() == nil {
 		return nil // a restart in progress runs it
 	}
 	return inst.lifecycle(ctx, pluginproto.LifecycleRequest_OP_START)
@@ -131,13 +131,13 @@ func (inst *instance) stop(ctx context.Context) error {
 	}
 	inst.released = true
 	var err error
-	if inst.started && inst.hasStop && p.cur.Load() != nil {
+	if inst.started && inst.hasStop && p.live.Load() != nil {
 		err = inst.lifecycle(ctx, pluginproto.LifecycleRequest_OP_STOP)
 	}
-	delete(p.insts, inst.id)
-	if len(p.insts) == 0 {
+	delete(p.instances, inst.id)
+	if len(p.instances) == 0 {
 		p.idle()
-	} else if p.cur.Load() != nil {
+	} else if p.live.Load() != nil {
 		_ = inst.lifecycle(ctx, pluginproto.LifecycleRequest_OP_RELEASE)
 	}
 	return err
@@ -184,7 +184,7 @@ func (inst *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.
 func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginproto.Invoke, out *bus.Outgoing, next bus.Next) error {
 	p := inst.p
 	p.invocations.Add(1)
-	proc := p.cur.Load()
+	proc := p.live.Load()
 	if proc == nil {
 		return p.down(ctx, stage, next, false, nil, errors.New("the plugin process is down"))
 	}
@@ -216,7 +216,7 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 					return p.down(ctx, stage, next, true, nextErr, proc.cause)
 				}
 			case *pluginproto.PluginFrame_Done:
-				proc.timeouts.Store(0)
+				proc.consecutiveTimeouts.Store(0)
 				d := k.Done
 				if d.Continue {
 					apply(out, d.Mutation)
@@ -241,7 +241,7 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 // callNext runs the rest of the chain for call c. When the rest panics
 // (the bus recovers it above this layer), it tells the plugin, whose next
 // waits for an answer: without one it would wait until the process stops.
-func callNext(ctx context.Context, st *stream, c *hcall, deadline int64, next bus.Next) error {
+func callNext(ctx context.Context, st *stream, c *pendingCall, deadline int64, next bus.Next) error {
 	returned := false
 	defer func() {
 		if !returned {

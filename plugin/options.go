@@ -46,19 +46,18 @@ func ParseFailurePolicy(s string) (FailurePolicy, error) {
 type Option func(*config) error
 
 type config struct {
-	sum           []byte
-	unpinned      bool
-	pluginConfig  []byte
-	policy        FailurePolicy
-	startTimeout  time.Duration
-	callTimeout   time.Duration
-	logger        *slog.Logger
-	backoffMin    time.Duration
-	backoffMax    time.Duration
-	stableUptime  time.Duration // uptime after which the back-off resets
-	streams       int
-	hungTimeouts  int
-	lifecycleWait time.Duration
+	sum          []byte
+	unpinned     bool
+	pluginConfig []byte
+	policy       FailurePolicy
+	startTimeout time.Duration
+	callTimeout  time.Duration
+	logger       *slog.Logger
+	backoffMin   time.Duration
+	backoffMax   time.Duration
+	stableUptime time.Duration // uptime after which the back-off resets
+	streams      int
+	hungTimeouts int
 }
 
 func defaults() config {

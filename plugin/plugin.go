@@ -23,6 +23,7 @@ package plugin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -39,11 +40,13 @@ import (
 
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/lazylog"
 	"github.com/plugbus/plugbus/internal/pluginproto"
 )
 
-// StageInfo describes one stage a plugin implements.
-type StageInfo struct {
+// ImplementedStage is one stage a plugin's middleware implements, as the
+// plugin reported it at load.
+type ImplementedStage struct {
 	Stage bus.Stage
 	// BeforeOnly is true when the middleware declared it has no code after
 	// next in this stage (sdk.BeforeOnly): it costs one round trip.
@@ -59,7 +62,7 @@ type Description struct {
 	// ProtocolVersion is the negotiated wire protocol major.
 	ProtocolVersion int
 	// Stages lists the stages the middleware implements.
-	Stages []StageInfo
+	Stages []ImplementedStage
 	// SDK is the plugbus version the plugin was built with.
 	SDK string
 }
@@ -83,26 +86,25 @@ type Stats struct {
 // Plugin is a loaded out-of-process plugin. It is a [bus.Plugin]: pass it to
 // bus.WithMiddleware. It is safe for concurrent use.
 type Plugin struct {
-	path string
-	sum  string
-	cfg  config
-	desc Description
-	name atomic.Pointer[string]
+	path        string
+	cfg         config
+	description Description
 
-	logger atomic.Pointer[slog.Logger] // base, without the plugin attribute
-	log    *slog.Logger                // dynamic: current base + plugin name
+	logScope   atomic.Pointer[logScope] // replaced whole, under logScopeMu
+	logScopeMu sync.Mutex
+	log        *slog.Logger // follows logScope: a plugin loaded before its bus logs to the bus's logger once instantiated
 
-	cur atomic.Pointer[process] // live process, nil when down or idle
+	live atomic.Pointer[process] // nil when down or idle
 
-	mu         sync.Mutex
-	proc       *process // current process, possibly dead, nil when idle
-	restarting bool
-	backoff    time.Duration // last restart delay; 0 after a process stayed up
-	insts      map[uint32]*instance
-	nextInst   uint32
-	closed     bool
-	closing    chan struct{}
-	wg         sync.WaitGroup
+	mu             sync.Mutex
+	proc           *process // current process, possibly dead, nil when idle
+	restarting     bool
+	backoff        time.Duration // last restart delay; 0 after a process stayed up
+	instances      map[uint32]*instance
+	lastInstanceID uint32
+	closed         bool
+	closing        chan struct{}
+	wg             sync.WaitGroup
 
 	invocations, skipped, unavailable, timeouts, crashes, restarts atomic.Uint64
 	lastSkipLog                                                    atomic.Int64
@@ -136,14 +138,12 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 	if c.sum != nil && sum != hex.EncodeToString(c.sum) {
 		return nil, &ChecksumError{Path: abs, Want: hex.EncodeToString(c.sum), Got: sum}
 	}
-	p := &Plugin{path: abs, sum: sum, cfg: c, insts: make(map[uint32]*instance), closing: make(chan struct{})}
+	p := &Plugin{path: abs, cfg: c, instances: make(map[uint32]*instance), closing: make(chan struct{})}
 	base := c.logger
 	if base == nil {
 		base = slog.Default()
 	}
-	p.logger.Store(base)
-	p.setName(filepath.Base(abs))
-	p.log = slog.New(&dynHandler{p: p})
+	p.initLog(filepath.Base(abs), base)
 
 	proc, err := p.start()
 	if err != nil {
@@ -156,10 +156,10 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 		proc.stop()
 		return nil, fmt.Errorf("plugin: %s did not describe itself: %w", abs, err)
 	}
-	p.setName(d.Name)
-	p.desc = Description{Path: abs, SHA256: sum, Name: d.Name, Version: d.Version, ProtocolVersion: proc.client.NegotiatedVersion(), SDK: d.Sdk}
+	p.setLogScope(d.Name, nil)
+	p.description = Description{Path: abs, SHA256: sum, Name: d.Name, Version: d.Version, ProtocolVersion: proc.client.NegotiatedVersion(), SDK: d.Sdk}
 	for _, s := range d.Stages {
-		p.desc.Stages = append(p.desc.Stages, StageInfo{Stage: pluginproto.BusStage(s.Stage), BeforeOnly: s.BeforeOnly})
+		p.description.Stages = append(p.description.Stages, ImplementedStage{Stage: pluginproto.BusStage(s.Stage), BeforeOnly: s.BeforeOnly})
 	}
 	p.mu.Lock()
 	p.install(proc)
@@ -169,16 +169,40 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 }
 
 // Describe returns what the plugin reported at load.
-func (p *Plugin) Describe() Description { return p.desc }
+func (p *Plugin) Describe() Description { return p.description }
 
 // Name returns the plugin's middleware name.
-func (p *Plugin) Name() string { return *p.name.Load() }
+func (p *Plugin) Name() string { return p.logScope.Load().name }
 
-func (p *Plugin) setName(n string) { p.name.Store(&n) }
+// logScope is the plugin's name and the logger it logs to: the one set
+// with WithLogger, or the last bus's, with the plugin's name.
+type logScope struct {
+	name   string
+	base   *slog.Logger // without the name
+	logger *slog.Logger // base with the name
+}
+
+// initLog names the plugin and makes p.log, which follows later changes
+// of the name and of the logger.
+func (p *Plugin) initLog(name string, base *slog.Logger) {
+	p.setLogScope(name, base)
+	p.log = slog.New(lazylog.Follow(func() slog.Handler { return p.logScope.Load().logger.Handler() }))
+}
+
+// setLogScope changes the plugin's name, or the logger it logs to, or
+// both; an empty name or a nil base keeps the current one.
+func (p *Plugin) setLogScope(name string, base *slog.Logger) {
+	p.logScopeMu.Lock()
+	defer p.logScopeMu.Unlock()
+	if cur := p.logScope.Load(); cur != nil {
+		name, base = cmp.Or(name, cur.name), cmp.Or(base, cur.base)
+	}
+	p.logScope.Store(&logScope{name: name, base: base, logger: base.With(slog.String("plugin", name))})
+}
 
 // PID returns the process id of the running plugin process, 0 when none runs.
 func (p *Plugin) PID() int {
-	if proc := p.cur.Load(); proc != nil {
+	if proc := p.live.Load(); proc != nil {
 		return proc.pid
 	}
 	return 0
@@ -203,7 +227,7 @@ func (p *Plugin) Close() error {
 	close(p.closing)
 	proc := p.proc
 	p.proc = nil
-	p.cur.Store(nil)
+	p.live.Store(nil)
 	p.mu.Unlock()
 	if proc != nil {
 		proc.stop()
@@ -284,7 +308,7 @@ func (p *Plugin) start() (*process, error) {
 // install makes proc current and watches it. p.mu is held.
 func (p *Plugin) install(proc *process) {
 	p.proc = proc
-	p.cur.Store(proc)
+	p.live.Store(proc)
 	p.wg.Go(func() { p.watch(proc) })
 }
 
@@ -301,7 +325,7 @@ func (p *Plugin) watch(proc *process) {
 		p.mu.Unlock()
 		return
 	}
-	p.cur.Store(nil)
+	p.live.Store(nil)
 	p.restarting = true
 	if time.Since(proc.started) >= p.cfg.stableUptime {
 		p.backoff = 0 // it ran fine for a while: back to the initial delay
@@ -385,7 +409,7 @@ func (p *Plugin) nextBackoff() time.Duration {
 func (p *Plugin) replay(proc *process) error {
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.startTimeout)
 	defer cancel()
-	for _, inst := range p.insts {
+	for _, inst := range p.instances {
 		if _, err := proc.rpc.Instantiate(ctx, inst.request()); err != nil {
 			return fmt.Errorf("instantiating for bus %q: %w", inst.info.Name, err)
 		}
@@ -409,7 +433,7 @@ func (p *Plugin) ensure() (*process, error) {
 		return nil, ErrClosed
 	}
 	if p.proc != nil || p.restarting {
-		return p.cur.Load(), nil
+		return p.live.Load(), nil
 	}
 	proc, err := p.start()
 	if err != nil {
@@ -440,42 +464,6 @@ func (w *lineLogger) Write(b []byte) (int, error) {
 		w.buf = w.buf[i+1:]
 	}
 	return len(b), nil
-}
-
-// dynHandler sends records to the plugin's current base logger with the
-// plugin's name, so that a plugin loaded before its bus logs to the bus's
-// logger once instantiated.
-type dynHandler struct {
-	p   *Plugin
-	ops []func(slog.Handler) slog.Handler // WithAttrs and WithGroup, in order
-}
-
-func (h *dynHandler) target() slog.Handler {
-	t := h.p.logger.Load().Handler().WithAttrs([]slog.Attr{slog.String("plugin", h.p.Name())})
-	for _, op := range h.ops {
-		t = op(t)
-	}
-	return t
-}
-
-func (h *dynHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return h.p.logger.Load().Handler().Enabled(ctx, l)
-}
-
-func (h *dynHandler) Handle(ctx context.Context, r slog.Record) error {
-	return h.target().Handle(ctx, r)
-}
-
-func (h *dynHandler) with(op func(slog.Handler) slog.Handler) slog.Handler {
-	return &dynHandler{p: h.p, ops: append(h.ops[:len(h.ops):len(h.ops)], op)}
-}
-
-func (h *dynHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return h.with(func(t slog.Handler) slog.Handler { return t.WithAttrs(as) })
-}
-
-func (h *dynHandler) WithGroup(name string) slog.Handler {
-	return h.with(func(t slog.Handler) slog.Handler { return t.WithGroup(name) })
 }
 
 var _ bus.Plugin = (*Plugin)(nil)

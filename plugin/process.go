@@ -22,26 +22,26 @@ type process struct {
 	pid     int
 	started time.Time
 
-	ctx    context.Context // ends the streams
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	streamsCtx context.Context
+	endStreams context.CancelFunc
+	wg         sync.WaitGroup
 
-	streams []*stream
-	rr      atomic.Uint32
-	callID  atomic.Uint64
+	streams    []*stream
+	nextStream atomic.Uint32 // round robin over streams
+	lastCallID atomic.Uint64
 
-	dead     chan struct{}
-	deadOnce sync.Once
-	cause    error
-	stopping atomic.Bool
-	stopOnce sync.Once
-	timeouts atomic.Int32 // consecutive
-	pinging  atomic.Bool
+	dead                chan struct{}
+	deadOnce            sync.Once
+	cause               error
+	stopping            atomic.Bool
+	stopOnce            sync.Once
+	consecutiveTimeouts atomic.Int32
+	pinging             atomic.Bool
 }
 
 func newProcess(p *Plugin, client *goplugin.Client, rpc pluginproto.PluginClient) *process {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &process{p: p, client: client, rpc: rpc, started: time.Now(), ctx: ctx, cancel: cancel, dead: make(chan struct{})}
+	streamsCtx, endStreams := context.WithCancel(context.Background())
+	return &process{p: p, client: client, rpc: rpc, started: time.Now(), streamsCtx: streamsCtx, endStreams: endStreams, dead: make(chan struct{})}
 }
 
 // fail marks the process dead; the plugin's watcher restarts it.
@@ -57,7 +57,7 @@ func (proc *process) stop() {
 	proc.stopOnce.Do(func() {
 		proc.stopping.Store(true)
 		proc.fail(errors.New("plugin stopped"))
-		proc.cancel()
+		proc.endStreams()
 		proc.client.Kill()
 		proc.wg.Wait()
 	})
@@ -67,13 +67,13 @@ func (proc *process) pick() *stream {
 	if len(proc.streams) == 1 {
 		return proc.streams[0]
 	}
-	return proc.streams[int(proc.rr.Add(1))%len(proc.streams)]
+	return proc.streams[int(proc.nextStream.Add(1))%len(proc.streams)]
 }
 
 // checkHung pings the process after a timeout and declares it hung when it
 // does not answer, or after too many consecutive timeouts.
 func (proc *process) checkHung() {
-	if proc.timeouts.Add(1) >= int32(proc.p.cfg.hungTimeouts) {
+	if proc.consecutiveTimeouts.Add(1) >= int32(proc.p.cfg.hungTimeouts) {
 		proc.fail(errors.New("plugin hung: consecutive invocation timeouts"))
 		return
 	}
@@ -81,10 +81,10 @@ func (proc *process) checkHung() {
 		return
 	}
 	defer proc.pinging.Store(false)
-	ctx, cancel := context.WithTimeout(proc.ctx, time.Second)
+	ctx, cancel := context.WithTimeout(proc.streamsCtx, time.Second)
 	defer cancel()
 	_, err := grpc_health_v1.NewHealthClient(proc.conn.Conn).Check(ctx, &grpc_health_v1.HealthCheckRequest{Service: goplugin.GRPCServiceName})
-	if err != nil && proc.ctx.Err() == nil {
+	if err != nil && proc.streamsCtx.Err() == nil {
 		proc.fail(errors.New("plugin hung: health check failed after an invocation timeout: " + err.Error()))
 	}
 }
@@ -92,18 +92,18 @@ func (proc *process) checkHung() {
 // stream is one long-lived Invoke stream; frames for many calls are
 // multiplexed over it, correlated by call id.
 type stream struct {
-	proc *process
-	s    pluginproto.Plugin_InvokeClient
+	proc      *process
+	rpcStream pluginproto.Plugin_InvokeClient
 
-	smu     sync.Mutex // guards the fields below
+	sendMu  sync.Mutex // guards sending, pending, batch and sendErr
 	sending bool
 	pending []*pluginproto.HostFrame
 	batch   pluginproto.HostBatch
-	serr    error
+	sendErr error
 
-	mu    sync.Mutex
-	calls map[uint64]*hcall
-	pool  sync.Pool // of *hcall
+	mu       sync.Mutex // guards calls
+	calls    map[uint64]*pendingCall
+	callPool sync.Pool // of *pendingCall, reused with their channel and timer
 }
 
 // callFrames is how many frames of one call can wait for the host to read
@@ -112,19 +112,19 @@ type stream struct {
 // a plugin whose next returned early sends both back to back.
 const callFrames = 2
 
-// hcall is one stage invocation awaiting the plugin.
-type hcall struct {
+// pendingCall is one stage invocation awaiting the plugin.
+type pendingCall struct {
 	id    uint64
 	ch    chan *pluginproto.PluginFrame
 	timer *time.Timer // per-invocation timeout, reused with the call
 }
 
 func (proc *process) openStream() error {
-	s, err := proc.rpc.Invoke(proc.ctx)
+	s, err := proc.rpc.Invoke(proc.streamsCtx)
 	if err != nil {
 		return err
 	}
-	st := &stream{proc: proc, s: s, calls: make(map[uint64]*hcall)}
+	st := &stream{proc: proc, rpcStream: s, calls: make(map[uint64]*pendingCall)}
 	proc.streams = append(proc.streams, st)
 	proc.wg.Go(st.readLoop)
 	return nil
@@ -132,7 +132,7 @@ func (proc *process) openStream() error {
 
 func (st *stream) readLoop() {
 	for {
-		b, err := st.s.Recv()
+		b, err := st.rpcStream.Recv()
 		if err != nil {
 			st.proc.fail(err)
 			return
@@ -163,54 +163,54 @@ func (st *stream) readLoop() {
 // can block (on flow control, if the plugin stops reading); hang detection
 // then kills the process, which ends the send.
 func (st *stream) send(f *pluginproto.HostFrame) bool {
-	st.smu.Lock()
-	if st.serr != nil {
-		st.smu.Unlock()
+	st.sendMu.Lock()
+	if st.sendErr != nil {
+		st.sendMu.Unlock()
 		return false
 	}
 	st.pending = append(st.pending, f)
 	if st.sending {
-		st.smu.Unlock()
+		st.sendMu.Unlock()
 		return true
 	}
 	st.sending = true
 	for len(st.pending) > 0 {
 		st.batch.Frames, st.pending = st.pending, st.batch.Frames[:0]
-		st.smu.Unlock()
-		err := st.s.Send(&st.batch)
+		st.sendMu.Unlock()
+		err := st.rpcStream.Send(&st.batch)
 		clear(st.batch.Frames)
-		st.smu.Lock()
+		st.sendMu.Lock()
 		if err != nil {
-			st.serr = err
+			st.sendErr = err
 			st.pending = nil
 			st.proc.fail(err)
 		}
 	}
 	st.sending = false
-	ok := st.serr == nil
-	st.smu.Unlock()
+	ok := st.sendErr == nil
+	st.sendMu.Unlock()
 	return ok
 }
 
-func (st *stream) newCall() *hcall {
-	c, _ := st.pool.Get().(*hcall)
+func (st *stream) newCall() *pendingCall {
+	c, _ := st.callPool.Get().(*pendingCall)
 	if c == nil {
-		c = &hcall{ch: make(chan *pluginproto.PluginFrame, callFrames), timer: time.NewTimer(time.Hour)}
+		c = &pendingCall{ch: make(chan *pluginproto.PluginFrame, callFrames), timer: time.NewTimer(time.Hour)}
 		c.timer.Stop()
 	}
-	c.id = st.proc.callID.Add(1)
+	c.id = st.proc.lastCallID.Add(1)
 	st.mu.Lock()
 	st.calls[c.id] = c
 	st.mu.Unlock()
 	return c
 }
 
-func (st *stream) drop(c *hcall) {
+func (st *stream) drop(c *pendingCall) {
 	st.mu.Lock()
 	delete(st.calls, c.id)
 	st.mu.Unlock()
 	for len(c.ch) > 0 { // frames that arrived after we stopped listening
 		<-c.ch
 	}
-	st.pool.Put(c)
+	st.callPool.Put(c)
 }

@@ -53,18 +53,16 @@ func (f *fakeInvoke) Recv() (*pluginproto.PluginBatch, error) {
 
 // fakeProcess returns a plugin whose live process is one fake stream.
 func fakeProcess(t *testing.T, reply func(call uint64) []*pluginproto.PluginFrame) (*Plugin, *process) {
-	p := &Plugin{cfg: defaults(), insts: make(map[uint32]*instance), closing: make(chan struct{})}
+	p := &Plugin{cfg: defaults(), instances: make(map[uint32]*instance), closing: make(chan struct{})}
 	p.cfg.callTimeout = 2 * time.Second
-	p.logger.Store(slog.New(slog.DiscardHandler))
-	p.setName("fake")
-	p.log = slog.New(&dynHandler{p: p})
+	p.initLog("fake", slog.New(slog.DiscardHandler))
 	proc := newProcess(p, nil, nil)
-	st := &stream{proc: proc, s: &fakeInvoke{ctx: proc.ctx, dead: proc.dead, recv: make(chan *pluginproto.PluginBatch), reply: reply}, calls: make(map[uint64]*hcall)}
+	st := &stream{proc: proc, rpcStream: &fakeInvoke{ctx: proc.streamsCtx, dead: proc.dead, recv: make(chan *pluginproto.PluginBatch), reply: reply}, calls: make(map[uint64]*pendingCall)}
 	proc.streams = append(proc.streams, st)
 	proc.wg.Go(st.readLoop)
-	p.cur.Store(proc)
+	p.live.Store(proc)
 	t.Cleanup(func() {
-		proc.cancel()
+		proc.endStreams()
 		proc.wg.Wait()
 	})
 	return p, proc

@@ -1,7 +1,6 @@
 package sdk
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"os"
@@ -57,33 +56,3 @@ func levelFromEnv() slog.Level {
 }
 
 func newHCLogger(l *slog.Logger) hclog.Logger { return pluginproto.NewHCLogger(l) }
-
-// lazyHandler defers WithAttrs and WithGroup to the first record: stage
-// contexts scope a logger for every invocation (bus.NewIncoming and
-// friends), and most invocations never log.
-type lazyHandler struct {
-	h   slog.Handler
-	ops []func(slog.Handler) slog.Handler
-}
-
-func (l lazyHandler) resolve() slog.Handler {
-	h := l.h
-	for _, op := range l.ops {
-		h = op(h)
-	}
-	return h
-}
-
-func (l lazyHandler) Enabled(ctx context.Context, lv slog.Level) bool { return l.h.Enabled(ctx, lv) }
-
-func (l lazyHandler) Handle(ctx context.Context, r slog.Record) error {
-	return l.resolve().Handle(ctx, r)
-}
-
-func (l lazyHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return lazyHandler{h: l.h, ops: append(l.ops[:len(l.ops):len(l.ops)], func(h slog.Handler) slog.Handler { return h.WithAttrs(as) })}
-}
-
-func (l lazyHandler) WithGroup(name string) slog.Handler {
-	return lazyHandler{h: l.h, ops: append(l.ops[:len(l.ops):len(l.ops)], func(h slog.Handler) slog.Handler { return h.WithGroup(name) })}
-}

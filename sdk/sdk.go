@@ -5,7 +5,7 @@
 // bus.WithMiddleware — and its unit tests use bustest unchanged. The main of
 // the plugin binary is one call:
 //
-//	func main() { sdk.Serve(tenancy.New()) }
+//	func main() { sdk.Serve(tenancy.New("acme")) }
 //
 // Inside the plugin process the middleware runs exactly as in process: its
 // stage functions receive stage contexts built from what the host sent
@@ -26,6 +26,7 @@ import (
 
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/lazylog"
 	"github.com/plugbus/plugbus/internal/pluginproto"
 )
 
@@ -93,7 +94,8 @@ func serve(p bus.Plugin, opts []Option) error {
 	}
 	logger := slog.New(newHostHandler(os.Stderr, levelFromEnv()))
 	slog.SetDefault(logger)
-	s := newServer(p, c.version, slog.New(lazyHandler{h: logger.Handler()}))
+	// Stage contexts scope this logger for every invocation; most never log.
+	s := newServer(p, c.version, slog.New(lazylog.New(logger.Handler())))
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig: pluginproto.Handshake,
 		VersionedPlugins: map[int]goplugin.PluginSet{
@@ -199,10 +201,11 @@ func decodeHostError(e *pluginproto.Error) error {
 	return &HostError{Message: e.Message, code: e.Code}
 }
 
-func stageInfos(m bus.Middleware, before [4]bool) []*pluginproto.StageInfo {
+// implementedStages lists the stages m implements, for the host.
+func implementedStages(m bus.Middleware, beforeOnly [4]bool) []*pluginproto.StageInfo {
 	var out []*pluginproto.StageInfo
 	add := func(s bus.Stage) {
-		out = append(out, &pluginproto.StageInfo{Stage: pluginproto.StageOf(s), BeforeOnly: before[s]})
+		out = append(out, &pluginproto.StageInfo{Stage: pluginproto.StageOf(s), BeforeOnly: beforeOnly[s]})
 	}
 	if m.Incoming != nil {
 		add(bus.StageIncoming)

@@ -19,13 +19,13 @@ import (
 // server is the plugin side of the wire protocol.
 type server struct {
 	pluginproto.UnimplementedPluginServer
-	p       bus.Plugin
-	before  [4]bool
-	version string
-	logger  *slog.Logger
+	p          bus.Plugin
+	beforeOnly [4]bool // the stages p declared before-only
+	version    string
+	logger     *slog.Logger
 
-	mu    sync.Mutex // serialises Configure+Instantiate; guards insts
-	insts map[uint32]*instance
+	mu        sync.Mutex // serialises Configure+Instantiate; guards instances
+	instances map[uint32]*instance
 }
 
 type instance struct {
@@ -35,7 +35,7 @@ type instance struct {
 }
 
 func newServer(p bus.Plugin, version string, logger *slog.Logger) *server {
-	return &server{p: p, before: beforeOnlyStages(p), version: version, logger: logger, insts: make(map[uint32]*instance)}
+	return &server{p: p, beforeOnly: beforeOnlyStages(p), version: version, logger: logger, instances: make(map[uint32]*instance)}
 }
 
 func (s *server) instantiate(config []byte, info bus.PluginInfo) (bus.Middleware, error) {
@@ -72,7 +72,7 @@ func (s *server) Describe(_ context.Context, req *pluginproto.DescribeRequest) (
 			}
 		}
 	}
-	return &pluginproto.DescribeResponse{Name: m.Name, Version: s.version, Stages: stageInfos(m, s.before), Sdk: sdkVersion}, nil
+	return &pluginproto.DescribeResponse{Name: m.Name, Version: s.version, Stages: implementedStages(m, s.beforeOnly), Sdk: sdkVersion}, nil
 }
 
 // Instantiate makes one bus's middleware.
@@ -84,14 +84,14 @@ func (s *server) Instantiate(_ context.Context, req *pluginproto.InstantiateRequ
 	if err != nil {
 		return nil, err
 	}
-	s.insts[req.Instance] = &instance{mw: m, endpoint: req.Endpoint, logger: s.logger}
-	return &pluginproto.InstantiateResponse{Name: m.Name, Stages: stageInfos(m, s.before), HasStart: m.Start != nil, HasStop: m.Stop != nil}, nil
+	s.instances[req.Instance] = &instance{mw: m, endpoint: req.Endpoint, logger: s.logger}
+	return &pluginproto.InstantiateResponse{Name: m.Name, Stages: implementedStages(m, s.beforeOnly), HasStart: m.Start != nil, HasStop: m.Stop != nil}, nil
 }
 
 func (s *server) instance(id uint32) *instance {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.insts[id]
+	return s.instances[id]
 }
 
 // Lifecycle runs Start or Stop, or forgets an instance.
@@ -117,7 +117,7 @@ func (s *server) Lifecycle(ctx context.Context, req *pluginproto.LifecycleReques
 		}
 	case pluginproto.LifecycleRequest_OP_RELEASE:
 		s.mu.Lock()
-		delete(s.insts, req.Instance)
+		delete(s.instances, req.Instance)
 		s.mu.Unlock()
 	}
 	return &pluginproto.LifecycleResponse{Error: pluginproto.EncodeError(err)}, nil
@@ -125,27 +125,27 @@ func (s *server) Lifecycle(ctx context.Context, req *pluginproto.LifecycleReques
 
 // session is one Invoke stream.
 type session struct {
-	s      *server
-	stream pluginproto.Plugin_InvokeServer
-	ctx    context.Context
-	work   chan *pcall
-	cancel context.CancelFunc
+	server       *server
+	stream       pluginproto.Plugin_InvokeServer
+	ctx          context.Context
+	toIdleWorker chan *stageCall
+	cancel       context.CancelFunc
 
-	smu     sync.Mutex // guards the fields below
+	sendMu  sync.Mutex // guards sending, pending, batch and sendErr
 	sending bool
 	pending []*pluginproto.PluginFrame
 	batch   pluginproto.PluginBatch
-	serr    error
+	sendErr error
 
-	mu    sync.Mutex
-	calls map[uint64]*pcall
+	mu    sync.Mutex // guards calls
+	calls map[uint64]*stageCall
 	wg    sync.WaitGroup
 }
 
 // Invoke serves one long-lived stream of multiplexed stage invocations.
 func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
 	ctx, cancel := context.WithCancel(stream.Context())
-	ss := &session{s: s, stream: stream, ctx: ctx, cancel: cancel, work: make(chan *pcall), calls: make(map[uint64]*pcall)}
+	ss := &session{server: s, stream: stream, ctx: ctx, cancel: cancel, toIdleWorker: make(chan *stageCall), calls: make(map[uint64]*stageCall)}
 	err := ss.readLoop()
 	cancel()
 	ss.mu.Lock()
@@ -154,11 +154,11 @@ func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
 	}
 	ss.mu.Unlock()
 	ss.wg.Wait()
-	ss.smu.Lock()
+	ss.sendMu.Lock()
 	if err == nil {
-		err = ss.serr
+		err = ss.sendErr
 	}
-	ss.smu.Unlock()
+	ss.sendMu.Unlock()
 	return err
 }
 
@@ -167,27 +167,27 @@ func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
 // everything queued meanwhile: frames batch under load without a writer
 // goroutine hop.
 func (ss *session) send(f *pluginproto.PluginFrame) {
-	ss.smu.Lock()
+	ss.sendMu.Lock()
 	ss.pending = append(ss.pending, f)
-	if ss.sending || ss.serr != nil {
-		ss.smu.Unlock()
+	if ss.sending || ss.sendErr != nil {
+		ss.sendMu.Unlock()
 		return
 	}
 	ss.sending = true
 	for len(ss.pending) > 0 {
 		ss.batch.Frames, ss.pending = ss.pending, ss.batch.Frames[:0]
-		ss.smu.Unlock()
+		ss.sendMu.Unlock()
 		err := ss.stream.Send(&ss.batch)
 		clear(ss.batch.Frames)
-		ss.smu.Lock()
+		ss.sendMu.Lock()
 		if err != nil {
-			ss.serr = err
+			ss.sendErr = err
 			ss.pending = nil
 			ss.cancel()
 		}
 	}
 	ss.sending = false
-	ss.smu.Unlock()
+	ss.sendMu.Unlock()
 }
 
 func (ss *session) readLoop() error {
@@ -204,7 +204,7 @@ func (ss *session) readLoop() error {
 			case *pluginproto.HostFrame_Invoke:
 				c := ss.newCall(f.Call, k.Invoke)
 				select { // hand to an idle worker, else start one
-				case ss.work <- c:
+				case ss.toIdleWorker <- c:
 				default:
 					ss.wg.Go(func() { ss.worker(c) })
 				}
@@ -227,26 +227,26 @@ func (ss *session) readLoop() error {
 // worker runs invocations. Workers live as long as the stream, so that
 // their stacks, grown once, are reused; there are as many as invocations
 // ever ran at once.
-func (ss *session) worker(c *pcall) {
+func (ss *session) worker(c *stageCall) {
 	for {
 		c.run(c.inv)
 		select {
-		case c = <-ss.work:
+		case c = <-ss.toIdleWorker:
 		case <-ss.ctx.Done():
 			return
 		}
 	}
 }
 
-func (ss *session) call(id uint64) *pcall {
+func (ss *session) call(id uint64) *stageCall {
 	ss.mu.Lock()
 	c := ss.calls[id]
 	ss.mu.Unlock()
 	return c
 }
 
-func (ss *session) newCall(id uint64, inv *pluginproto.Invoke) *pcall {
-	c := &pcall{id: id, ss: ss, inv: inv, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
+func (ss *session) newCall(id uint64, inv *pluginproto.Invoke) *stageCall {
+	c := &stageCall{id: id, session: ss, inv: inv, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
 	c.stop, c.cancel = context.WithCancel(ss.ctx)
 	c.ctx = c.stop
 	if inv.DeadlineUnixNano != 0 {
@@ -264,10 +264,10 @@ const (
 	callReturned
 )
 
-// pcall is one stage invocation inside the plugin.
-type pcall struct {
+// stageCall is one stage invocation inside the plugin.
+type stageCall struct {
 	id             uint64
-	ss             *session
+	session        *session
 	inv            *pluginproto.Invoke
 	ctx            context.Context    // the middleware's: stop, with the host's deadline
 	stop           context.Context    // ends when the host cancels the call or the stream ends
@@ -286,15 +286,15 @@ type pcall struct {
 	outBase *pluginproto.OutgoingMessage
 }
 
-func (c *pcall) run(inv *pluginproto.Invoke) {
+func (c *stageCall) run(inv *pluginproto.Invoke) {
 	defer func() {
 		if c.cancelDeadline != nil {
 			c.cancelDeadline()
 		}
 		c.cancel()
-		c.ss.mu.Lock()
-		delete(c.ss.calls, c.id)
-		c.ss.mu.Unlock()
+		c.session.mu.Lock()
+		delete(c.session.calls, c.id)
+		c.session.mu.Unlock()
 	}()
 	done := &pluginproto.Done{}
 	err := c.invoke(inv)
@@ -307,16 +307,16 @@ func (c *pcall) run(inv *pluginproto.Invoke) {
 	} else if err != nil {
 		done.Error = c.encodeError(err)
 	}
-	c.ss.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})
+	c.session.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})
 }
 
-func (c *pcall) invoke(inv *pluginproto.Invoke) (err error) {
-	inst := c.ss.s.instance(inv.Instance)
+func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
+	inst := c.session.server.instance(inv.Instance)
 	if inst == nil {
 		return fmt.Errorf("sdk: unknown middleware instance %d; the host must instantiate it first", inv.Instance)
 	}
 	c.mw = inst.mw.Name
-	c.beforeOnly = c.ss.s.before[c.stage]
+	c.beforeOnly = c.session.server.beforeOnly[c.stage]
 	defer func() {
 		if p := recover(); p != nil {
 			stack := debug.Stack()
@@ -360,13 +360,13 @@ func (c *pcall) invoke(inv *pluginproto.Invoke) (err error) {
 
 // skip answers a stage the instance lacks (a host should never ask) by
 // continuing.
-func (c *pcall) skip() error {
+func (c *stageCall) skip() error {
 	c.beforeOnly = true
 	return c.next(c.ctx)
 }
 
 // next crosses back to the host, which runs the rest of the chain.
-func (c *pcall) next(ctx context.Context) error {
+func (c *stageCall) next(ctx context.Context) error {
 	if !c.state.CompareAndSwap(callRunning, callNext) {
 		return &bus.NextCalledTwiceError{Stage: c.stage, Middleware: c.mw, AfterReturn: c.state.Load() == callReturned}
 	}
@@ -378,7 +378,7 @@ func (c *pcall) next(ctx context.Context) error {
 	if c.out != nil {
 		nc.Mutation = mutation(c.out, c.outBase)
 	}
-	c.ss.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
+	c.session.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
 	// As in process, next returns what the rest of the chain returned: the
 	// host runs it under ctx's deadline and answers even when ctx (or the
 	// call's own deadline) expires meanwhile. Only the call's end (the
@@ -393,7 +393,7 @@ func (c *pcall) next(ctx context.Context) error {
 	}
 }
 
-func (c *pcall) encodeError(err error) *pluginproto.Error {
+func (c *stageCall) encodeError(err error) *pluginproto.Error {
 	if c.nextErr != nil {
 		if err == c.nextErr {
 			return &pluginproto.Error{IsNextError: true, Message: err.Error()}

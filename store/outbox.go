@@ -2,308 +2,10 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
 )
-
-type storedAttrs struct {
-	Values map[string]string `json:"v,omitempty"`
-	Sticky map[string]string `json:"s,omitempty"`
-}
-
-func encodeOutbound(m bus.Outbound) ([]any, error) {
-	e := m.Envelope
-	if e == nil {
-		return nil, errors.New("store: outbox: nil envelope")
-	}
-	var sa storedAttrs
-	for k, v := range e.Attributes.Values() {
-		if sa.Values == nil {
-			sa.Values = map[string]string{}
-		}
-		sa.Values[k] = v
-	}
-	for k, v := range e.Attributes.StickyValues() {
-		if sa.Sticky == nil {
-			sa.Sticky = map[string]string{}
-		}
-		sa.Sticky[k] = v
-	}
-	attrs, err := json.Marshal(sa)
-	if err != nil {
-		return nil, fmt.Errorf("store: outbox: encoding attributes of %s: %w", e.Name, err)
-	}
-	headers := []byte("{}")
-	if len(e.Headers) > 0 {
-		if headers, err = json.Marshal(e.Headers); err != nil {
-			return nil, fmt.Errorf("store: outbox: encoding headers of %s: %w", e.Name, err)
-		}
-	}
-	body := e.Body
-	if body == nil {
-		body = []byte{}
-	}
-	return []any{e.Attributes.MessageID, int16(m.Kind), m.Options.Destination, e.Name, e.ContentType, body,
-		e.Attributes.CorrelationID, e.Attributes.SentAt.UnixNano(), string(attrs), string(headers), time.Now().UnixNano()}, nil
-}
-
-// batchRow is one row the relay claimed: a message to dispatch, or a row
-// that could not be decoded (bad), which is parked.
-type batchRow struct {
-	id       int64
-	attempts int
-	m        bus.Outbound
-	bad      error
-}
-
-func scanOutbound(rows *sql.Rows) (batchRow, error) {
-	var (
-		r                           batchRow
-		msgID, dest, name, ct, corr string
-		kind                        int16
-		body                        []byte
-		sentAt                      int64
-		attrs, headers              string
-	)
-	if err := rows.Scan(&r.id, &r.attempts, &msgID, &kind, &dest, &name, &ct, &body, &corr, &sentAt, &attrs, &headers); err != nil {
-		return r, fmt.Errorf("store: reading the outbox: %w", err)
-	}
-	var sa storedAttrs
-	if err := json.Unmarshal([]byte(attrs), &sa); err != nil {
-		r.bad = fmt.Errorf("store: outbox row %d: undecodable attributes: %w", r.id, err)
-	}
-	var h bus.Headers
-	if headers != "{}" && r.bad == nil {
-		if err := json.Unmarshal([]byte(headers), &h); err != nil {
-			r.bad = fmt.Errorf("store: outbox row %d: undecodable headers: %w", r.id, err)
-		}
-	}
-	env := &bus.Envelope{Name: name, ContentType: ct, Body: body, Headers: h,
-		Attributes: bus.NewAttributes(msgID, corr, time.Unix(0, sentAt).UTC(), sa.Values, sa.Sticky)}
-	r.m = bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Options: bus.SendOptions{Destination: dest}}
-	return r, nil
-}
-
-// ErrParked is matched by a [*DispatchError] whose row was parked.
-var ErrParked = errors.New("store: outbox row parked")
-
-// DispatchError reports a stored message the relay could not hand to the
-// transport. The row records the error and its attempt count; it is tried
-// again after a backoff ([WithDispatchBackoff]) while the other messages
-// go on, or, when Parked, no longer dispatched until [Store.Requeue].
-type DispatchError struct {
-	ID        int64     // row id in the outbox table
-	MessageID string    // the message's id
-	Name      string    // the message's name
-	Attempts  int       // failed attempts so far, this one included
-	Parked    bool      // the row is parked: out of attempts, or undecodable
-	RetryAt   time.Time // when the row is due again; zero when parked
-	Err       error
-}
-
-// Error implements error.
-func (e *DispatchError) Error() string {
-	if e.Parked {
-		return fmt.Sprintf("store: dispatching outbox row %d (%s, id %s) failed %d time(s): %v; the row is parked: list it with Store.Parked and send it again with Store.Requeue", e.ID, e.Name, e.MessageID, e.Attempts, e.Err)
-	}
-	return fmt.Sprintf("store: dispatching outbox row %d (%s, id %s) failed %d time(s): %v; it stays in the outbox and is retried after a backoff", e.ID, e.Name, e.MessageID, e.Attempts, e.Err)
-}
-
-// Unwrap returns the transport's (or the decoding) error.
-func (e *DispatchError) Unwrap() error { return e.Err }
-
-// Is reports whether target is [ErrParked] and the row was parked.
-func (e *DispatchError) Is(target error) bool { return target == ErrParked && e.Parked }
-
-// DispatchPending hands up to limit stored, not yet dispatched messages
-// whose retry time has come to dispatch, oldest first, and marks those it
-// accepted as dispatched. A message dispatch refuses does not stop the
-// others: its row records the error and is tried again after a backoff
-// ([WithDispatchBackoff]); after [WithDispatchAttempts] failures, or at
-// once when the row cannot be decoded, it is parked (see [Store.Parked]).
-// The error returned then joins a [*DispatchError] per refused row.
-//
-// When ctx is cancelled, DispatchPending stops before the next message,
-// marks what was dispatched and returns ctx's error with it; a send the
-// cancellation interrupted is not counted as a failed attempt.
-//
-// On PostgreSQL the rows are locked (FOR UPDATE SKIP LOCKED) until they are
-// marked, so several relays, in several processes, share the work without
-// dispatching a row twice. On SQLite one relay runs at a time per Store;
-// run one process per database file.
-//
-// Delivery is at least once: a crash between dispatch and the mark hands
-// the message to the transport again, with the same message id. It returns
-// how many were dispatched.
-func (s *Store) DispatchPending(ctx context.Context, limit int, dispatch func(context.Context, bus.Outbound) error) (int, error) {
-	if limit < 1 {
-		limit = 1
-	}
-	if s.d.skipLocked {
-		return s.dispatchLocked(ctx, limit, dispatch)
-	}
-	s.relay.Lock()
-	defer s.relay.Unlock()
-	rows, err := s.db.QueryContext(ctx, s.q.claim, time.Now().UnixNano(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("store: reading the outbox: %w", err)
-	}
-	batch, err := readBatch(rows, limit)
-	if err != nil {
-		return 0, err
-	}
-	sent, failed, cerr := s.dispatchAll(ctx, batch, dispatch)
-	if err := s.mark(ctx, s.db, sent, failed); err != nil {
-		return 0, err
-	}
-	return len(sent), joinDispatch(cerr, failed)
-}
-
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-func (s *Store) dispatchLocked(ctx context.Context, limit int, dispatch func(context.Context, bus.Outbound) error) (int, error) {
-	// Not ctx: database/sql rolls a transaction back when its context is
-	// done, and what was dispatched before a Stop must still be marked.
-	tx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)
-	if err != nil {
-		return 0, fmt.Errorf("store: relay: beginning a transaction: %w", err)
-	}
-	defer tx.Rollback()
-	// Losing the mark in a crash only re-dispatches (at least once), so
-	// the relay's commits need not wait for the disk.
-	if _, err := tx.ExecContext(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
-		return 0, fmt.Errorf("store: relay: %w", err)
-	}
-	rows, err := tx.QueryContext(ctx, s.q.claimForUpdate, time.Now().UnixNano(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("store: reading the outbox: %w", err)
-	}
-	batch, err := readBatch(rows, limit)
-	if err != nil {
-		return 0, err
-	}
-	if len(batch) == 0 {
-		return 0, nil
-	}
-	sent, failed, cerr := s.dispatchAll(ctx, batch, dispatch)
-	if err := s.mark(ctx, tx, sent, failed); err != nil {
-		return 0, err
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("store: relay: commit: %w", err)
-	}
-	return len(sent), joinDispatch(cerr, failed)
-}
-
-func readBatch(rows *sql.Rows, limit int) ([]batchRow, error) {
-	defer rows.Close()
-	batch := make([]batchRow, 0, min(limit, 64))
-	for rows.Next() {
-		r, err := scanOutbound(rows)
-		if err != nil {
-			return nil, err
-		}
-		batch = append(batch, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: reading the outbox: %w", err)
-	}
-	return batch, nil
-}
-
-// dispatchAll dispatches batch until ctx is done. It returns the ids
-// dispatched, the rows refused, and ctx's error when it stopped early.
-func (s *Store) dispatchAll(ctx context.Context, batch []batchRow, dispatch func(context.Context, bus.Outbound) error) ([]int64, []*DispatchError, error) {
-	sent := make([]int64, 0, len(batch))
-	var failed []*DispatchError
-	for _, r := range batch {
-		if err := ctx.Err(); err != nil {
-			return sent, failed, err
-		}
-		err := r.bad
-		if err == nil {
-			if err = dispatch(ctx, r.m); err == nil {
-				sent = append(sent, r.id)
-				continue
-			}
-			if cerr := ctx.Err(); cerr != nil {
-				return sent, failed, cerr // interrupted, not refused
-			}
-		}
-		de := &DispatchError{ID: r.id, MessageID: r.m.Envelope.Attributes.MessageID, Name: r.m.Envelope.Name, Attempts: r.attempts + 1, Err: err}
-		de.Parked = r.bad != nil || de.Attempts >= s.retry.attempts
-		failed = append(failed, de)
-	}
-	return sent, failed, nil
-}
-
-func joinDispatch(cerr error, failed []*DispatchError) error {
-	if len(failed) == 0 {
-		return cerr
-	}
-	errs := make([]error, 0, len(failed)+1)
-	if cerr != nil {
-		errs = append(errs, cerr)
-	}
-	for _, de := range failed {
-		errs = append(errs, de)
-	}
-	if len(errs) == 1 {
-		return errs[0]
-	}
-	return errors.Join(errs...)
-}
-
-// mark records the dispatched rows, and the errors of the refused ones.
-func (s *Store) mark(ctx context.Context, x execer, ids []int64, failed []*DispatchError) error {
-	ctx = context.WithoutCancel(ctx) // what was dispatched must be recorded
-	now := time.Now()
-	if len(ids) > 0 {
-		var arg any = ids
-		if !s.d.numbered {
-			b := make([]byte, 0, 8*len(ids))
-			b = append(b, '[')
-			for i, id := range ids {
-				if i > 0 {
-					b = append(b, ',')
-				}
-				b = strconv.AppendInt(b, id, 10)
-			}
-			arg = string(append(b, ']'))
-		}
-		if _, err := x.ExecContext(ctx, s.q.markDispatched, now.UnixNano(), arg); err != nil {
-			return fmt.Errorf("store: marking %d outbox rows dispatched (they will be dispatched again): %w", len(ids), err)
-		}
-	}
-	for _, de := range failed {
-		var parked any
-		if de.Parked {
-			parked = now.UnixNano()
-		}
-		retryAt := now.Add(s.retry.after(de.Attempts))
-		if !de.Parked {
-			de.RetryAt = retryAt
-		}
-		if _, err := x.ExecContext(ctx, s.q.markFailed, de.Attempts, de.Err.Error(), retryAt.UnixNano(), parked, de.ID); err != nil {
-			return fmt.Errorf("store: recording the dispatch error of outbox row %d: %w", de.ID, err)
-		}
-		if de.Parked {
-			s.logger.ErrorContext(ctx, "outbox: message parked; it is no longer dispatched: inspect it with Store.Parked and send it again with Store.Requeue",
-				slog.Int64("outbox_row", de.ID), slog.String("message_id", de.MessageID), slog.String("message_name", de.Name),
-				slog.Int("attempts", de.Attempts), slog.Any("error", de.Err))
-		}
-	}
-	return nil
-}
 
 // ParkedMessage is a row of the outbox the relay no longer dispatches: the
 // transport refused it [WithDispatchAttempts] times, or it could not be
@@ -323,41 +25,19 @@ type ParkedMessage struct {
 // Parked lists up to limit parked rows whose id is greater than after,
 // oldest first (after 0 starts at the beginning; pass the last ID to page).
 func (s *Store) Parked(ctx context.Context, after int64, limit int) ([]ParkedMessage, error) {
-	if limit < 1 {
-		limit = 100
-	}
-	rows, err := s.db.QueryContext(ctx, s.q.listParked, after, limit)
+	rows, err := s.impl().Parked(ctx, after, limit)
 	if err != nil {
-		return nil, fmt.Errorf("store: listing parked outbox rows: %w", err)
+		return nil, err
 	}
-	defer rows.Close()
-	var out []ParkedMessage
-	for rows.Next() {
-		var (
-			p                 ParkedMessage
-			kind              int16
-			created, parkedAt int64
-		)
-		if err := rows.Scan(&p.ID, &p.MessageID, &kind, &p.Destination, &p.Name, &p.Attempts, &p.LastError, &created, &parkedAt); err != nil {
-			return nil, fmt.Errorf("store: listing parked outbox rows: %w", err)
-		}
-		p.Kind, p.CreatedAt, p.ParkedAt = bus.Kind(kind), time.Unix(0, created), time.Unix(0, parkedAt)
-		out = append(out, p)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: listing parked outbox rows: %w", err)
+	out := make([]ParkedMessage, len(rows))
+	for i, r := range rows {
+		out[i] = ParkedMessage(r)
 	}
 	return out, nil
 }
 
 // ParkedCount returns how many rows are parked.
-func (s *Store) ParkedCount(ctx context.Context) (int64, error) {
-	var n int64
-	if err := s.db.QueryRowContext(ctx, s.q.parkedCount).Scan(&n); err != nil {
-		return 0, fmt.Errorf("store: counting parked outbox rows: %w", err)
-	}
-	return n, nil
-}
+func (s *Store) ParkedCount(ctx context.Context) (int64, error) { return s.impl().ParkedCount(ctx) }
 
 // Requeue makes the parked rows ids pending again, with their attempt
 // count reset: the relay dispatches them at its next round. Ids that are
@@ -365,50 +45,15 @@ func (s *Store) ParkedCount(ctx context.Context) (int64, error) {
 // cause first (deploy the missing endpoint, shrink the message): a row
 // that still fails is parked again after [WithDispatchAttempts] tries.
 func (s *Store) Requeue(ctx context.Context, ids ...int64) (int64, error) {
-	var total int64
-	err := s.InTx(ctx, func(ctx context.Context, tx *Tx) error {
-		for _, id := range ids {
-			res, err := tx.tx.ExecContext(ctx, s.q.requeue, id)
-			if err != nil {
-				return fmt.Errorf("store: requeueing outbox row %d: %w", id, err)
-			}
-			n, _ := res.RowsAffected()
-			total += n
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	if total > 0 {
-		s.signal()
-	}
-	return total, nil
-}
-
-// PurgeDispatched deletes the messages dispatched before before, and
-// returns how many it deleted.
-func (s *Store) PurgeDispatched(ctx context.Context, before time.Time) (int64, error) {
-	var total int64
-	for {
-		res, err := s.db.ExecContext(ctx, s.q.purgeOutbox, before.UnixNano())
-		if err != nil {
-			return total, fmt.Errorf("store: purging the outbox: %w", err)
-		}
-		n, _ := res.RowsAffected()
-		total += n
-		if n < 5000 {
-			return total, nil
-		}
-	}
+	return s.impl().Requeue(ctx, ids...)
 }
 
 // Pending returns how many stored messages wait to be dispatched (parked
 // rows not included: see [Store.ParkedCount]).
-func (s *Store) Pending(ctx context.Context) (int64, error) {
-	var n int64
-	if err := s.db.QueryRowContext(ctx, s.q.pendingCount).Scan(&n); err != nil {
-		return 0, fmt.Errorf("store: counting pending outbox messages: %w", err)
-	}
-	return n, nil
+func (s *Store) Pending(ctx context.Context) (int64, error) { return s.impl().Pending(ctx) }
+
+// PurgeDispatched deletes the messages dispatched before before, and
+// returns how many it deleted. The outbox plugin runs it on its retention.
+func (s *Store) PurgeDispatched(ctx context.Context, before time.Time) (int64, error) {
+	return s.impl().PurgeDispatched(ctx, before)
 }

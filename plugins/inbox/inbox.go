@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqlstore"
 	"github.com/plugbus/plugbus/store"
 )
 
@@ -77,8 +78,8 @@ func WithoutMigrate() Option { return func(c *config) { c.noMigrate = true } }
 
 // Plugin is the inbox plugin: a [bus.Plugin] over one store.
 type Plugin struct {
-	s   Store
-	cfg config
+	records Store
+	cfg     config
 }
 
 // New returns the inbox plugin on s.
@@ -89,7 +90,7 @@ func New(s Store, opts ...Option) *Plugin {
 			o(&c)
 		}
 	}
-	return &Plugin{s: s, cfg: c}
+	return &Plugin{records: s, cfg: c}
 }
 
 // ErrNoStore is returned when the plugin is given no store.
@@ -101,7 +102,7 @@ var ErrNoEndpoint = errors.New("inbox: the bus has no endpoint; add bus.WithEndp
 
 // Instantiate makes the inbox middleware of one bus.
 func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
-	if p == nil || p.s == nil {
+	if p == nil || p.records == nil {
 		return bus.Middleware{}, ErrNoStore
 	}
 	if info.Endpoint == "" {
@@ -110,25 +111,25 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	if p.cfg.retention <= 0 || p.cfg.cleanup <= 0 {
 		return bus.Middleware{}, fmt.Errorf("inbox: retention (%s) and cleanup interval (%s) must be positive", p.cfg.retention, p.cfg.cleanup)
 	}
-	m := &middleware{s: p.s, cfg: p.cfg, endpoint: info.Endpoint, logger: info.Logger.With(slog.String("middleware", "inbox"))}
+	m := &middleware{records: p.records, cfg: p.cfg, endpoint: info.Endpoint, logger: info.Logger.With(slog.String("middleware", "inbox"))}
 	mw := bus.Middleware{Name: "inbox", Incoming: m.incoming, Start: m.start, Stop: m.stop}
-	if sql, ok := p.s.(*store.Store); ok {
-		m.sql = sql
+	if st, ok := p.records.(*store.Store); ok {
+		m.sqlStore = (*sqlstore.Store)(st)
 		mw.Handling = m.handling
 	}
 	return mw, nil
 }
 
 type middleware struct {
-	s        Store
-	sql      *store.Store
+	records  Store
+	sqlStore *sqlstore.Store // when records is a SQL store: the handler stage records each handler in its transaction
 	cfg      config
 	endpoint string
 	logger   *slog.Logger
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	mu          sync.Mutex
+	stopCleanup context.CancelFunc
+	wg          sync.WaitGroup
 }
 
 func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
@@ -137,7 +138,7 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 		in.Logger().WarnContext(ctx, "inbox: message without id; it cannot be deduplicated")
 		return next(ctx)
 	}
-	seen, err := m.s.Processed(ctx, m.endpoint, id)
+	seen, err := m.records.Processed(ctx, m.endpoint, id)
 	if err != nil {
 		return fmt.Errorf("inbox: looking up message %s (it is retried): %w", id, err)
 	}
@@ -148,7 +149,7 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 	if err := next(ctx); err != nil {
 		return err
 	}
-	if err := m.s.MarkProcessed(context.WithoutCancel(ctx), m.endpoint, id); err != nil {
+	if err := m.records.MarkProcessed(context.WithoutCancel(ctx), m.endpoint, id); err != nil {
 		// The message was processed: failing it now would process it again.
 		in.Logger().WarnContext(ctx, "inbox: recording the processed message failed; a later duplicate may be processed again", slog.Any("error", err))
 	}
@@ -160,8 +161,8 @@ func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Nex
 	if id == "" {
 		return next(ctx)
 	}
-	return m.sql.InTx(ctx, func(ctx context.Context, tx *store.Tx) error {
-		first, err := m.sql.ClaimHandler(ctx, tx, m.endpoint, id, h.HandlerName())
+	return m.sqlStore.InTx(ctx, func(ctx context.Context, tx *sqlstore.Tx) error {
+		first, err := m.sqlStore.ClaimHandler(ctx, tx, m.endpoint, id, h.HandlerName())
 		if err != nil {
 			return fmt.Errorf("inbox: %w", err)
 		}
@@ -179,7 +180,7 @@ func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Nex
 		// flushed after tx commits, and may fail: recording the handler
 		// now would skip it on the retry and lose them. The message-level
 		// record, written once every handler and flush succeeded, covers it.
-		if err := m.sql.ReleaseHandler(ctx, tx, m.endpoint, id, h.HandlerName()); err != nil {
+		if err := m.sqlStore.ReleaseHandler(ctx, tx, m.endpoint, id, h.HandlerName()); err != nil {
 			return fmt.Errorf("inbox: %w", err)
 		}
 		return nil
@@ -191,33 +192,33 @@ type migrator interface {
 }
 
 func (m *middleware) start(ctx context.Context) error {
-	if mg, ok := m.s.(migrator); ok && !m.cfg.noMigrate {
+	if mg, ok := m.records.(migrator); ok && !m.cfg.noMigrate {
 		if err := mg.Migrate(ctx); err != nil {
 			return fmt.Errorf("inbox: creating tables (or pass inbox.WithoutMigrate and migrate yourself): %w", err)
 		}
 	}
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	cleanupCtx, stopCleanup := context.WithCancel(context.WithoutCancel(ctx))
 	m.mu.Lock()
-	m.cancel = cancel
+	m.stopCleanup = stopCleanup
 	m.mu.Unlock()
-	m.wg.Go(func() { m.cleanupLoop(cctx) })
+	m.wg.Go(func() { m.cleanupLoop(cleanupCtx) })
 	return nil
 }
 
 func (m *middleware) stop(context.Context) error {
 	m.mu.Lock()
-	cancel := m.cancel
+	stopCleanup := m.stopCleanup
 	m.mu.Unlock()
-	if cancel != nil {
-		cancel()
+	if stopCleanup != nil {
+		stopCleanup()
 	}
 	m.wg.Wait()
 	return nil
 }
 
 func (m *middleware) cleanupLoop(ctx context.Context) {
-	store.RunPurge(ctx, m.cfg.cleanup, m.logger, "inbox cleanup", func(ctx context.Context) (int64, error) {
-		return m.s.PurgeProcessed(ctx, time.Now().Add(-m.cfg.retention))
+	sqlstore.RunPurge(ctx, m.cfg.cleanup, m.logger, "inbox cleanup", func(ctx context.Context) (int64, error) {
+		return m.records.PurgeProcessed(ctx, time.Now().Add(-m.cfg.retention))
 	})
 }
 

@@ -234,7 +234,7 @@ func TestExactlyOnceWithOutbox(t *testing.T) {
 						if _, err := outbox.Tx(ctx).ExecContext(ctx, db.Rebind("UPDATE "+counters+" SET n = n + 1 WHERE k = ?"), m.N); err != nil {
 							return err
 						}
-						if err := b.Send(ctx, Done{N: m.N}); err != nil {
+						if err := b.Send(ctx, Done(m)); err != nil {
 							return err
 						}
 						if m.N == 2 {
@@ -391,7 +391,7 @@ func TestFailedFlushWithoutOutbox(t *testing.T) {
 			bus.WithMiddleware(inbox.New(st)),
 			bus.WithHandler(func(ctx context.Context, m Work, _ bus.Attributes) error {
 				runs.Add(1)
-				return b.Send(ctx, Done{N: m.N}, bus.To("sink"))
+				return b.Send(ctx, Done(m), bus.To("sink"))
 			}, bus.HandlerName("work")))
 		if err != nil {
 			t.Fatal(err)

@@ -63,7 +63,7 @@ func seed(b *testing.B, st *store.Store, pb *bus.Bus, n int) {
 // BenchmarkRelayThroughput measures how fast the relay moves stored
 // messages to the memory transport.
 func BenchmarkRelayThroughput(b *testing.B) {
-	for _, kind := range storetest.Kinds {
+	for _, kind := range storetest.Kinds() {
 		b.Run(kind, func(b *testing.B) {
 			db := storetest.New(b, kind)
 			st := db.Open(b)
@@ -131,8 +131,8 @@ func BenchmarkCommitToDispatch(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				var committed time.Time
-				err := st.InTx(ctx, func(ctx context.Context, tx *store.Tx) error {
-					err := rb.Send(bus.ContextWithOutbox(ctx, rb, tx), Done{N: i})
+				err := outbox.Within(ctx, rb, st, func(ctx context.Context, _ *sql.Tx) error {
+					err := rb.Send(ctx, Done{N: i})
 					committed = time.Now()
 					return err
 				})

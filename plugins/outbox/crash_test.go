@@ -210,7 +210,7 @@ func runChild(d storetest.DB) error {
 			if _, err := outbox.Tx(ctx).ExecContext(ctx, incr, m.N); err != nil {
 				return err
 			}
-			return b.Send(ctx, Done{N: m.N})
+			return b.Send(ctx, Done(m))
 		}, bus.HandlerName("work")))
 	if err != nil {
 		return err
@@ -240,7 +240,7 @@ func TestCrash(t *testing.T) {
 	if testing.Short() {
 		t.Skip("crash test skipped in -short mode")
 	}
-	for _, kind := range storetest.Kinds {
+	for _, kind := range storetest.Kinds() {
 		t.Run(kind, func(t *testing.T) {
 			ctx := context.Background()
 			d := storetest.New(t, kind)

@@ -17,6 +17,61 @@ type OrderPlaced struct{ ID int }
 
 func (OrderPlaced) MessageName() string { return "orders.placed" }
 
+type PlaceOrder struct{ ID int }
+
+func (PlaceOrder) MessageName() string { return "orders.place" }
+
+// A handler writes its data in its transaction (outbox.Tx) and publishes:
+// the row and the message commit together, and the relay publishes the
+// message after the commit.
+func Example() {
+	dir, _ := os.MkdirTemp("", "outbox-example")
+	defer os.RemoveAll(dir)
+	st, err := sqlite.Open(filepath.Join(dir, "orders.db"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer st.Close()
+	ctx := context.Background()
+	if _, err := st.DB().ExecContext(ctx, "CREATE TABLE orders (id INTEGER PRIMARY KEY)"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	placed := make(chan int, 1)
+	b, err := bus.New(bus.WithEndpoint("orders"), bus.WithLogger(slog.New(slog.DiscardHandler)),
+		bus.WithMiddleware(outbox.New(st)),
+		bus.WithHandler(func(ctx context.Context, m PlaceOrder, _ bus.Attributes) error {
+			if _, err := outbox.Tx(ctx).ExecContext(ctx, "INSERT INTO orders (id) VALUES (?)", m.ID); err != nil {
+				return err
+			}
+			self, _, _ := bus.MessageContext(ctx)    // the bus handling m
+			return self.Publish(ctx, OrderPlaced(m)) // stored in the same transaction
+		}),
+		bus.WithHandler(func(_ context.Context, m OrderPlaced, _ bus.Attributes) error { placed <- m.ID; return nil }))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := b.Start(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer b.Stop(ctx)
+
+	if err := b.Send(ctx, PlaceOrder{ID: 42}, bus.To("orders")); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("published: order", <-placed)
+	var orders int
+	_ = st.DB().QueryRowContext(ctx, "SELECT count(*) FROM orders").Scan(&orders)
+	fmt.Println("orders stored:", orders)
+	// Output:
+	// published: order 42
+	// orders stored: 1
+}
+
 // An HTTP handler (no message drives it) writes an order and publishes
 // OrderPlaced atomically with Within; the relay publishes after the commit.
 func ExampleWithin() {

@@ -13,14 +13,17 @@
 // middleware re-run), marks them dispatched and deletes them after the
 // retention window. It wakes on commit and polls as a fallback.
 //
-//	st, _ := sqlite.Open("orders.db")
-//	b, _ := bus.New(bus.WithEndpoint("orders"),
+//	st, err := sqlite.Open("orders.db")
+//	if err != nil { ... }
+//	defer st.Close()
+//	b, err := bus.New(bus.WithEndpoint("orders"),
 //		bus.WithMiddleware(outbox.New(st), inbox.New(st)),
 //		bus.WithHandler(func(ctx context.Context, m PlaceOrder, _ bus.Attributes) error {
-//			if _, err := outbox.Tx(ctx).ExecContext(ctx, "INSERT INTO orders ..."); err != nil {
+//			if _, err := outbox.Tx(ctx).ExecContext(ctx, "INSERT INTO orders (id) VALUES (?)", m.ID); err != nil {
 //				return err
 //			}
-//			return b.Publish(ctx, OrderPlaced{ID: m.ID}) // stored in the same transaction
+//			self, _, _ := bus.MessageContext(ctx) // the bus handling m
+//			return self.Publish(ctx, OrderPlaced{ID: m.ID}) // stored in the same transaction
 //		}))
 //
 // Outside handlers, [Within] gives the same guarantee to code that is not
@@ -39,6 +42,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqlstore"
 	"github.com/plugbus/plugbus/store"
 )
 
@@ -88,8 +92,8 @@ func WithoutMigrate() Option { return func(c *config) { c.noMigrate = true } }
 
 // Plugin is the outbox plugin: a [bus.Plugin] over one store.
 type Plugin struct {
-	s   *store.Store
-	cfg config
+	store *sqlstore.Store
+	cfg   config
 }
 
 // New returns the outbox plugin on s. Pass the same store to inbox.New to
@@ -101,7 +105,7 @@ func New(s *store.Store, opts ...Option) *Plugin {
 			o(&c)
 		}
 	}
-	return &Plugin{s: s, cfg: c}
+	return &Plugin{store: (*sqlstore.Store)(s), cfg: c}
 }
 
 // ErrNoStore is returned when the plugin is given no store.
@@ -109,19 +113,19 @@ var ErrNoStore = errors.New("outbox: nil store: pass the *store.Store from sqlit
 
 // Instantiate makes the outbox middleware of one bus.
 func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
-	if p == nil || p.s == nil {
+	if p == nil || p.store == nil {
 		return bus.Middleware{}, ErrNoStore
 	}
 	c := p.cfg
 	if c.batch < 1 || c.poll <= 0 || c.retention < 0 || c.cleanup <= 0 || c.relayWorkers < 1 {
 		return bus.Middleware{}, fmt.Errorf("outbox: invalid options (batch %d, poll %s, retention %s, cleanup %s, relays %d): sizes and intervals must be positive", c.batch, c.poll, c.retention, c.cleanup, c.relayWorkers)
 	}
-	r := &relay{s: p.s, b: info.Bus, cfg: c, logger: info.Logger.With(slog.String("middleware", "outbox"))}
-	s := p.s
+	r := &relay{store: p.store, bus: info.Bus, cfg: c, logger: info.Logger.With(slog.String("middleware", "outbox"))}
+	st := p.store
 	return bus.Middleware{
 		Name: "outbox",
 		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
-			return s.InTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+			return st.InTx(ctx, func(ctx context.Context, tx *sqlstore.Tx) error {
 				restore, err := h.UseOutbox(ctx, tx)
 				defer restore() // sends after this transaction go to the bus's buffer again
 				if err != nil {
@@ -140,7 +144,7 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 // running with ctx, or nil outside one. Write the handler's data with it:
 // it commits with the messages the handler sends, or not at all.
 func Tx(ctx context.Context) *sql.Tx {
-	if t := store.TxFrom(ctx); t != nil {
+	if t := sqlstore.TxFrom(ctx); t != nil {
 		return t.SQL()
 	}
 	return nil
@@ -160,41 +164,41 @@ func Within(ctx context.Context, b *bus.Bus, s *store.Store, fn func(ctx context
 	if b == nil || s == nil {
 		return errors.New("outbox: Within: nil bus or store")
 	}
-	return s.InTx(ctx, func(ctx context.Context, tx *store.Tx) error {
+	return (*sqlstore.Store)(s).InTx(ctx, func(ctx context.Context, tx *sqlstore.Tx) error {
 		return fn(bus.ContextWithOutbox(ctx, b, tx), tx.SQL())
 	})
 }
 
 // relay dispatches committed messages and deletes old ones.
 type relay struct {
-	s      *store.Store
-	b      *bus.Bus
+	store  *sqlstore.Store
+	bus    *bus.Bus
 	cfg    config
 	logger *slog.Logger
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	mu        sync.Mutex
+	stopLoops context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 func (r *relay) start(ctx context.Context) error {
 	if !r.cfg.noMigrate {
-		if err := r.s.Migrate(ctx); err != nil {
+		if err := r.store.Migrate(ctx); err != nil {
 			return fmt.Errorf("outbox: creating tables (or pass outbox.WithoutMigrate and migrate yourself): %w", err)
 		}
 	}
 	if r.cfg.noRelay {
 		return nil
 	}
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	rctx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	r.mu.Lock()
-	r.cancel = cancel
+	r.stopLoops = stopLoops
 	r.mu.Unlock()
 	for range r.cfg.relayWorkers {
 		r.wg.Go(func() { r.loop(rctx) })
 	}
 	r.wg.Go(func() { r.cleanupLoop(rctx) })
-	if n := r.s.Notifier(); n != nil {
+	if n := r.store.Notifier(); n != nil {
 		r.wg.Go(func() { r.listen(rctx, n) })
 	}
 	return nil
@@ -202,10 +206,10 @@ func (r *relay) start(ctx context.Context) error {
 
 func (r *relay) stop(context.Context) error {
 	r.mu.Lock()
-	cancel := r.cancel
+	stopLoops := r.stopLoops
 	r.mu.Unlock()
-	if cancel != nil {
-		cancel()
+	if stopLoops != nil {
+		stopLoops()
 	}
 	r.wg.Wait()
 	return nil
@@ -217,11 +221,11 @@ func (r *relay) loop(ctx context.Context) {
 	poll := time.NewTimer(r.cfg.poll)
 	defer poll.Stop()
 	for {
-		woken := r.s.Committed()
+		woken := r.store.Committed()
 		if !retryAt.IsZero() && !time.Now().Before(retryAt) {
 			retryAt = time.Time{} // due: this DispatchPending takes it
 		}
-		n, err := r.s.DispatchPending(ctx, r.cfg.batch, r.b.Dispatch)
+		n, err := r.store.DispatchPending(ctx, r.cfg.batch, r.bus.Dispatch)
 		if ctx.Err() != nil {
 			return
 		}
@@ -232,7 +236,7 @@ func (r *relay) loop(ctx context.Context) {
 			// Refused rows wait for their own retry time (or are parked)
 			// and the others go on; the relay itself backs off only when
 			// nothing got through: the database or the transport is down.
-			var de *store.DispatchError
+			var de *sqlstore.DispatchError
 			refused := errors.As(err, &de)
 			if refused && n > 0 {
 				backoff = 0
@@ -268,12 +272,12 @@ func (r *relay) loop(ctx context.Context) {
 }
 
 // earliestRetry returns the earliest RetryAt of the refused rows in err
-// (a *store.DispatchError, or several joined), zero when there is none.
+// (a *sqlstore.DispatchError, or several joined), zero when there is none.
 func earliestRetry(err error) time.Time {
 	var t time.Time
 	var visit func(error)
 	visit = func(err error) {
-		var de *store.DispatchError
+		var de *sqlstore.DispatchError
 		switch e := err.(type) {
 		case nil:
 		case interface{ Unwrap() []error }:
@@ -291,20 +295,20 @@ func earliestRetry(err error) time.Time {
 }
 
 func (r *relay) cleanupLoop(ctx context.Context) {
-	store.RunPurge(ctx, r.cfg.cleanup, r.logger, "outbox cleanup", func(ctx context.Context) (int64, error) {
-		return r.s.PurgeDispatched(ctx, time.Now().Add(-r.cfg.retention))
+	sqlstore.RunPurge(ctx, r.cfg.cleanup, r.logger, "outbox cleanup", func(ctx context.Context) (int64, error) {
+		return r.store.PurgeDispatched(ctx, time.Now().Add(-r.cfg.retention))
 	})
 }
 
-func (r *relay) listen(ctx context.Context, n store.Notifier) {
+func (r *relay) listen(ctx context.Context, n sqlstore.Notifier) {
 	var backoff time.Duration
 	for {
 		var listening atomic.Bool
-		err := n.Listen(ctx, r.s.Channel(), func() {
+		err := n.Listen(ctx, r.store.Channel(), func() {
 			// The notifier wakes once right after LISTEN took effect: the
 			// connection works, so the next loss starts a fresh backoff.
 			listening.Store(true)
-			r.s.Wake()
+			r.store.Wake()
 		})
 		if ctx.Err() != nil {
 			return

@@ -110,7 +110,7 @@ func TestHandlerTransaction(t *testing.T) {
 				if _, err := tx.ExecContext(ctx, db.Rebind("INSERT INTO "+data+" (n) VALUES (?)"), m.N); err != nil {
 					return err
 				}
-				if err := b.Send(ctx, Done{N: m.N}, bus.To("sink"), bus.WithMessageID(fmt.Sprintf("done-%d", m.N))); err != nil {
+				if err := b.Send(ctx, Done(m), bus.To("sink"), bus.WithMessageID(fmt.Sprintf("done-%d", m.N))); err != nil {
 					return err
 				}
 				if attempts.Add(1) == 1 {
@@ -218,7 +218,7 @@ func TestWithinInsideAHandler(t *testing.T) {
 					if _, err := tx.ExecContext(ctx, db.Rebind("INSERT INTO "+orders+" (id) VALUES (?)"), m.N); err != nil {
 						return err
 					}
-					return b.Send(ctx, Done{N: m.N})
+					return b.Send(ctx, Done(m))
 				})
 				if err != nil {
 					return err

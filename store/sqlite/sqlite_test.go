@@ -13,9 +13,10 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// Several stores opening and migrating one fresh file at once: switching
-// to WAL on every new connection used to fail with SQLITE_BUSY.
-func TestConcurrentOpenFreshFile(t *testing.T) {
+// Several stores open and migrate one fresh file at once, all in WAL mode:
+// WAL is switched on once per file, which does not fail with SQLITE_BUSY
+// as switching it on every new connection would.
+func TestConcurrentOpensOfAFreshFileAllUseWAL(t *testing.T) {
 	for range 30 {
 		path := filepath.Join(t.TempDir(), "x.db")
 		var wg sync.WaitGroup

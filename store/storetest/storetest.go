@@ -116,13 +116,13 @@ func New(t testing.TB, kind string) DB {
 	return DB{}
 }
 
-// Kinds lists the database kinds, SQLite first.
-var Kinds = []string{SQLite, Postgres}
+// Kinds returns the database kinds, SQLite first.
+func Kinds() []string { return []string{SQLite, Postgres} }
 
 // Each runs fn as a subtest for each kind of database, each with a fresh one.
 func Each(t *testing.T, fn func(t *testing.T, db DB)) {
 	t.Helper()
-	for _, k := range Kinds {
+	for _, k := range Kinds() {
 		t.Run(k, func(t *testing.T) { fn(t, New(t, k)) })
 	}
 }

@@ -1,4 +1,4 @@
-package store
+package sqlstore
 
 import (
 	"context"
@@ -11,17 +11,17 @@ import (
 
 // Tx is a transaction of a [Store] in progress, carried in a context. The
 // outbox and inbox plugins open one per handler; the handler reads it with
-// outbox.Tx(ctx) (or [TxFrom]) to write its own data in it.
+// outbox.Tx(ctx) to write its own data in it.
 //
 // Tx is a [bus.Outbox]: messages added to it are stored in the outbox
 // table within the transaction and dispatched by the relay once it commits.
 type Tx struct {
-	s  *Store
-	tx *sql.Tx
+	store *Store
+	sqlTx *sql.Tx
 
-	mu     sync.Mutex
-	added  bool
-	outbox bool // the handler's sends are stored in this transaction
+	mu             sync.Mutex // guards sqlTx's use, storedMessages and carriesOutbox
+	storedMessages bool       // since the last commit: the relays are woken
+	carriesOutbox  bool
 }
 
 type txKey struct{}
@@ -33,10 +33,7 @@ func TxFrom(ctx context.Context) *Tx {
 }
 
 // SQL returns the database transaction.
-func (t *Tx) SQL() *sql.Tx { return t.tx }
-
-// Store returns the store the transaction belongs to.
-func (t *Tx) Store() *Store { return t.s }
+func (t *Tx) SQL() *sql.Tx { return t.sqlTx }
 
 // InTx runs fn in a transaction of s. When ctx already carries a
 // transaction of s, fn joins it and the caller that opened it commits;
@@ -46,14 +43,14 @@ func (t *Tx) Store() *Store { return t.s }
 // A commit that stored outgoing messages wakes the relays of this process
 // and, on PostgreSQL, of every process (NOTIFY).
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	if t := TxFrom(ctx); t != nil && t.s == s {
+	if t := TxFrom(ctx); t != nil && t.store == s {
 		return fn(ctx, t)
 	}
 	sqlTx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: beginning a transaction: %w", err)
 	}
-	t := &Tx{s: s, tx: sqlTx}
+	t := &Tx{store: s, sqlTx: sqlTx}
 	done := false
 	defer func() {
 		if !done {
@@ -64,11 +61,11 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 		return err
 	}
 	t.mu.Lock()
-	added := t.added
-	t.added = false
+	stored := t.storedMessages
+	t.storedMessages = false
 	t.mu.Unlock()
-	if added && s.d.skipLocked {
-		if _, err := sqlTx.ExecContext(ctx, s.q.notify, s.Channel()); err != nil {
+	if stored && s.dialect.rowLocks() {
+		if _, err := sqlTx.ExecContext(ctx, s.queries.notify, s.Channel()); err != nil {
 			return fmt.Errorf("store: notifying the outbox relays: %w", err)
 		}
 	}
@@ -76,8 +73,8 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 	if err := sqlTx.Commit(); err != nil {
 		return fmt.Errorf("store: commit: %w", err)
 	}
-	if added {
-		s.signal()
+	if stored {
+		s.Wake()
 	}
 	return nil
 }
@@ -88,7 +85,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 // done in t, since its sends commit with the record.
 func (t *Tx) SetCarriesOutbox() {
 	t.mu.Lock()
-	t.outbox = true
+	t.carriesOutbox = true
 	t.mu.Unlock()
 }
 
@@ -96,7 +93,7 @@ func (t *Tx) SetCarriesOutbox() {
 func (t *Tx) CarriesOutbox() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.outbox
+	return t.carriesOutbox
 }
 
 // Add stores m in the outbox table within the transaction. It implements
@@ -109,10 +106,10 @@ func (t *Tx) Add(ctx context.Context, m bus.Outbound) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, err := t.tx.ExecContext(ctx, t.s.q.insertOutbox, row...); err != nil {
+	if _, err := t.sqlTx.ExecContext(ctx, t.store.queries.insertOutbox, row...); err != nil {
 		return fmt.Errorf("store: storing %s (id %s) in the outbox: %w", m.Envelope.Name, m.Envelope.Attributes.MessageID, err)
 	}
-	t.added = true
+	t.storedMessages = true
 	return nil
 }
 

@@ -1,4 +1,4 @@
-package store
+package sqlstore
 
 import (
 	"strconv"
@@ -20,7 +20,7 @@ type queries struct {
 // Rebind rewrites the ? placeholders of q for d: $1, $2, ... on PostgreSQL,
 // unchanged on SQLite.
 func (d Dialect) Rebind(q string) string {
-	if !d.numbered {
+	if !d.numberedPlaceholders() {
 		return q
 	}
 	var b strings.Builder
@@ -42,24 +42,24 @@ const outboxColumns = "id, attempts, message_id, kind, destination, name, conten
 // addColumn is a column added to the outbox table after its first release:
 // Migrate adds it to tables created before.
 type addColumn struct {
-	table tableName
+	table Table
 	name  string
 	def   string // type and constraints
 }
 
-func buildQueries(d Dialect, ot, it tableName) queries {
+func buildQueries(d Dialect, ot, it Table) queries {
 	o, i := ot.quoted(), it.quoted()
-	idx := func(t tableName, suffix string) string { return `"` + t.name + "_" + suffix + `"` }
+	idx := func(t Table, suffix string) string { return `"` + t.Name + "_" + suffix + `"` }
 	q := queries{
 		ddl: []string{
 			`CREATE TABLE IF NOT EXISTS ` + o + ` (
-	id ` + d.serial + `,
+	id ` + d.serialPrimaryKey() + `,
 	message_id TEXT NOT NULL,
 	kind SMALLINT NOT NULL,
 	destination TEXT NOT NULL,
 	name TEXT NOT NULL,
 	content_type TEXT NOT NULL,
-	body ` + d.blob + ` NOT NULL,
+	body ` + d.blobType() + ` NOT NULL,
 	correlation_id TEXT NOT NULL,
 	sent_at BIGINT NOT NULL,
 	attrs TEXT NOT NULL,
@@ -103,7 +103,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		purgeInbox:     `DELETE FROM ` + i + ` WHERE processed_at < ?`,
 		notify:         `SELECT pg_notify(?, '')`,
 	}
-	if d.numbered {
+	if d.numberedPlaceholders() {
 		q.markDispatched = `UPDATE ` + o + ` SET dispatched_at = ?, attempts = attempts + 1 WHERE id = ANY(?)`
 	} else {
 		q.markDispatched = `UPDATE ` + o + ` SET dispatched_at = ?, attempts = attempts + 1 WHERE id IN (SELECT value FROM json_each(?))`

@@ -1,0 +1,39 @@
+package sqlstore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/plugbus/plugbus/internal/sqlstore"
+	"github.com/plugbus/plugbus/store/storetest"
+)
+
+// Migrate adds the columns of this release to an outbox table created by
+// an earlier one, keeping its rows.
+func TestMigrateAddsColumns(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		ctx := context.Background()
+		st := (*sqlstore.Store)(db.Open(t))
+		blob, serial := "BLOB", "INTEGER PRIMARY KEY"
+		if db.Kind == storetest.Postgres {
+			blob, serial = "BYTEA", "BIGSERIAL PRIMARY KEY"
+		}
+		storetest.Exec(t, st.DB(), `CREATE TABLE `+st.OutboxTable()+` (id `+serial+`, message_id TEXT NOT NULL, kind SMALLINT NOT NULL,
+	destination TEXT NOT NULL, name TEXT NOT NULL, content_type TEXT NOT NULL, body `+blob+` NOT NULL, correlation_id TEXT NOT NULL,
+	sent_at BIGINT NOT NULL, attrs TEXT NOT NULL, headers TEXT NOT NULL, created_at BIGINT NOT NULL, dispatched_at BIGINT,
+	attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT)`)
+		storetest.Exec(t, st.DB(), `INSERT INTO `+st.OutboxTable()+` (message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, created_at)
+	VALUES ('old-1', 1, 'dest', 'test.msg', 'application/json', '{}', 'c', 0, '{}', '{}', 0)`)
+		for range 2 { // idempotent
+			if err := st.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Open(t).Migrate(ctx); err != nil { // another store on the same tables
+				t.Fatal(err)
+			}
+		}
+		if ids, n, err := dispatchedIDs(t, st, 10); n != 1 || err != nil || ids[0] != "old-1" {
+			t.Fatalf("DispatchPending on a migrated table = %d, %v, %v; want old-1", n, ids, err)
+		}
+	})
+}

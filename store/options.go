@@ -1,0 +1,91 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Option configures a [Store].
+type Option func(*config) error
+
+type config struct {
+	outbox, inbox      string
+	notifier           Notifier
+	logger             *slog.Logger
+	closeDB            bool
+	dispatchAttempts   int
+	dispatchBackoff    time.Duration
+	dispatchMaxBackoff time.Duration
+}
+
+// Defaults of [WithDispatchAttempts] and [WithDispatchBackoff].
+const (
+	DefaultDispatchAttempts   = 10
+	DefaultDispatchBackoff    = time.Second
+	DefaultDispatchMaxBackoff = 5 * time.Minute
+)
+
+// WithDispatchAttempts sets how many times the outbox relay hands a stored
+// message to the transport before it parks it (default 10): a parked row
+// stays in the table with its last error, is no longer dispatched, and is
+// listed by [Store.Parked] and sent again after [Store.Requeue].
+func WithDispatchAttempts(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("store: WithDispatchAttempts(%d): give at least 1", n)
+		}
+		c.dispatchAttempts = n
+		return nil
+	}
+}
+
+// WithDispatchBackoff sets how long a stored message the transport refused
+// waits before it is tried again: first after the first failure, doubling
+// after each further one, at most most (default 1s doubling to 5m). The
+// other messages are dispatched meanwhile.
+func WithDispatchBackoff(first, most time.Duration) Option {
+	return func(c *config) error {
+		if first <= 0 || most < first {
+			return fmt.Errorf("store: WithDispatchBackoff(%s, %s): first must be positive and at most most", first, most)
+		}
+		c.dispatchBackoff, c.dispatchMaxBackoff = first, most
+		return nil
+	}
+}
+
+// WithOutboxTable names the outbox table (default "plugbus_outbox"). On
+// PostgreSQL it may be schema-qualified ("app.outbox"); the schema must exist.
+func WithOutboxTable(name string) Option {
+	return func(c *config) error { c.outbox = name; return nil }
+}
+
+// WithInboxTable names the inbox table (default "plugbus_inbox"). On
+// PostgreSQL it may be schema-qualified ("app.inbox"); the schema must exist.
+func WithInboxTable(name string) Option {
+	return func(c *config) error { c.inbox = name; return nil }
+}
+
+// WithNotifier wakes relays in other processes on commit. Package
+// store/postgres sets it.
+func WithNotifier(n Notifier) Option {
+	return func(c *config) error { c.notifier = n; return nil }
+}
+
+// WithLogger sets the logger. The default is slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("store: WithLogger: nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithCloseDB makes [Store.Close] close the database. Open functions of
+// the dialect packages set it.
+func WithCloseDB() Option {
+	return func(c *config) error { c.closeDB = true; return nil }
+}
