@@ -37,6 +37,7 @@ type Bus struct {
 	handles        []string
 	routes         map[string]string
 	unhandled      UnhandledPolicy
+	permanent      []func(error) bool // classifiers (WithPermanentErrors)
 	mws            []Middleware
 	instance       bool // a middleware needs an instance queue
 
@@ -91,6 +92,7 @@ func New(opts ...Option) (*Bus, error) {
 		maxAttempts: c.maxAttempts, concurrency: c.concurrency,
 		handlers: make(map[string][]*handler),
 		routes:   c.routes, unhandled: c.unhandled,
+		permanent: c.permanent,
 	}
 	b.hv, _ = c.transport.(HeaderValidator)
 	b.releaser, _ = c.transport.(DeliveryReleaser)

@@ -52,8 +52,12 @@
 //
 // A message returned for retry comes back with its attempt raised; after
 // [WithMaxAttempts] deliveries it goes to the endpoint's dead-letter queue
-// with its [Failure]. A message that cannot be decoded is dead-lettered at
-// once. So is a message whose name none of the bus's handlers handles,
+// with its [Failure]. A permanent failure, which no retry can fix, is
+// dead-lettered at once, on its first attempt, with a reason that says so
+// ([IsPermanent]): an error marked with [Permanent] by a handler or a
+// middleware (also in another process), one a classifier of the bus marks
+// ([WithPermanentErrors]), and a message that cannot be decoded. So is a
+// message whose name none of the bus's handlers handles,
 // once its incoming middleware passed it on (a [*NoHandlerError] naming
 // the message and the endpoint, logged at WARN); [WithUnhandled] with
 // [UnhandledDiscard] deletes such messages instead, logged at INFO and

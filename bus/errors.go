@@ -133,9 +133,9 @@ func (e *DecodeError) Unwrap() error { return e.Err }
 // NoHandlerError reports a received message whose name no handler of the
 // bus handles and that no incoming middleware handled either (a reply
 // resolved by request/reply, a message a filter stopped). Like a
-// [*DecodeError] it is poison ([IsPoison]): the message is dead-lettered at
-// once, with this error as the reason — unless the bus discards such
-// messages ([WithUnhandled]).
+// [*DecodeError] it is permanent ([IsPermanent]): the message is
+// dead-lettered at once, with this error as the reason — unless the bus
+// discards such messages ([WithUnhandled]).
 type NoHandlerError struct {
 	// Message is the message's name as received. It may be any bytes,
 	// including invalid UTF-8: Error quotes it.
@@ -174,37 +174,6 @@ func (e *PanicError) Is(target error) bool { return target == ErrPanic }
 func (e *PanicError) Unwrap() error {
 	if err, ok := e.Value.(error); ok {
 		return err
-	}
-	return nil
-}
-
-// IsPoison reports whether err says the message can never be processed,
-// as opposed to a handler's failure that a retry may fix: the bus could
-// not decode it (a [*DecodeError]), or no handler handles its name (a
-// [*NoHandlerError]). It looks for either error from the bus itself,
-// possibly wrapped by middleware, but not one a handler returned (a
-// handler's error inside a HandlerDispatchRejectedError is retried like
-// any other).
-func IsPoison(err error) bool { return poisonCause(err) != nil }
-
-// poisonCause returns the *DecodeError or *NoHandlerError of the bus that
-// makes err poison, or nil.
-func poisonCause(err error) error {
-	for err != nil {
-		switch e := err.(type) {
-		case *DecodeError, *NoHandlerError:
-			return e
-		case *HandlerDispatchRejectedError:
-			return nil
-		case interface{ Unwrap() []error }:
-			for _, inner := range e.Unwrap() {
-				if p := poisonCause(inner); p != nil {
-					return p
-				}
-			}
-			return nil
-		}
-		err = errors.Unwrap(err)
 	}
 	return nil
 }

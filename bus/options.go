@@ -21,6 +21,7 @@ type config struct {
 	maxAttempts int
 	routes      map[string]string
 	unhandled   UnhandledPolicy
+	permanent   []func(error) bool
 }
 
 // WithTransport sets the transport. The default is an in-memory transport

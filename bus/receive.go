@@ -47,30 +47,34 @@ func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 		defer b.releaser.ReleaseDelivery(d)
 	}
 	var serr error
-	var poison error
+	var permanent error
 	if err != nil {
-		poison = poisonCause(err)
+		permanent = b.permanentCause(ctx, err)
 	}
 	switch {
 	case err == nil:
 		serr = b.t.Delete(sctx, d)
-	case poison == nil && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
+	case permanent == nil && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
 		// Stop cancelled the handlers: the attempt was interrupted, not
 		// failed, so even a last attempt is retried rather than
 		// dead-lettered — unless the broker would dead-letter it on its
 		// next receive, without the reason (ReceiveCounter).
 		serr = b.t.Return(sctx, d, err)
 		b.logger.WarnContext(ctx, "message returned for retry: the bus stopped while it was handled", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
-	case poison != nil || d.Attempt >= b.maxAttempts:
-		serr = b.t.Fail(sctx, d, Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
-		if _, unhandled := poison.(*NoHandlerError); unhandled {
+	case permanent != nil || d.Attempt >= b.maxAttempts:
+		reason := err.Error()
+		if permanent != nil {
+			reason += permanentReason
+		}
+		serr = b.t.Fail(sctx, d, Failure{Reason: reason, Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
+		if _, unhandled := permanent.(*NoHandlerError); unhandled {
 			// Not a failure of this service: someone sent it a message
 			// it does not handle. The dead letter keeps it for whoever
 			// looks into that.
 			b.logger.WarnContext(ctx, "message dead-lettered: no handler for its name", append(describeEnvelope(&d.Envelope), slog.String("endpoint", b.endpoint), slog.Any("error", err))...)
 			break
 		}
-		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
+		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Bool("permanent", permanent != nil), slog.Any("error", err))...)
 	default:
 		serr = b.t.Return(sctx, d, err)
 		b.logger.WarnContext(ctx, "message returned for retry", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
@@ -96,9 +100,11 @@ func (b *Bus) attemptOutOfRange(ctx context.Context, d *Delivery) {
 // Deliver runs one message delivered from outside (pushed, for example by
 // an AWS Lambda SQS event) through the incoming pipeline and its handlers.
 // It returns nil when the message is handled and may be deleted, and an
-// error when it must be retried; [IsPoison](err) tells a message that
-// will never succeed (one that cannot be decoded, or whose name no
-// handler handles: [*NoHandlerError]). Deliver does not call the
+// error when it must be retried; [IsPermanent](err) tells a message that
+// will never succeed, to dead-letter at once (one marked with [Permanent]
+// or by a classifier of the bus, [WithPermanentErrors], which Deliver
+// then returns marked with Permanent; one that cannot be decoded, or whose
+// name no handler handles: [*NoHandlerError]). Deliver does not call the
 // transport to settle the message: the caller does. It works on a bus
 // that was not started. An Attempt of 0 counts as the first (a Delivery
 // built by hand); a negative one too, with a warning.
@@ -118,6 +124,9 @@ func (b *Bus) Deliver(ctx context.Context, d *Delivery) error {
 		b.attemptOutOfRange(ctx, d)
 	}
 	_, err := b.handle(ctx, d)
+	if err != nil && len(b.permanent) > 0 && !IsPermanent(err) && b.classifiedPermanent(ctx, err) {
+		err = Permanent(err)
+	}
 	return err
 }
 
