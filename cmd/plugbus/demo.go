@@ -322,8 +322,8 @@ func (s *shop) replayFirstOrderPlaced(ctx context.Context, orders int) error {
 
 // sendWithoutTenant sends PlaceOrder from a legacy sender without the
 // tenancy plugin: its message has no tenant, the plugin in the orders
-// service rejects it on every attempt, and it ends in the dead-letter
-// queue with the reason.
+// service rejects it with a permanent failure, and it goes to the
+// dead-letter queue at once, on its first attempt, with the reason.
 func (s *shop) sendWithoutTenant(ctx context.Context) error {
 	legacy, err := bus.New(bus.WithLogger(s.logger), bus.WithTransport(memory.New(memory.WithBroker(s.broker))), bus.WithRoute("orders", PlaceOrder{}))
 	if err != nil {
@@ -336,7 +336,11 @@ func (s *shop) sendWithoutTenant(ctx context.Context) error {
 	}
 	select {
 	case f := <-s.deadLettered:
-		s.out.printf("→ dead-lettered by %s after %d attempts: %s\n", f.Endpoint, f.Attempts, f.Reason)
+		when := fmt.Sprintf("after %d attempts", f.Attempts)
+		if f.Attempts == 1 {
+			when = "on its first attempt"
+		}
+		s.out.printf("→ dead-lettered by %s %s: %s\n", f.Endpoint, when, f.Reason)
 		return nil
 	case <-time.After(10 * time.Second):
 		return errors.New("demo: the legacy message was not dead-lettered within 10s")

@@ -23,7 +23,8 @@ func TestDemo(t *testing.T) {
 		"close-order [internal]",
 		"loaded external plugin tenancy",
 		"→ billing.db holds 2 payment(s) for 2 order(s): the duplicate was skipped by the inbox",
-		"→ dead-lettered by orders after 3 attempts: plugin \"tenancy\" (incoming stage): tenancy: message has no tenant",
+		"→ dead-lettered by orders on its first attempt: plugin \"tenancy\" (incoming stage): tenancy: message has no tenant",
+		"(permanent failure: dead-lettered at once, not retried)",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("demo output lacks %q", want)
