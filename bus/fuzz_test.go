@@ -328,7 +328,7 @@ func FuzzDeliver(f *testing.F) {
 		msg, _, decodeErr := decodeLikeTheBus(name, body)
 		if decodeErr != nil {
 			var de *bus.DecodeError
-			if !errors.As(err, &de) || !bus.IsPoison(err) {
+			if !errors.As(err, &de) || !bus.IsPermanent(err) {
 				t.Fatalf("Deliver of an undecodable body: %v, want a poison *bus.DecodeError", err)
 			}
 			if len(orders)+len(refunds) > 0 {
@@ -337,7 +337,7 @@ func FuzzDeliver(f *testing.F) {
 			return
 		}
 		if o, ok := msg.(fuzzOrder); ok && (o.ID == "fail" || o.ID == "panic") {
-			if !errors.Is(err, bus.ErrHandlerDispatchRejected) || bus.IsPoison(err) {
+			if !errors.Is(err, bus.ErrHandlerDispatchRejected) || bus.IsPermanent(err) {
 				t.Fatalf("Deliver with a failing handler: %v, want a retryable *bus.HandlerDispatchRejectedError", err)
 			}
 		} else if err != nil {
