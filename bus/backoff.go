@@ -65,4 +65,3 @@ func (b Backoff) Validate() error {
 	}
 	return nil
 }
-
