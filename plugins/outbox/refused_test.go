@@ -38,7 +38,7 @@ func (r *refusing) Send(ctx context.Context, e *bus.Envelope, o bus.SendOptions)
 // messages committed after it are delivered, and it ends parked.
 func TestRefusedMessageDoesNotBlock(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
-		st := db.Open(t, store.WithDispatchAttempts(3), store.WithDispatchBackoff(time.Millisecond, 5*time.Millisecond))
+		st := db.Open(t, store.WithDispatchAttempts(3), store.WithBackoff(bus.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}))
 		broker := memory.NewBroker()
 		got := sink(t, broker)
 		tr := &refusing{Transport: memory.New(memory.WithBroker(broker))}
@@ -93,7 +93,7 @@ func (r *refusingOnce) Send(ctx context.Context, e *bus.Envelope, o bus.SendOpti
 // seconds.
 func TestRefusedMessageRetriedWhenItsBackoffEnds(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
-		st := db.Open(t, store.WithDispatchBackoff(200*time.Millisecond, time.Second))
+		st := db.Open(t, store.WithBackoff(bus.Backoff{Initial: 200 * time.Millisecond, Max: time.Second}))
 		broker := memory.NewBroker()
 		got := sink(t, broker)
 		tr := &refusingOnce{Transport: memory.New(memory.WithBroker(broker))}
