@@ -64,6 +64,11 @@
 // visible to middleware through [Incoming.Unhandled]. Panics in handlers
 // and middleware are recovered as [*PanicError]. Nothing is lost silently.
 //
+// Whatever waits before trying again (a plugin restart, the outbox relay,
+// a store's retry of a message the transport refused) waits a [Backoff]:
+// exponential, with full jitter, set by an option spelled WithBackoff in
+// each package.
+//
 // Registration mistakes fail [New] with an error saying what to change:
 // two Go types with one message name, one message routed to two
 // endpoints, a nil handler function, a handler of an interface type, an
