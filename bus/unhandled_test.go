@@ -145,13 +145,13 @@ func TestUnhandledDeliverIsPermanent(t *testing.T) {
 	err = b.Deliver(t.Context(), bustest.Delivery(unhandled{}, bus.Attributes{}))
 	var nh *bus.NoHandlerError
 	if !errors.As(err, &nh) || nh.Message != "shop.unhandled" || nh.Endpoint != "ep" || !errors.Is(err, bus.ErrNoHandler) || !bus.IsPermanent(err) {
-		t.Fatalf("Deliver: %v (%T), want a poison *bus.NoHandlerError for shop.unhandled on ep", err, err)
+		t.Fatalf("Deliver: %v (%T), want a permanent *bus.NoHandlerError for shop.unhandled on ep", err, err)
 	}
 	// A handler's own NoHandlerError (it delivered to another bus) is the
 	// handler's failure, retried like any other.
 	inner := &bus.HandlerDispatchRejectedError{Message: "x", Failures: []bus.HandlerFailure{{Handler: "h", Err: nh}}}
 	if bus.IsPermanent(inner) {
-		t.Fatal("a handler's NoHandlerError counts as poison")
+		t.Fatal("a handler's NoHandlerError counts as permanent")
 	}
 }
 
