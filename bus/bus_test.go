@@ -614,7 +614,7 @@ func TestNextCalledAfterReturnOnAnotherGoroutine(t *testing.T) {
 	}
 	e.expect("delete")
 	err := next(ctx)
-	var nt *bus.NextCalledTwiceError
+	var nt *bus.NextMisuseError
 	if !errors.As(err, &nt) || !nt.AfterReturn {
 		t.Fatalf("late next: %v", err)
 	}

@@ -524,8 +524,8 @@ func TestNextCalledTwice(t *testing.T) {
 	seen := map[bus.Stage]bool{}
 	for range 3 {
 		err := recv(t, errs)
-		var nt *bus.NextCalledTwiceError
-		if !errors.Is(err, bus.ErrNextCalledTwice) || !errors.As(err, &nt) || nt.Middleware != "twice" || nt.AfterReturn {
+		var nt *bus.NextMisuseError
+		if !errors.Is(err, bus.ErrNextMisused) || !errors.As(err, &nt) || nt.Middleware != "twice" || nt.AfterReturn {
 			t.Fatalf("second next returned %v", err)
 		}
 		if !strings.Contains(err.Error(), nt.Stage.String()) || !strings.Contains(err.Error(), `"twice"`) {
@@ -539,7 +539,7 @@ func TestNextCalledTwice(t *testing.T) {
 	e.expect("delete")
 	// next kept past its middleware's return refuses to run
 	err := saved(t.Context())
-	var nt *bus.NextCalledTwiceError
+	var nt *bus.NextMisuseError
 	if !errors.As(err, &nt) || !nt.AfterReturn || nt.Middleware != "twice" || nt.Stage != bus.StageOutgoing {
 		t.Fatalf("next after return: %v", err)
 	}
@@ -696,9 +696,9 @@ func TestNextKeptAfterAFailureDoesNotRunALaterMessage(t *testing.T) {
 	if err := b.Send(t.Context(), orderPlaced{ID: "2"}, bus.To("x"), bus.WithMessageID("second")); err != nil {
 		t.Fatalf("Send(second): %v", err)
 	}
-	var nt *bus.NextCalledTwiceError
+	var nt *bus.NextMisuseError
 	if err := <-stale; !errors.As(err, &nt) || !nt.AfterReturn {
-		t.Fatalf("the kept next returned %v; want a *NextCalledTwiceError after return", err)
+		t.Fatalf("the kept next returned %v; want a *NextMisuseError after return", err)
 	}
 	if len(tr.sent) != 1 || tr.sent[0] != "second" {
 		t.Fatalf("sent %v; want [second] once", tr.sent)
