@@ -7,6 +7,10 @@ import (
 	"github.com/plugbus/plugbus/bus"
 )
 
+// A message sent while handling another inherits its correlation id and
+// sticky attributes, not its one-hop attributes, and gets an id and a
+// sent-at time of its own; a new conversation is correlated by its first
+// message's id.
 func TestCorrelationAndStickyAttributesFlowDownstream(t *testing.T) {
 	got := make(chan bus.Attributes, 1)
 	var first bus.Attributes

@@ -9,7 +9,9 @@ import (
 	"github.com/plugbus/plugbus/bus/bustest"
 )
 
-func TestDeliverReportsOutcome(t *testing.T) {
+// Deliver returns nil for a message handled, the handler's error for one
+// to retry, and a DecodeError for one that can never be processed.
+func TestDeliverReturnsNilTheHandlersErrorOrPoison(t *testing.T) {
 	boom := errors.New("boom")
 	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {

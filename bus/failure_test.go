@@ -13,6 +13,9 @@ import (
 	"github.com/plugbus/plugbus/transports/memory"
 )
 
+// A message whose handler keeps failing is returned for retry until the
+// maximum attempts, then dead-lettered with its id, the reason, the
+// attempts, the endpoint and the time.
 func TestMaxAttemptsDeadLettersWithMetadata(t *testing.T) {
 	calls := atomic.Int32{}
 	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
@@ -41,6 +44,8 @@ func TestMaxAttemptsDeadLettersWithMetadata(t *testing.T) {
 	}
 }
 
+// A message that cannot be decoded, or has no name, is dead-lettered on
+// its first delivery without running a handler.
 func TestUndecodableMessageDeadLettersAtOnce(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
@@ -73,6 +78,8 @@ func TestUndecodableMessageDeadLettersAtOnce(t *testing.T) {
 	}
 }
 
+// A handler's own error is retried even when it wraps a DecodeError: only
+// the bus's decode errors are poison.
 func TestHandlerErrorWrappingADecodeErrorIsRetried(t *testing.T) {
 	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 		return fmt.Errorf("nested: %w", &bus.DecodeError{Message: "inner", Type: "x", Err: errors.New("bad")})
@@ -83,6 +90,8 @@ func TestHandlerErrorWrappingADecodeErrorIsRetried(t *testing.T) {
 	e.expect(bustest.Returned) // not dead-lettered at once: it is the handler's error
 }
 
+// A panic in outgoing middleware is returned by the Send as a PanicError;
+// one in a handler returns the message for retry with a PanicError.
 func TestPanicsAreRecoveredAsErrors(t *testing.T) {
 	e := newEnv(t, nil,
 		bus.WithMiddleware(bus.Middleware{Name: "panics", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
@@ -108,6 +117,7 @@ func TestPanicsAreRecoveredAsErrors(t *testing.T) {
 	}
 }
 
+// A panic in incoming middleware returns the message for retry.
 func TestIncomingPanicIsRetried(t *testing.T) {
 	e := newEnv(t, nil,
 		bus.WithMiddleware(bus.Middleware{Name: "panics", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {

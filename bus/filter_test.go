@@ -8,7 +8,9 @@ import (
 	"github.com/plugbus/plugbus/bus/bustest"
 )
 
-func TestFilters(t *testing.T) {
+// An incoming filter's FilterStop handles the message without its
+// handlers; an outgoing filter's drops the message.
+func TestFiltersStopIncomingAndOutgoingMessages(t *testing.T) {
 	handled := make(chan string, 4)
 	e := newEnv(t, nil,
 		bus.WithMiddleware(
@@ -35,12 +37,17 @@ func TestFilters(t *testing.T) {
 	if err := e.bus.Send(ctx, orderPlaced{ID: "ok"}, bus.WithStickyAttribute("tenant", "t")); err != nil {
 		t.Fatal(err)
 	}
-	e.expect(bustest.Deleted)
-	e.expect(bustest.Deleted)
+	e.waitIdle()
 	if got := await(t, handled); got != "ok" {
 		t.Fatalf("handled %s", got)
 	}
 	if len(handled) != 0 {
-		t.Fatal("a filtered message was handled")
+		t.Fatalf("a filtered message was handled: %s", <-handled)
+	}
+	if got := e.rec.Settled(); len(got) != 2 || got[0].Outcome != bustest.Deleted || got[1].Outcome != bustest.Deleted {
+		t.Fatalf("settled %+v, want the two messages sent deleted", got)
+	}
+	if n := len(e.rec.Sent()); n != 2 {
+		t.Fatalf("%d messages reached the transport, want 2 (the test order is dropped)", n)
 	}
 }

@@ -36,17 +36,16 @@ func TestHandlerStageErrorFailsOnlyThatHandler(t *testing.T) {
 	if !errors.As(s.Cause, &rej) || len(rej.Failures) != 1 || rej.Failures[0].Handler != "a" {
 		t.Fatalf("cause %v, want only handler a rejected", s.Cause)
 	}
-	if got := e.chargesSentTo("listener"); !slices.Equal(got, []string{"from-b"}) {
-		t.Fatalf("sent %v, want from-b only (a's send must be discarded)", got)
-	}
-	// the retry runs both handlers again: b sends again, a's send is dropped again
+	// each retry runs both handlers again: b sends again, a's send is discarded again
 	e.expect(bustest.Returned)
 	e.expect(bustest.DeadLettered)
 	if got := e.chargesSentTo("listener"); !slices.Equal(got, []string{"from-b", "from-b", "from-b"}) {
-		t.Fatalf("sent %v, want from-b once per attempt", got)
+		t.Fatalf("sent %v, want from-b once per attempt and never from-a", got)
 	}
 }
 
+// A handler middleware that does not call next skips that handler alone,
+// which counts as succeeded; a debug log names the middleware.
 func TestHandlerStageNotCallingNextSkipsHandler(t *testing.T) {
 	ran := make(chan string, 2)
 	e := newEnv(t, nil,
@@ -73,6 +72,8 @@ func TestHandlerStageNotCallingNextSkipsHandler(t *testing.T) {
 	}
 }
 
+// The handler stage context reports the handler, the message, its
+// attributes and the attempt.
 func TestHandlingSeesHandlerAndMessage(t *testing.T) {
 	type seen struct {
 		handler, name, id string

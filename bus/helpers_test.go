@@ -139,6 +139,17 @@ func (e *env) waitIdle() {
 	}
 }
 
+// stop stops the env's bus, so that everything it does, and logs, is
+// done.
+func (e *env) stop() {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.bus.Stop(ctx); err != nil {
+		e.t.Fatalf("Stop: %v", err)
+	}
+}
+
 // chargesSentTo returns the order ids of the chargeCard messages the
 // env's bus handed to its transport for dest, in order.
 func (e *env) chargesSentTo(dest string) []string { return chargesSentTo(e.rec, dest) }

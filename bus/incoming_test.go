@@ -10,6 +10,8 @@ import (
 	"github.com/plugbus/plugbus/bus/bustest"
 )
 
+// Incoming middleware runs for a polled message, a pushed one (Deliver)
+// and one no handler handles.
 func TestIncomingRunsForPolledPushedAndUnhandled(t *testing.T) {
 	seen := make(chan string, 10)
 	mw := bus.Middleware{Name: "seen", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
@@ -60,6 +62,9 @@ func TestIncomingRunsForPolledPushedAndUnhandled(t *testing.T) {
 	}
 }
 
+// An incoming middleware that does not call next handles the message:
+// handlers are skipped, the message is deleted, a debug log names the
+// middleware.
 func TestIncomingNotCallingNextDeletes(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	e := newEnv(t, nil,
@@ -84,6 +89,8 @@ func TestIncomingNotCallingNextDeletes(t *testing.T) {
 	}
 }
 
+// An incoming middleware's error returns the message for retry, with the
+// same id each time, and dead-letters it after the maximum attempts.
 func TestIncomingErrorReturnsForRetryThenDeadLetters(t *testing.T) {
 	boom := errors.New("incoming boom")
 	e := newEnv(t, nil,
@@ -116,6 +123,8 @@ func TestIncomingErrorReturnsForRetryThenDeadLetters(t *testing.T) {
 	}
 }
 
+// An incoming middleware that catches the handlers' failure from next and
+// returns nil marks the message handled: it is deleted.
 func TestIncomingCatchingNextErrorMarksHandled(t *testing.T) {
 	caught := make(chan error, 1)
 	e := newEnv(t, nil,
@@ -135,6 +144,7 @@ func TestIncomingCatchingNextErrorMarksHandled(t *testing.T) {
 	e.expect(bustest.Deleted)
 }
 
+// Incoming middleware cannot change the attributes the handlers see.
 func TestIncomingIsReadOnly(t *testing.T) {
 	got := make(chan bus.Attributes, 1)
 	e := newEnv(t, nil,

@@ -10,16 +10,24 @@ import (
 	"github.com/plugbus/plugbus/transports/memory"
 )
 
-func TestInstanceQueue(t *testing.T) {
+// New refuses a middleware that needs an instance queue on a transport
+// that cannot give one.
+func TestNewRefusesAnInstanceQueueOnATransportWithout(t *testing.T) {
+	needs := bus.Middleware{Name: "replies", InstanceQueue: true}
+	if _, err := bus.New(bus.WithTransport(nullTransport{}), bus.WithMiddleware(needs)); err == nil || !strings.Contains(err.Error(), "InstanceQueuer") {
+		t.Fatalf("New with a transport lacking instance queues: %v", err)
+	}
+}
+
+// A bus without an endpoint receives what is sent to its instance queue
+// once started.
+func TestInstanceQueueReceivesOnABusWithoutEndpoint(t *testing.T) {
 	got := make(chan string, 1)
 	needs := bus.Middleware{Name: "replies", InstanceQueue: true,
 		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
 			got <- in.Name()
 			return nil
 		}}
-	if _, err := bus.New(bus.WithTransport(nullTransport{}), bus.WithMiddleware(needs)); err == nil || !strings.Contains(err.Error(), "InstanceQueuer") {
-		t.Fatalf("New with a transport lacking instance queues: %v", err)
-	}
 	broker := memory.NewBroker()
 	tr := memory.New(memory.WithBroker(broker))
 	b, err := bus.New(bus.WithTransport(tr), bus.WithLogger(discard()), bus.WithMiddleware(needs)) // no endpoint

@@ -10,9 +10,70 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
 	"github.com/plugbus/plugbus/transports/memory"
 )
 
+// Start runs the middleware Start hooks in registration order and Stop
+// runs their Stop hooks in reverse; a running bus refuses a second Start.
+func TestStartAndStopRunTheHooksInOrder(t *testing.T) {
+	var order []string
+	hooks := func(name string) bus.Middleware {
+		return bus.Middleware{
+			Name:  name,
+			Start: func(context.Context) error { order = append(order, "start "+name); return nil },
+			Stop:  func(context.Context) error { order = append(order, "stop "+name); return nil },
+		}
+	}
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithMiddleware(hooks("p1"), hooks("p2")),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); !errors.Is(err, bus.ErrAlreadyStarted) {
+		t.Fatalf("second Start: %v", err)
+	}
+	if err := b.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(order, ", "); got != "start p1, start p2, stop p2, stop p1" {
+		t.Fatalf("lifecycle order: %s", got)
+	}
+}
+
+// A stopped bus stays stopped: Start, Send and Deliver fail with
+// ErrClosed, and a second Stop does nothing.
+func TestStoppedBusStaysStopped(t *testing.T) {
+	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); !errors.Is(err, bus.ErrClosed) {
+		t.Fatalf("Start after Stop: %v", err)
+	}
+	if err := b.Send(t.Context(), orderPlaced{}); !errors.Is(err, bus.ErrClosed) {
+		t.Fatalf("Send after Stop: %v", err)
+	}
+	if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{}, bus.Attributes{})); !errors.Is(err, bus.ErrClosed) {
+		t.Fatalf("Deliver after Stop: %v", err)
+	}
+	if err := b.Stop(t.Context()); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+}
+
+// A Start hook that fails aborts Start, after the hooks already started
+// are stopped.
 func TestFailingPluginStartStopsTheStartedOnes(t *testing.T) {
 	var stopped []string
 	b, err := bus.New(bus.WithLogger(discard()), bus.WithMiddleware(
@@ -31,6 +92,7 @@ func TestFailingPluginStartStopsTheStartedOnes(t *testing.T) {
 	_ = b.Stop(t.Context())
 }
 
+// A Start hook may send: Start does not hold what Send needs.
 func TestStartHookCanSend(t *testing.T) {
 	got := make(chan string, 1)
 	var b *bus.Bus
@@ -58,6 +120,7 @@ func TestStartHookCanSend(t *testing.T) {
 	}
 }
 
+// Stop waits for the messages being handled.
 func TestStopDrainsInFlightMessages(t *testing.T) {
 	started := make(chan struct{})
 	release := make(chan struct{})
@@ -97,6 +160,9 @@ func TestStopDrainsInFlightMessages(t *testing.T) {
 	}
 }
 
+// When Stop's context ends, Stop cancels the handlers' contexts and waits
+// for them before it runs the Stop hooks; the interrupted message goes
+// back to the queue.
 func TestStopTimeoutWaitsForCancelledHandlersBeforeClosing(t *testing.T) {
 	started := make(chan struct{})
 	var handlerDone, hookRan atomic.Bool

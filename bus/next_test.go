@@ -5,15 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/bus/bustest"
-	"github.com/plugbus/plugbus/transports/memory"
 )
 
-func TestNextCalledTwice(t *testing.T) {
+// A next called a second time fails with a NextMisuseError naming the
+// stage and the middleware, in every stage; so does one called after its
+// middleware returned.
+func TestNextCalledTwiceFailsNamingStageAndMiddleware(t *testing.T) {
 	errs := make(chan error, 3)
 	twice := func(ctx context.Context, next bus.Next) error {
 		if err := next(ctx); err != nil {
@@ -165,27 +166,21 @@ func TestNextCalledAfterReturnOnAnotherGoroutine(t *testing.T) {
 	}
 }
 
-// failFirst is a memory transport whose Send refuses the message id "first".
-type failFirst struct {
-	bus.Transport
-	mu   sync.Mutex
-	sent []string
-}
+// refusingFirst is a recording transport whose Send refuses the message
+// id "first".
+type refusingFirst struct{ *bustest.Transport }
 
-func (f *failFirst) Send(ctx context.Context, env *bus.Envelope, o bus.SendOptions) error {
+func (r refusingFirst) Send(ctx context.Context, env *bus.Envelope, o bus.SendOptions) error {
 	if env.Attributes.MessageID == "first" {
 		return errors.New("refused")
 	}
-	f.mu.Lock()
-	f.sent = append(f.sent, env.Attributes.MessageID)
-	f.mu.Unlock()
-	return f.Transport.Send(ctx, env, o)
+	return r.Transport.Send(ctx, env, o)
 }
 
 // A next kept after it failed (a middleware that would retry in the
 // background) refuses to run once a later message reuses the stage.
 func TestNextKeptAfterAFailureDoesNotRunALaterMessage(t *testing.T) {
-	tr := &failFirst{Transport: memory.New()}
+	tr := refusingFirst{bustest.NewTransport()}
 	var kept bus.Next
 	stale := make(chan error, 1)
 	b, err := bus.New(bus.WithLogger(discard()), bus.WithTransport(tr),
@@ -211,7 +206,7 @@ func TestNextKeptAfterAFailureDoesNotRunALaterMessage(t *testing.T) {
 	if err := <-stale; !errors.As(err, &nt) || !nt.AfterReturn {
 		t.Fatalf("the kept next returned %v; want a *NextMisuseError after return", err)
 	}
-	if len(tr.sent) != 1 || tr.sent[0] != "second" {
-		t.Fatalf("sent %v; want [second] once", tr.sent)
+	if sent := tr.Sent(); len(sent) != 1 || sent[0].Envelope.Attributes.MessageID != "second" {
+		t.Fatalf("sent %+v; want second, once", sent)
 	}
 }

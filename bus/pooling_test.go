@@ -84,6 +84,7 @@ func (r *releasingTransport) expectSeq(t *testing.T, opsAndIDs ...string) {
 	}
 }
 
+// A transport that reuses deliveries gets each back once it is settled.
 func TestDeliveryReleasedAfterSettling(t *testing.T) {
 	e, r := newReleasingEnv(t, bus.WithHandler(func(_ context.Context, m orderPlaced, _ bus.Attributes) error {
 		if m.ID == "bad" {
@@ -162,16 +163,17 @@ func TestDeliverDoesNotRelease(t *testing.T) {
 	}
 }
 
-// keeper records the envelopes it is given, as a test fake does: it is not
-// a bus.EnvelopeCopier, so every envelope it gets must stay its own.
-type keeper struct {
+// keepingTransport records the envelopes it is given, as a test fake
+// does: it is not a bus.EnvelopeCopier, so every envelope it gets must
+// stay its own.
+type keepingTransport struct {
 	bus.Transport
 	mu   sync.Mutex
 	envs []*bus.Envelope
 	ids  []string // message ids as they were during Send
 }
 
-func (k *keeper) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (k *keepingTransport) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.envs = append(k.envs, env)
@@ -179,23 +181,25 @@ func (k *keeper) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) e
 	return nil
 }
 
-// copier is the same fake claiming to copy envelopes: the bus then hands it
-// envelopes it reuses.
-type copier struct{ *keeper }
+// copyingTransport is the same fake claiming to copy envelopes: the bus
+// then hands it envelopes it reuses.
+type copyingTransport struct{ *keepingTransport }
 
-func (copier) CopiesEnvelopes() bool { return true }
+func (copyingTransport) CopiesEnvelopes() bool { return true }
 
+// The bus lends its pooled envelopes only to a transport that copies
+// what it keeps (bus.EnvelopeCopier): one that keeps them gets its own.
 func TestEnvelopesAreReusedOnlyForTransportsThatCopyThem(t *testing.T) {
 	for _, c := range []struct {
 		name string
-		wrap func(*keeper) bus.Transport
+		wrap func(*keepingTransport) bus.Transport
 		kept bool
 	}{
-		{"keeper", func(k *keeper) bus.Transport { return k }, true},
-		{"copier", func(k *keeper) bus.Transport { return copier{k} }, false},
+		{"keeps envelopes", func(k *keepingTransport) bus.Transport { return k }, true},
+		{"copies envelopes", func(k *keepingTransport) bus.Transport { return copyingTransport{k} }, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			k := &keeper{Transport: memory.New()}
+			k := &keepingTransport{Transport: memory.New()}
 			b, err := bus.New(bus.WithTransport(c.wrap(k)), bus.WithRoute("elsewhere", orderPlaced{}), bus.WithLogger(discard()))
 			if err != nil {
 				t.Fatal(err)
@@ -349,7 +353,9 @@ func TestEnvelopeNotReusedWhileADetachedSendRuns(t *testing.T) {
 	}
 }
 
-func TestManyMessagesConcurrentlyThroughPooledRuns(t *testing.T) {
+// Many messages handled at once through pooled runs each see their own
+// context and attributes, never another message's.
+func TestPooledRunsNeverMixTwoMessages(t *testing.T) {
 	const n = 3000
 	mismatch := make(chan string, 1)
 	check := bus.Middleware{

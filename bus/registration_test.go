@@ -88,7 +88,8 @@ func TestNewAcceptsHarmlessRepeats(t *testing.T) {
 	}
 }
 
-func TestNewRejectsBadConfiguration(t *testing.T) {
+// New refuses options that cannot work together or at all.
+func TestNewRefusesBadOptions(t *testing.T) {
 	handler := bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil })
 	for name, opts := range map[string][]bus.Option{
 		"handlers without endpoint": {handler},
@@ -106,7 +107,9 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 	}
 }
 
-func TestDuplicateHandlerNamesRefused(t *testing.T) {
+// New refuses two handlers of one message with one name: names identify
+// handlers in errors, traces and the inbox.
+func TestNewRefusesTwoHandlersWithOneName(t *testing.T) {
 	h := func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }
 	_, err := bus.New(bus.WithEndpoint("ep"), bus.WithHandler(h, bus.HandlerName("x")), bus.WithHandler(h, bus.HandlerName("x")))
 	if err == nil || !strings.Contains(err.Error(), "bus.HandlerName") {

@@ -29,9 +29,9 @@ func (tr *trace) get() []string {
 	return slices.Clone(tr.log)
 }
 
-// layer is a pass-through middleware on all three stages that records
+// tracingLayer is a pass-through middleware on all three stages that records
 // entering and leaving each.
-func layer(name string, tr *trace) bus.Middleware {
+func tracingLayer(name string, tr *trace) bus.Middleware {
 	return bus.Middleware{
 		Name: name,
 		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
@@ -55,10 +55,12 @@ func layer(name string, tr *trace) bus.Middleware {
 	}
 }
 
+// Within each stage the middleware registered first is the outermost
+// layer.
 func TestOrderFirstRegisteredIsOutermost(t *testing.T) {
 	tr := &trace{}
 	e := newEnv(t, nil,
-		bus.WithMiddleware(layer("a", tr), layer("b", tr), layer("c", tr)),
+		bus.WithMiddleware(tracingLayer("a", tr), tracingLayer("b", tr), tracingLayer("c", tr)),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 			tr.add("handler")
 			return nil
@@ -76,6 +78,8 @@ func TestOrderFirstRegisteredIsOutermost(t *testing.T) {
 	}
 }
 
+// Each stage context's logger carries the bus, the stage, the middleware
+// and the message (and the handler, in the handler stage).
 func TestStageLoggersAreScoped(t *testing.T) {
 	e := newEnv(t, nil,
 		bus.WithMiddleware(bus.Middleware{

@@ -68,6 +68,7 @@ func TestUnhandledMessageDeadLetteredAtOnce(t *testing.T) {
 	if len(dl) != 1 || dl[0].Envelope.Name != "shop.unhandled" || dl[0].Failure.Reason != s.Failure.Reason {
 		t.Fatalf("dead letters %+v, want the unhandled message with its reason", dl)
 	}
+	e.stop() // the bus logs once the transport settled the message
 	warns := e.records("message dead-lettered: no handler for its name")
 	if len(warns) != 1 || warns[0]["level"] != "WARN" || warns[0]["message_name"] != "shop.unhandled" || warns[0]["endpoint"] != "ep" {
 		t.Fatalf("want one WARN naming the message and endpoint, got %v\nlogs:\n%s", warns, e.logs)
