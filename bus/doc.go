@@ -11,6 +11,10 @@
 //		}),
 //		bus.WithMiddleware(otel.New(), logging),
 //	)
+//	if err != nil {
+//		return err
+//	}
+//	return b.Start(ctx)
 //
 // # Stages
 //

@@ -4,10 +4,12 @@
 // [Handling] and [Outgoing] make the stage contexts it is given, and
 // [RecordNext] a next that records how it was called:
 //
-//	in := bustest.Incoming(bustest.Delivery(OrderPlaced{ID: "o-1"}, bus.Attributes{MessageID: "m-1"}))
+//	in := bustest.Incoming(bustest.Delivery(OrderPlaced{ID: "o-1"}, bus.Attributes{}.WithSticky("tenant", "acme")))
 //	rec := bustest.RecordNext(nil)
-//	err := tenancy.Incoming(ctx, in, rec.Next)
-//	// assert on err, rec.Calls(), rec.Ctx()
+//	if err := tenancy.Incoming(ctx, in, rec.Next); err != nil || rec.Calls() != 1 {
+//		t.Fatalf("tenancy: %v, next called %d times", err, rec.Calls())
+//	}
+//	// rec.Ctx() is the context the middleware passed on
 //
 // An application's test runs a bus with [Start] on a [Transport] that
 // records what the bus sent and how it settled each message it received,
@@ -16,9 +18,13 @@
 //
 //	tr := bustest.NewTransport()
 //	b := bustest.Start(t, bus.WithEndpoint("orders"), bus.WithTransport(tr), bus.WithHandler(placeOrder))
-//	err := b.Send(ctx, PlaceOrder{ID: "o-1"})
-//	err = tr.WaitIdle(ctx)
-//	// assert on err, tr.Sent(), tr.Settled()
+//	if err := b.Send(ctx, PlaceOrder{ID: "o-1"}); err != nil {
+//		t.Fatal(err)
+//	}
+//	if err := tr.WaitIdle(ctx); err != nil {
+//		t.Fatal(err)
+//	}
+//	// tr.Sent() holds what placeOrder sent, tr.Settled() how each message was settled
 package bustest
 
 import (
