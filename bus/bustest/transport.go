@@ -38,10 +38,11 @@ type Transport struct {
 	// progress (a receive that took a message from the queue but has not
 	// returned it yet is neither waiting nor in flight) and holds new
 	// ones until it is done.
-	checking  sync.Mutex                  // one check at a time
-	receiving map[*int]context.CancelFunc // receives in progress
-	paused    chan struct{}               // closed when the check ends; nil when none runs
-	drained   chan struct{}               // closed when the last receive in progress returned during a check
+	checking    sync.Mutex                    // one check at a time
+	receiving   map[uint64]context.CancelFunc // receives in progress, by number
+	lastReceive uint64                        // the number of the last receive
+	paused      chan struct{}                 // closed when the check ends; nil when none runs
+	drained     chan struct{}                 // closed when the last receive in progress returned during a check
 }
 
 // Sent is a message the bus handed to its transport.
@@ -102,7 +103,7 @@ type Settlement struct {
 // buses of the test.
 func NewTransport(opts ...memory.Option) *Transport {
 	m := memory.New(opts...)
-	return &Transport{memory: m, broker: m.Broker(), changed: make(chan struct{}), receiving: make(map[*int]context.CancelFunc)}
+	return &Transport{memory: m, broker: m.Broker(), changed: make(chan struct{}), receiving: make(map[uint64]context.CancelFunc)}
 }
 
 // Sent returns the messages sent and published through the transport, in
@@ -281,14 +282,15 @@ func (t *Transport) receive(ctx context.Context, receive func(context.Context) (
 			t.mu.Lock()
 		}
 		rctx, cancel := context.WithCancel(ctx)
-		key := new(int)
-		t.receiving[key] = cancel
+		t.lastReceive++
+		number := t.lastReceive
+		t.receiving[number] = cancel
 		t.mu.Unlock()
 
 		d, err := receive(rctx)
 
 		t.mu.Lock()
-		delete(t.receiving, key)
+		delete(t.receiving, number)
 		if len(t.receiving) == 0 && t.drained != nil {
 			close(t.drained)
 			t.drained = nil
