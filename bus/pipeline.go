@@ -70,7 +70,7 @@ func (r *run[C]) init(chain *pipe[C], stageContext func(i int) C, terminal func(
 	}
 	funcs := chain.funcs
 	// Built from the innermost layer out, so that each next holds the next
-	// layer's function, context, state and next directly.
+	// layer's function, context, phase and next directly.
 	for i := n - 1; i >= 0; i-- {
 		phaseI := &r.phases[i]
 		// next of layer i runs layer i+1 itself: one frame per hop besides
