@@ -11,6 +11,10 @@
 //		}),
 //		bus.WithMiddleware(otel.New(), logging),
 //	)
+//	if err != nil {
+//		return err
+//	}
+//	return b.Start(ctx)
 //
 // # Stages
 //
@@ -37,7 +41,7 @@
 //	WithMiddleware(a, b):  a ─▶ b ─▶ terminal ─▶ b returns ─▶ a returns
 //
 // next may be called at most once per invocation, and only while the
-// middleware runs; otherwise it returns a [*NextCalledTwiceError] naming
+// middleware runs; otherwise it returns a [*NextMisuseError] naming
 // the stage and the middleware. The chains are composed once, in [New], so
 // running a layer allocates nothing.
 //

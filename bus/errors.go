@@ -13,8 +13,8 @@ var (
 	ErrNotStarted = errors.New("bus: not started")
 	// ErrAlreadyStarted is returned by Start on a bus that is running.
 	ErrAlreadyStarted = errors.New("bus: already started")
-	// ErrNextCalledTwice is matched by [*NextCalledTwiceError].
-	ErrNextCalledTwice = errors.New("bus: next called twice")
+	// ErrNextMisused is matched by [*NextMisuseError].
+	ErrNextMisused = errors.New("bus: next called twice or after its middleware returned")
 	// ErrHeaderReserved is matched by [*HeaderReservedError].
 	ErrHeaderReserved = errors.New("bus: header name reserved by the transport")
 	// ErrHandlerDispatchRejected is matched by [*HandlerDispatchRejectedError].
@@ -30,29 +30,32 @@ var (
 	ErrPanic = errors.New("bus: panic")
 )
 
-// NextCalledTwiceError is returned by a next function called a second time
-// within one stage invocation, or after its middleware returned while the
-// invocation's pooled state was not reused (it never is after a next that
-// returned an error). A next kept after a successful call and called
-// during a later message is not detected: next is valid only during the
-// middleware's call.
-type NextCalledTwiceError struct {
+// NextMisuseError is returned by a next function called when it may not
+// run: a second time within one stage invocation, or after its middleware
+// returned while the invocation's pooled state was not reused (it never is
+// after a next that returned an error). A next kept after a successful
+// call and called during a later message is not detected: next is valid
+// only during the middleware's call.
+type NextMisuseError struct {
 	Stage      Stage
 	Middleware string
-	// AfterReturn is true when next was called after the middleware returned.
+	// AfterReturn tells the two misuses apart: true when next was called
+	// after the middleware returned (whether or not it was called
+	// before), false when it was called a second time while the
+	// middleware ran.
 	AfterReturn bool
 }
 
 // Error implements error.
-func (e *NextCalledTwiceError) Error() string {
+func (e *NextMisuseError) Error() string {
 	if e.AfterReturn {
 		return fmt.Sprintf("bus: %s middleware %q called next after it returned; next is valid only during the call", e.Stage, e.Middleware)
 	}
 	return fmt.Sprintf("bus: %s middleware %q called next twice; call it at most once", e.Stage, e.Middleware)
 }
 
-// Is reports whether target is ErrNextCalledTwice.
-func (e *NextCalledTwiceError) Is(target error) bool { return target == ErrNextCalledTwice }
+// Is reports whether target is ErrNextMisused.
+func (e *NextMisuseError) Is(target error) bool { return target == ErrNextMisused }
 
 // HeaderReservedError is returned by a transport refusing a header whose
 // name it writes itself.

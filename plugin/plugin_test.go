@@ -93,7 +93,7 @@ func delivery(t testing.TB, msg bus.Message, headers bus.Headers) *bus.Delivery 
 type outcome struct {
 	Err          bool
 	Is           []string // sentinels matched
-	Twice        string   // stage/middleware of a NextCalledTwiceError
+	Twice        string   // stage/middleware of a NextMisuseError
 	Handled      int      // handler runs
 	HandlerDL    bool     // the handler saw a deadline within 11s
 	Sent         *sentEnvelope
@@ -107,14 +107,14 @@ type sentEnvelope struct {
 
 func describe(err error) outcome {
 	o := outcome{Err: err != nil}
-	for name, s := range map[string]error{"next-twice": bus.ErrNextCalledTwice, "dispatch": bus.ErrHandlerDispatchRejected,
+	for name, s := range map[string]error{"next-twice": bus.ErrNextMisused, "dispatch": bus.ErrHandlerDispatchRejected,
 		"panic": bus.ErrPanic, "deadline": context.DeadlineExceeded, "timeout": plugin.ErrTimeout, "unavailable": plugin.ErrUnavailable} {
 		if errors.Is(err, s) {
 			o.Is = append(o.Is, name)
 		}
 	}
 	slices.Sort(o.Is)
-	var twice *bus.NextCalledTwiceError
+	var twice *bus.NextMisuseError
 	if errors.As(err, &twice) {
 		o.Twice = fmt.Sprintf("%s/%s/%v", twice.Stage, twice.Middleware, twice.AfterReturn)
 	}

@@ -1,11 +1,12 @@
 // Package transporttest is the conformance suite every plugbus transport
-// passes. A transport's own test calls [Run] with a constructor and the
-// features it claims:
+// passes. A transport's own test calls [Run] with a [Factory] of its
+// transports and the [Features] it claims; for the memory transport
+// (the example of Run defines deadLettersOf):
 //
 //	func TestConformance(t *testing.T) {
 //		broker := memory.NewBroker()
-//		transporttest.Run(t, func(t testing.TB) bus.Transport { return memory.New(memory.WithBroker(broker)) },
-//			transporttest.Features{Ordered: true, DeadLetters: ...})
+//		factory := func(testing.TB) bus.Transport { return memory.New(memory.WithBroker(broker)) }
+//		transporttest.Run(t, factory, transporttest.Features{Ordered: true, DeadLetters: deadLettersOf(broker)})
 //	}
 //
 // The suite talks to the transport directly, as the bus does: Setup,
@@ -48,12 +49,13 @@ type Features struct {
 	Messages int
 }
 
-// New returns a fresh transport. Transports returned by one New share a
-// broker: what one sends another receives.
-type New func(t testing.TB) bus.Transport
+// Factory returns a fresh transport of the kind under test. Transports
+// returned by one Factory share a broker: what one sends another
+// receives.
+type Factory func(t testing.TB) bus.Transport
 
-// Run runs the conformance suite.
-func Run(t *testing.T, newTransport New, f Features) {
+// Run runs the conformance suite on transports made by newTransport.
+func Run(t *testing.T, newTransport Factory, f Features) {
 	if f.DeadLetters == nil {
 		t.Fatal("transporttest: Features.DeadLetters is required")
 	}
@@ -66,7 +68,7 @@ func Run(t *testing.T, newTransport New, f Features) {
 	if f.Messages == 0 {
 		f.Messages = 5000
 	}
-	s := &suite{newT: newTransport, f: f}
+	s := &suite{newTransport: newTransport, f: f}
 	t.Run("SendPreservesEnvelope", s.sendPreservesEnvelope)
 	t.Run("PublishFansOut", s.publishFansOut)
 	t.Run("PublishOnlyToSubscribers", s.publishOnlyToSubscribers)
@@ -100,8 +102,8 @@ func Run(t *testing.T, newTransport New, f Features) {
 }
 
 type suite struct {
-	newT New
-	f    Features
+	newTransport Factory
+	f            Features
 }
 
 // Name is a unique name for an endpoint or message of one test.
@@ -120,7 +122,7 @@ func (s *suite) ctx(t *testing.T) context.Context {
 // open returns a transport set up as endpoint handling names, closed at cleanup.
 func (s *suite) open(t *testing.T, endpoint string, names ...string) bus.Transport {
 	t.Helper()
-	tr := s.newT(t)
+	tr := s.newTransport(t)
 	ctx := s.ctx(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: endpoint, Handles: names, MaxAttempts: 5, Concurrency: 8}); err != nil {
 		t.Fatalf("Setup(%s): %v", endpoint, err)
@@ -382,7 +384,7 @@ func (s *suite) drain(t *testing.T, trs []bus.Transport, want int) map[string]in
 func (s *suite) concurrent(t *testing.T) {
 	ep, name := Name("tt-conc"), Name("tt.msg")
 	tr := s.open(t, ep, name)
-	sender := s.newT(t)
+	sender := s.newTransport(t)
 	t.Cleanup(func() { _ = sender.Close(context.Background()) })
 	ctx := s.ctx(t)
 	n := s.f.Messages
@@ -413,7 +415,7 @@ func (s *suite) concurrent(t *testing.T) {
 
 func (s *suite) closeWhileReceiving(t *testing.T) {
 	ep, name := Name("tt-close"), Name("tt.msg")
-	tr := s.newT(t)
+	tr := s.newTransport(t)
 	ctx := s.ctx(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 2}); err != nil {
 		t.Fatal(err)
@@ -542,7 +544,7 @@ func (s *suite) ordered(t *testing.T) {
 func (s *suite) senderClosed(t *testing.T) {
 	ep, name := Name("tt-sclose"), Name("tt.msg")
 	tr := s.open(t, ep, name)
-	sender := s.newT(t)
+	sender := s.newTransport(t)
 	ctx := s.ctx(t)
 	const n = 50
 	for i := range n {
@@ -565,7 +567,7 @@ func (s *suite) concurrentClose(t *testing.T) {
 	ctx := s.ctx(t)
 	var trs []bus.Transport
 	for range 4 {
-		tr := s.newT(t)
+		tr := s.newTransport(t)
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 2}); err != nil {
 			t.Fatal(err)
 		}
@@ -605,7 +607,7 @@ func (s *suite) instanceQueue(t *testing.T) {
 	ep, name := Name("tt-inst"), Name("tt.msg")
 	ctx := s.ctx(t)
 	open := func(endpoint string) bus.Transport {
-		tr := s.newT(t)
+		tr := s.newTransport(t)
 		topo := bus.Topology{Endpoint: endpoint, Handles: []string{name}, MaxAttempts: 5, Concurrency: 2, Instance: true}
 		if endpoint == "" {
 			topo.Handles = nil
@@ -730,7 +732,7 @@ func (s *suite) competingReceiverLeaves(t *testing.T) {
 func (s *suite) closeKeepsOrder(t *testing.T) {
 	ep, name := Name("tt-corder"), Name("tt.msg")
 	ctx := s.ctx(t)
-	tr := s.newT(t)
+	tr := s.newTransport(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -763,7 +765,7 @@ func (s *suite) closeKeepsOrder(t *testing.T) {
 // and the transport keeps that reason.
 func (s *suite) unhandledDeadLettered(t *testing.T) {
 	ep, unknown := Name("tt-unhandled"), Name("tt.unknown")
-	tr := s.newT(t)
+	tr := s.newTransport(t)
 	b, err := bus.New(bus.WithEndpoint(ep), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)),
 		bus.WithHandler(func(context.Context, busyWork, bus.Attributes) error { return nil }))
 	if err != nil {
@@ -778,7 +780,7 @@ func (s *suite) unhandledDeadLettered(t *testing.T) {
 			t.Errorf("Stop: %v", err)
 		}
 	}()
-	sender := s.newT(t)
+	sender := s.newTransport(t)
 	t.Cleanup(func() { _ = sender.Close(context.Background()) })
 	env := envelope(unknown, `{"for":"nobody"}`)
 	if err := sender.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
@@ -818,7 +820,7 @@ func (busyReply) MessageName() string { return "transporttest.busy_reply" }
 // reads the instance queue with a loop of its own (bus.InstanceReceiver),
 // so the message arrives.
 func (s *suite) instanceBesideBusyWorkers(t *testing.T) {
-	tr := s.newT(t)
+	tr := s.newTransport(t)
 	addr := func() string { return tr.(bus.InstanceQueuer).InstanceAddress() }
 	replies := make(chan string, 1)
 	resolver := bus.Middleware{Name: "replies", InstanceQueue: true,
