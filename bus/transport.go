@@ -147,6 +147,15 @@ type Failure struct {
 	Time time.Time
 }
 
+// DeadLetter is a message read back from a dead-letter queue: the envelope
+// as the transport received it and the failure that dead-lettered it. Each
+// transport reads its dead letters into this shape (memory's
+// Broker.DeadLetters, rabbitmq.DecodeDeadLetter, sqs.DecodeDeadLetter).
+type DeadLetter struct {
+	Envelope Envelope
+	Failure  Failure
+}
+
 // Transport moves envelopes between endpoints. A transport is used by one
 // bus; several transports may share a broker.
 //
