@@ -45,7 +45,7 @@
 // declares it again, with the endpoint's bindings, and publishes again;
 // other endpoints miss events until their transports reconnect or
 // publish (see the docs). A body over [WithMaxMessageSize] is refused
-// before sending with a [*MessageTooLargeError].
+// before sending with a [*bus.MessageTooLargeError].
 //
 // # Headers
 //

@@ -94,7 +94,7 @@ func WithConfig(c amqp.Config) Option {
 const DefaultMaxMessageSize = 16 << 20
 
 // WithMaxMessageSize sets the largest body, in bytes, Send and Publish
-// accept; a larger one is a [*MessageTooLargeError] and is not sent. The
+// accept; a larger one is a [*bus.MessageTooLargeError] and is not sent. The
 // default is [DefaultMaxMessageSize]. Set it to the broker's
 // max_message_size: a body over that limit makes the broker close the
 // publisher channel, which the transport reports as a [*RefusedError].

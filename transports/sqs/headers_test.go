@@ -187,15 +187,17 @@ func isHeaderError(name string) func(error) bool {
 	}
 }
 
-func TestMessageTooLarge(t *testing.T) {
+// A message whose body and attributes together exceed WithMaxMessageSize
+// is refused before sending with the core's *bus.MessageTooLargeError.
+func TestMessageOverMaxMessageSizeIsRefusedBeforeSending(t *testing.T) {
 	cfg := awsConfig(t)
 	tr := sqs.New(cfg, sqs.WithMaxMessageSize(1024))
 	defer tr.Close(context.Background())
 	env := &bus.Envelope{Name: "big", Body: []byte(strings.Repeat("x", 1024))}
 	err := tr.Send(t.Context(), env, bus.SendOptions{Destination: "anywhere"})
-	var tl *sqs.MessageTooLargeError
-	if !errors.As(err, &tl) || !errors.Is(err, sqs.ErrMessageTooLarge) || tl.Max != 1024 || tl.Size <= 1024 {
-		t.Fatalf("Send of a large message: %v", err)
+	var tl *bus.MessageTooLargeError
+	if !errors.As(err, &tl) || !errors.Is(err, bus.ErrMessageTooLarge) || tl.Transport != "sqs" || tl.Message != "big" || tl.Limit != 1024 || tl.Size <= 1024 {
+		t.Fatalf("Send of a large message: %v, want a *bus.MessageTooLargeError of sqs, big, over 1024 bytes", err)
 	}
 }
 
