@@ -144,6 +144,7 @@ type Transport struct {
 	live        atomic.Pointer[session] // sess, read without the lock
 	maxAttempts atomic.Int64            // Topology.MaxAttempts of the last Setup
 	clock       *skewClock              // for the sent times of received messages
+	released    sync.Pool               // *received the bus released, for later deliveries
 
 	mu      sync.Mutex
 	inst    string // the instance queue's name, fixed by the first Setup asking for it

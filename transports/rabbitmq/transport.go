@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -213,7 +212,7 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 }
 
 // received is a delivery and the amqp091 message it was read from, in one
-// allocation that is reused once the bus releases the delivery
+// allocation that the transport reuses once the bus releases the delivery
 // ([Transport.ReleaseDelivery]): a message then costs the garbage
 // collector neither of them.
 type received struct {
@@ -222,10 +221,11 @@ type received struct {
 	s *session
 }
 
-var receivedPool = sync.Pool{New: func() any { return new(received) }}
-
 func (t *Transport) delivery(ctx context.Context, s *session, m *amqp.Delivery) *bus.Delivery {
-	r := receivedPool.Get().(*received)
+	r, _ := t.released.Get().(*received)
+	if r == nil {
+		r = new(received)
+	}
 	r.m, r.s = *m, s
 	limits := decodeLimits{maxAttempts: int(t.maxAttempts.Load()), clock: t.clock}
 	env, attempt, ignored, err := envelope(&r.m, limits)
@@ -257,7 +257,7 @@ func (t *Transport) ReleaseDelivery(d *bus.Delivery) {
 		return
 	}
 	*r = received{}
-	receivedPool.Put(r)
+	t.released.Put(r)
 }
 
 // settling checks that d came from this transport and that its channel is
