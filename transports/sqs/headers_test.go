@@ -201,15 +201,6 @@ func TestMessageOverMaxMessageSizeIsRefusedBeforeSending(t *testing.T) {
 	}
 }
 
-func TestSendToMissingQueue(t *testing.T) {
-	tr, _ := openTransport(t)
-	err := tr.Send(t.Context(), &bus.Envelope{Name: "n", Body: []byte("{}")}, bus.SendOptions{Destination: "nobody"})
-	var nq *sqs.NoQueueError
-	if !errors.As(err, &nq) || !errors.Is(err, bus.ErrNoRoute) || nq.Endpoint != "nobody" {
-		t.Fatalf("Send to a missing queue: %v", err)
-	}
-}
-
 func TestEnvelopeRoundTrip(t *testing.T) {
 	sent := time.Date(2025, 1, 2, 3, 4, 5, 6000, time.UTC)
 	for _, body := range [][]byte{
@@ -250,6 +241,35 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 	env := &bus.Envelope{Name: "n", Body: []byte("{}"), Attributes: bus.NewAttributes("id", "c", sent, map[string]string{"k": "\xff"}, nil)}
 	if _, err := sqs.Encode(env); !errors.Is(err, sqs.ErrInvalidAttribute) {
 		t.Fatalf("Encode with a non-UTF-8 attribute: %v", err)
+	}
+}
+
+// Bus attributes travel in the "plugbus" message attribute: characters
+// SQS refuses there (U+FFFE, most control characters) are an
+// *AttributeError before anything is sent.
+func TestBusAttributeCharactersSQSRefusesAreAttributeErrors(t *testing.T) {
+	for name, attrs := range map[string]map[string]string{
+		"value U+FFFE":   {"k": "a\uFFFEb"},
+		"value control":  {"k": "a\u0001b"},
+		"key U+FFFF":     {"k\uFFFF": "v"},
+		"key control":    {"k\u001b": "v"},
+		"value over BMP": nil, // control: allowed
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := envelope("Order", "o1")
+			env.Attributes = bus.NewAttributes("o1", "o1", time.Now(), attrs, map[string]string{"ok": "\U0001F600"})
+			_, err := sqs.Encode(env)
+			var ae *sqs.AttributeError
+			if attrs == nil {
+				if err != nil {
+					t.Errorf("Encode: %v", err)
+				}
+				return
+			}
+			if !errors.As(err, &ae) {
+				t.Errorf("Encode with attributes %q: %v, want *sqs.AttributeError", attrs, err)
+			}
+		})
 	}
 }
 

@@ -28,8 +28,9 @@
 // this transport instance alone, addressed by its URL and deleted by Close
 // ([Transport.InstanceAddress]).
 //
-// On AWS Lambda, [NewLambdaHandler] runs the records of an SQS event
-// through a bus and reports the records that failed. docs/transports/sqs.md
+// On AWS Lambda, package sqslambda (transports/sqs/sqslambda) runs the
+// records of an SQS event through a bus instead of this transport's
+// poller, reading them as the poller does. docs/transports/sqs.md
 // describes the topology, the limits and the IAM permissions needed.
 package sqs
 
