@@ -527,10 +527,12 @@ func (t *Transport) isClosed() bool {
 }
 
 var (
-	_ bus.Transport        = (*Transport)(nil)
-	_ bus.HeaderValidator  = (*Transport)(nil)
-	_ bus.InstanceQueuer   = (*Transport)(nil)
-	_ bus.InstanceReceiver = (*Transport)(nil)
-	_ bus.DeliveryReleaser = (*Transport)(nil)
-	_ bus.EnvelopeCopier   = (*Transport)(nil)
+	_ bus.Transport            = (*Transport)(nil)
+	_ bus.HeaderValidator      = (*Transport)(nil)
+	_ bus.InstanceQueuer       = (*Transport)(nil)
+	_ bus.InstanceReceiver     = (*Transport)(nil)
+	_ bus.DeliveryReleaser     = (*Transport)(nil)
+	_ bus.EnvelopeCopier       = (*Transport)(nil)
+	_ bus.Connector            = (*Transport)(nil)
+	_ bus.MessagingSystemNamer = (*Transport)(nil)
 )

@@ -665,9 +665,11 @@ func isQueueURL(dest string) bool {
 }
 
 var (
-	_ bus.Transport        = (*Transport)(nil)
-	_ bus.HeaderValidator  = (*Transport)(nil)
-	_ bus.InstanceQueuer   = (*Transport)(nil)
-	_ bus.InstanceReceiver = (*Transport)(nil)
-	_ bus.EnvelopeCopier   = (*Transport)(nil)
+	_ bus.Transport            = (*Transport)(nil)
+	_ bus.HeaderValidator      = (*Transport)(nil)
+	_ bus.InstanceQueuer       = (*Transport)(nil)
+	_ bus.InstanceReceiver     = (*Transport)(nil)
+	_ bus.EnvelopeCopier       = (*Transport)(nil)
+	_ bus.ReceiveCounter       = (*Transport)(nil)
+	_ bus.MessagingSystemNamer = (*Transport)(nil)
 )
