@@ -6,8 +6,8 @@
 //	b, err := bus.New(
 //		bus.WithEndpoint("shipping"),
 //		bus.WithHandler(func(ctx context.Context, m PaymentTaken, a bus.Attributes) error {
-//			b, _, _ := bus.MessageContext(ctx) // the bus handling this message
-//			return b.Publish(ctx, OrderShipped{OrderID: m.OrderID}) // sent when this handler succeeds
+//			shipping, _, _ := bus.MessageContext(ctx) // the bus handling this message
+//			return shipping.Publish(ctx, OrderShipped{OrderID: m.OrderID}) // sent when this handler succeeds
 //		}),
 //		bus.WithMiddleware(otel.New(), logging),
 //	)

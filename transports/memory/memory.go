@@ -6,7 +6,13 @@
 //
 //	broker := memory.NewBroker()
 //	orders, err := bus.New(bus.WithEndpoint("orders"), bus.WithTransport(memory.New(memory.WithBroker(broker))))
-//	billing, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(memory.New(memory.WithBroker(broker))))
+//	if err != nil {
+//		return err
+//	}
+//	billing, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+//		bus.WithHandler(chargeCard)) // receives what orders publishes
+//
+// The package's Example runs two such buses.
 //
 // It is at-least-once within the process: a received message stays in
 // flight until it is deleted; a returned one comes back at the tail of its

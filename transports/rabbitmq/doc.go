@@ -2,6 +2,9 @@
 // github.com/rabbitmq/amqp091-go.
 //
 //	t, err := rabbitmq.New("amqp://guest:guest@127.0.0.1:5672/")
+//	if err != nil {
+//		return err
+//	}
 //	b, err := bus.New(bus.WithEndpoint("orders"), bus.WithTransport(t), bus.WithHandler(placeOrder))
 //
 // # Topology

@@ -20,9 +20,11 @@
 //
 // Build it from an aws.Config:
 //
-//	cfg, err := config.LoadDefaultConfig(ctx)
-//	...
-//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), ...)
+//	cfg, err := config.LoadDefaultConfig(ctx) // github.com/aws/aws-sdk-go-v2/config
+//	if err != nil {
+//		return err
+//	}
+//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), bus.WithHandler(invoice))
 //
 // With Topology.Instance (request/reply) Setup also creates a queue of
 // this transport instance alone, addressed by its URL and deleted by Close

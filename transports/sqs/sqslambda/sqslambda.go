@@ -7,7 +7,9 @@
 // Lambda retries only those:
 //
 //	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), bus.WithHandler(invoice))
-//	...
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //	lambda.Start(sqslambda.NewHandler(b, sqslambda.WithMaxAttempts(5))) // github.com/aws/aws-lambda-go
 //
 // [Event], [Record] and [BatchResponse] mirror Lambda's JSON, so this
