@@ -84,7 +84,7 @@ func New(opts ...Option) (*Bus, error) {
 		return nil, errors.New("bus: a bus with handlers needs an endpoint: add bus.WithEndpoint(name)")
 	}
 	if c.transport == nil {
-		c.transport = NewMemoryTransport(NewMemoryBroker())
+		c.transport = newMemTransport(newMemBroker())
 	}
 	b := &Bus{
 		name: c.name, endpoint: c.endpoint, t: c.transport,

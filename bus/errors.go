@@ -17,6 +17,8 @@ var (
 	ErrNextMisused = errors.New("bus: next called twice or after its middleware returned")
 	// ErrHeaderReserved is matched by [*HeaderReservedError].
 	ErrHeaderReserved = errors.New("bus: header name reserved by the transport")
+	// ErrMessageTooLarge is matched by [*MessageTooLargeError].
+	ErrMessageTooLarge = errors.New("bus: message too large for the transport")
 	// ErrHandlerDispatchRejected is matched by [*HandlerDispatchRejectedError].
 	ErrHandlerDispatchRejected = errors.New("bus: handler dispatch rejected")
 	// ErrDecode is matched by [*DecodeError].
@@ -71,6 +73,31 @@ func (e *HeaderReservedError) Error() string {
 
 // Is reports whether target is ErrHeaderReserved.
 func (e *HeaderReservedError) Is(target error) bool { return target == ErrHeaderReserved }
+
+// MessageTooLargeError is returned by a transport's Send or Publish for a
+// message larger than the transport accepts (its WithMaxMessageSize
+// option, set to what the broker takes). Nothing was sent.
+type MessageTooLargeError struct {
+	// Transport names the transport: "rabbitmq", "sqs".
+	Transport string
+	// Message is the message name.
+	Message string
+	// Size is the message's size as the transport measures it against
+	// Limit, in bytes: the body on RabbitMQ; on SQS the encoded body with
+	// the names, types and values of its message attributes.
+	Size int
+	// Limit is the largest size the transport accepts, in bytes.
+	Limit int
+}
+
+// Error implements error.
+func (e *MessageTooLargeError) Error() string {
+	return fmt.Sprintf("bus: message %s is %d bytes as the %s transport measures it, over its %d-byte limit; send large payloads by reference (store them elsewhere, for example in S3, and send their address), or raise the transport's WithMaxMessageSize as far as the broker accepts",
+		e.Message, e.Size, e.Transport, e.Limit)
+}
+
+// Is reports whether target is ErrMessageTooLarge.
+func (e *MessageTooLargeError) Is(target error) bool { return target == ErrMessageTooLarge }
 
 // HandlerFailure is one handler's failure within a dispatch.
 type HandlerFailure struct {

@@ -9,16 +9,24 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/plugbus/plugbus/internal/memorybackend"
 )
 
-// MemoryBroker is an in-process broker: endpoint queues, subscriptions of
-// endpoints to message names, and dead-letter queues. Transports made from
-// one broker talk to each other, so two buses in one process can exchange
-// messages through it. Nothing survives the process.
-//
-// Most code uses it through package transports/memory; it lives here so
-// that it can be the default transport of [New].
-type MemoryBroker struct {
+// This file is the in-process transport. Its public home, with its
+// documentation, is package transports/memory, which reaches it through
+// internal/memorybackend; it lives here, unexported, so that it can be the
+// default transport of [New] (bus cannot import transports/memory, which
+// imports bus).
+
+func init() {
+	memorybackend.NewBroker = func() any { return newMemBroker() }
+	memorybackend.NewTransport = func(broker any) any { return newMemTransport(broker.(*memBroker)) }
+}
+
+// memBroker holds the endpoint queues, the subscriptions of endpoints to
+// message names, and the dead-letter queues of the transports made from it.
+type memBroker struct {
 	mu     sync.Mutex
 	queues map[string]*memQueue
 	subs   map[string]map[string]struct{} // message name → endpoints
@@ -26,18 +34,11 @@ type MemoryBroker struct {
 	gone   map[string]struct{} // instance queues of closed transports
 }
 
-// DeadLetter is a message in a memory dead-letter queue.
-type DeadLetter struct {
-	Envelope Envelope
-	Failure  Failure
+func newMemBroker() *memBroker {
+	return &memBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]DeadLetter{}, gone: map[string]struct{}{}}
 }
 
-// NewMemoryBroker returns an empty broker.
-func NewMemoryBroker() *MemoryBroker {
-	return &MemoryBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]DeadLetter{}, gone: map[string]struct{}{}}
-}
-
-func (br *MemoryBroker) queue(endpoint string) *memQueue {
+func (br *memBroker) queue(endpoint string) *memQueue {
 	br.mu.Lock()
 	defer br.mu.Unlock()
 	return br.queueLocked(endpoint)
@@ -45,7 +46,7 @@ func (br *MemoryBroker) queue(endpoint string) *memQueue {
 
 // sendQueue is queue for a send: gone reports (with no queue) the instance
 // queue of a closed transport, whose messages are dropped.
-func (br *MemoryBroker) sendQueue(endpoint string) (q *memQueue, gone bool) {
+func (br *memBroker) sendQueue(endpoint string) (q *memQueue, gone bool) {
 	br.mu.Lock()
 	defer br.mu.Unlock()
 	if _, gone := br.gone[endpoint]; gone {
@@ -54,7 +55,7 @@ func (br *MemoryBroker) sendQueue(endpoint string) (q *memQueue, gone bool) {
 	return br.queueLocked(endpoint), false
 }
 
-func (br *MemoryBroker) queueLocked(endpoint string) *memQueue {
+func (br *memBroker) queueLocked(endpoint string) *memQueue {
 	q := br.queues[endpoint]
 	if q == nil {
 		q = &memQueue{signal: make(chan struct{}, 1)}
@@ -64,7 +65,7 @@ func (br *MemoryBroker) queueLocked(endpoint string) *memQueue {
 }
 
 // DeadLetters returns the messages dead-lettered by endpoint, oldest first.
-func (br *MemoryBroker) DeadLetters(endpoint string) []DeadLetter {
+func (br *memBroker) DeadLetters(endpoint string) []DeadLetter {
 	br.mu.Lock()
 	defer br.mu.Unlock()
 	return slices.Clone(br.dead[endpoint])
@@ -72,7 +73,7 @@ func (br *MemoryBroker) DeadLetters(endpoint string) []DeadLetter {
 
 // Depth returns how many messages wait in endpoint's queue, not counting
 // those in flight.
-func (br *MemoryBroker) Depth(endpoint string) int {
+func (br *memBroker) Depth(endpoint string) int {
 	q := br.queue(endpoint)
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -160,13 +161,10 @@ func (q *memQueue) wake() {
 	}
 }
 
-// MemoryTransport is a [Transport] over a [MemoryBroker]. It is
-// at-least-once: a delivery stays in flight until it is deleted, returned
-// (redelivered with its attempt count raised) or failed (dead-lettered with
-// its failure); closing the transport puts what is in flight back at the
-// head of the queue. One receiver sees its queue in order.
-type MemoryTransport struct {
-	broker *MemoryBroker
+// memTransport is a [Transport] over a memBroker; transports/memory
+// documents its behaviour.
+type memTransport struct {
+	broker *memBroker
 
 	mu       sync.Mutex
 	endpoint string
@@ -179,17 +177,13 @@ type MemoryTransport struct {
 	isClosed bool
 }
 
-// NewMemoryTransport returns a transport on broker.
-func NewMemoryTransport(broker *MemoryBroker) *MemoryTransport {
-	return &MemoryTransport{broker: broker, inflight: map[*memItem]struct{}{}, closed: make(chan struct{})}
+func newMemTransport(broker *memBroker) *memTransport {
+	return &memTransport{broker: broker, inflight: map[*memItem]struct{}{}, closed: make(chan struct{})}
 }
-
-// Broker returns the transport's broker.
-func (t *MemoryTransport) Broker() *MemoryBroker { return t.broker }
 
 // Setup binds the transport to the endpoint's queue and subscribes it to
 // the published messages it handles.
-func (t *MemoryTransport) Setup(_ context.Context, topo Topology) error {
+func (t *memTransport) Setup(_ context.Context, topo Topology) error {
 	if topo.Endpoint == "" && !topo.Instance {
 		return errors.New("memory: Setup: empty endpoint")
 	}
@@ -224,7 +218,7 @@ func (t *MemoryTransport) Setup(_ context.Context, topo Topology) error {
 	return nil
 }
 
-func (t *MemoryTransport) check(ctx context.Context) error {
+func (t *memTransport) check(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -246,10 +240,10 @@ func copyEnvelope(env *Envelope) Envelope {
 
 // CopiesEnvelopes implements [EnvelopeCopier]: Send and Publish queue a
 // copy of the envelope.
-func (t *MemoryTransport) CopiesEnvelopes() bool { return true }
+func (t *memTransport) CopiesEnvelopes() bool { return true }
 
 // Send puts env on the queue of opts.Destination.
-func (t *MemoryTransport) Send(ctx context.Context, env *Envelope, opts SendOptions) error {
+func (t *memTransport) Send(ctx context.Context, env *Envelope, opts SendOptions) error {
 	if err := t.check(ctx); err != nil {
 		return err
 	}
@@ -265,7 +259,7 @@ func (t *MemoryTransport) Send(ctx context.Context, env *Envelope, opts SendOpti
 }
 
 // Publish puts env on the queue of every endpoint subscribed to env.Name.
-func (t *MemoryTransport) Publish(ctx context.Context, env *Envelope, _ SendOptions) error {
+func (t *memTransport) Publish(ctx context.Context, env *Envelope, _ SendOptions) error {
 	if err := t.check(ctx); err != nil {
 		return err
 	}
@@ -285,7 +279,7 @@ func (t *MemoryTransport) Publish(ctx context.Context, env *Envelope, _ SendOpti
 
 // InstanceAddress returns the destination of this transport's own queue,
 // made by Setup with Topology.Instance.
-func (t *MemoryTransport) InstanceAddress() string {
+func (t *memTransport) InstanceAddress() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.iaddr
@@ -293,7 +287,7 @@ func (t *MemoryTransport) InstanceAddress() string {
 
 // Receive takes the next message of the endpoint's queue or of the
 // instance's queue.
-func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
+func (t *memTransport) Receive(ctx context.Context) (*Delivery, error) {
 	t.mu.Lock()
 	q, iq := t.q, t.iq
 	t.mu.Unlock()
@@ -301,7 +295,7 @@ func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
 }
 
 // ReceiveInstance takes the next message of the instance's queue.
-func (t *MemoryTransport) ReceiveInstance(ctx context.Context) (*Delivery, error) {
+func (t *memTransport) ReceiveInstance(ctx context.Context) (*Delivery, error) {
 	t.mu.Lock()
 	iq := t.iq
 	t.mu.Unlock()
@@ -311,7 +305,7 @@ func (t *MemoryTransport) ReceiveInstance(ctx context.Context) (*Delivery, error
 	return t.receive(ctx, nil, iq)
 }
 
-func (t *MemoryTransport) receive(ctx context.Context, q, iq *memQueue) (*Delivery, error) {
+func (t *memTransport) receive(ctx context.Context, q, iq *memQueue) (*Delivery, error) {
 	if q == nil && iq == nil {
 		return nil, errors.New("memory: Receive before Setup")
 	}
@@ -366,7 +360,7 @@ func (t *MemoryTransport) receive(ctx context.Context, q, iq *memQueue) (*Delive
 }
 
 // settle removes d from the in-flight set.
-func (t *MemoryTransport) settle(d *Delivery) (*memItem, error) {
+func (t *memTransport) settle(d *Delivery) (*memItem, error) {
 	it, _ := d.Token.(*memItem)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -381,13 +375,13 @@ func (t *MemoryTransport) settle(d *Delivery) (*memItem, error) {
 }
 
 // Delete acknowledges d.
-func (t *MemoryTransport) Delete(_ context.Context, d *Delivery) error {
+func (t *memTransport) Delete(_ context.Context, d *Delivery) error {
 	_, err := t.settle(d)
 	return err
 }
 
 // Return puts d back at the tail of the queue with its attempt raised.
-func (t *MemoryTransport) Return(_ context.Context, d *Delivery, _ error) error {
+func (t *memTransport) Return(_ context.Context, d *Delivery, _ error) error {
 	it, err := t.settle(d)
 	if err != nil {
 		return err
@@ -397,7 +391,7 @@ func (t *MemoryTransport) Return(_ context.Context, d *Delivery, _ error) error 
 }
 
 // Fail moves d to the endpoint's dead-letter queue.
-func (t *MemoryTransport) Fail(_ context.Context, d *Delivery, f Failure) error {
+func (t *memTransport) Fail(_ context.Context, d *Delivery, f Failure) error {
 	it, err := t.settle(d)
 	if err != nil {
 		return err
@@ -417,7 +411,7 @@ func (t *MemoryTransport) Fail(_ context.Context, d *Delivery, f Failure) error 
 
 // Close stops receiving and puts deliveries still in flight back at the
 // head of the queue.
-func (t *MemoryTransport) Close(context.Context) error {
+func (t *memTransport) Close(context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.isClosed {
@@ -452,8 +446,8 @@ func (t *MemoryTransport) Close(context.Context) error {
 }
 
 var (
-	_ Transport        = (*MemoryTransport)(nil)
-	_ InstanceQueuer   = (*MemoryTransport)(nil)
-	_ InstanceReceiver = (*MemoryTransport)(nil)
-	_ EnvelopeCopier   = (*MemoryTransport)(nil)
+	_ Transport        = (*memTransport)(nil)
+	_ InstanceQueuer   = (*memTransport)(nil)
+	_ InstanceReceiver = (*memTransport)(nil)
+	_ EnvelopeCopier   = (*memTransport)(nil)
 )

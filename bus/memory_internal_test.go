@@ -9,8 +9,8 @@ import (
 // popping (its context ended) must pass the token on, or a message waits
 // while other receivers of the endpoint sleep.
 func TestMemoryReceiverLeavingPassesTheWakeUpOn(t *testing.T) {
-	broker := NewMemoryBroker()
-	tr := NewMemoryTransport(broker)
+	broker := newMemBroker()
+	tr := newMemTransport(broker)
 	if err := tr.Setup(context.Background(), Topology{Endpoint: "ep"}); err != nil {
 		t.Fatal(err)
 	}
@@ -31,8 +31,8 @@ func TestMemoryReceiverLeavingPassesTheWakeUpOn(t *testing.T) {
 // A receiver woken by the endpoint queue's token takes from the instance
 // queue first: it must pass the endpoint's token on.
 func TestMemoryReceiverTakingAnInstanceMessagePassesTheWakeUpOn(t *testing.T) {
-	broker := NewMemoryBroker()
-	tr := NewMemoryTransport(broker)
+	broker := newMemBroker()
+	tr := newMemTransport(broker)
 	if err := tr.Setup(context.Background(), Topology{Endpoint: "ep", Instance: true}); err != nil {
 		t.Fatal(err)
 	}

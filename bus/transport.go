@@ -5,6 +5,71 @@ import (
 	"time"
 )
 
+// This file is the transport contract, whole: what a transport implements
+// ([Transport]), the values it exchanges with the bus ([Topology],
+// [Envelope], [SendOptions], [Delivery], [Failure], [DeadLetter]), and the
+// optional interfaces through which it offers more, each checked at run
+// time by the code that uses it. The package doc's "Writing a transport"
+// lists them; docs/transports/contract.md explains them; package
+// transports/transporttest checks a transport against them.
+
+// Transport moves envelopes between endpoints. A transport is used by one
+// bus; several transports may share a broker.
+//
+// The bus calls Setup once at Start, then Receive from as many goroutines
+// as its concurrency, and exactly one of Delete, Return or Fail for each
+// delivery. Send and Publish may be called at any time, concurrently,
+// including on a transport that never had Setup called (a send-only bus).
+//
+// Errors a transport returns: [ErrClosed] (wrapped) after Close; an error
+// wrapping [ErrNoRoute] for a send without a destination; a
+// [*HeaderReservedError] for a header whose name it writes itself; a
+// [*MessageTooLargeError] for a message over its size limit.
+type Transport interface {
+	// Setup declares the endpoint's queue, its dead-letter queue and the
+	// subscriptions to the published messages it handles. It is idempotent.
+	Setup(ctx context.Context, topo Topology) error
+	// Send delivers env to the endpoint opts.Destination.
+	Send(ctx context.Context, env *Envelope, opts SendOptions) error
+	// Publish delivers env to every endpoint subscribed to env.Name.
+	Publish(ctx context.Context, env *Envelope, opts SendOptions) error
+	// Receive blocks until a message arrives, ctx is done (ctx.Err()) or
+	// the transport is closed ([ErrClosed]).
+	Receive(ctx context.Context) (*Delivery, error)
+	// Delete acknowledges a delivery: it will not be seen again.
+	Delete(ctx context.Context, d *Delivery) error
+	// Return gives a delivery back for redelivery with Attempt+1. cause is
+	// the error that made it fail.
+	Return(ctx context.Context, d *Delivery, cause error) error
+	// Fail moves a delivery to the endpoint's dead-letter queue with f.
+	Fail(ctx context.Context, d *Delivery, f Failure) error
+	// Close releases the transport. Deliveries not yet deleted are given
+	// back to the broker (they will be delivered again), so Delete, Return
+	// and Fail after Close return an error wrapping ErrClosed. Receive,
+	// Send and Publish return ErrClosed afterwards.
+	Close(ctx context.Context) error
+}
+
+// Topology is what a transport declares when the bus starts.
+type Topology struct {
+	// Endpoint names this service's queue.
+	Endpoint string
+	// Handles lists the message names the endpoint has handlers for, sorted.
+	// A transport subscribes the endpoint to the published messages of these names.
+	Handles []string
+	// MaxAttempts is the number of deliveries before the bus dead-letters a message.
+	MaxAttempts int
+	// Concurrency is the number of messages the bus processes at once; a
+	// transport may size its prefetch from it.
+	Concurrency int
+	// Instance asks for a queue of this transport instance alone, received
+	// through the same Receive (and through [InstanceReceiver] when the
+	// transport implements it), whose address [InstanceQueuer] returns. The
+	// bus sets it when a middleware needs it (request/reply); Endpoint may
+	// then be empty.
+	Instance bool
+}
+
 // Envelope is a finished, encoded message: what the bus hands to a
 // transport and what a transport hands back when it receives one.
 type Envelope struct {
@@ -18,6 +83,12 @@ type Envelope struct {
 	Attributes Attributes
 	// Headers are the transport-native headers set by outgoing middleware.
 	Headers Headers
+}
+
+// SendOptions are the per-message options a transport honours.
+type SendOptions struct {
+	// Destination is the endpoint a sent message goes to. Empty for publish.
+	Destination string
 }
 
 // Delivery is one received message, owned by the transport that returned it
@@ -46,40 +117,33 @@ type Delivery struct {
 	Token any
 }
 
-// SendOptions are the per-message options a transport honours.
-type SendOptions struct {
-	// Destination is the endpoint a sent message goes to. Empty for publish.
-	Destination string
-}
-
-// Topology is what a transport declares when the bus starts.
-type Topology struct {
-	// Endpoint names this service's queue.
+// Failure describes why a message was dead-lettered. Transports store it
+// with the message in the dead-letter queue.
+type Failure struct {
+	// Reason is the error text.
+	Reason string
+	// Attempts is how many times the message was delivered.
+	Attempts int
+	// Endpoint is the endpoint that gave up on the message.
 	Endpoint string
-	// Handles lists the message names the endpoint has handlers for, sorted.
-	// A transport subscribes the endpoint to the published messages of these names.
-	Handles []string
-	// MaxAttempts is the number of deliveries before the bus dead-letters a message.
-	MaxAttempts int
-	// Concurrency is the number of messages the bus processes at once; a
-	// transport may size its prefetch from it.
-	Concurrency int
-	// Instance asks for a queue of this transport instance alone, received
-	// through the same Receive (and through [InstanceReceiver] when the
-	// transport implements it), whose address [InstanceQueuer] returns. The
-	// bus sets it when a middleware needs it (request/reply); Endpoint may
-	// then be empty.
-	Instance bool
+	// Time is when the message was dead-lettered.
+	Time time.Time
 }
 
-// DeliveryReleaser is implemented by transports that reuse the memory of
-// the deliveries they return. The bus calls ReleaseDelivery once it is
-// done with d: settled, logged, and out of reach of every middleware (it
-// does not call it for a delivery that a stage run which did not end
-// clean may still read on another goroutine, nor for one given to
-// [Bus.Deliver]). The transport may then reuse d and what d.Raw points to.
-type DeliveryReleaser interface {
-	ReleaseDelivery(d *Delivery)
+// DeadLetter is a message read back from a dead-letter queue: the envelope
+// as the transport received it and the failure that dead-lettered it. Each
+// transport reads its dead letters into this shape (memory's
+// Broker.DeadLetters, rabbitmq.DecodeDeadLetter, sqs.DecodeDeadLetter).
+type DeadLetter struct {
+	Envelope Envelope
+	Failure  Failure
+}
+
+// HeaderValidator is implemented by transports that restrict header names
+// or values. The bus calls it when a message is sent, before it is buffered
+// in a handler's outbox, so the error reaches the code that sent.
+type HeaderValidator interface {
+	ValidateHeaders(h Headers) error
 }
 
 // EnvelopeCopier is implemented by transports whose Send and Publish keep
@@ -91,6 +155,16 @@ type DeliveryReleaser interface {
 // sent, must not implement it.
 type EnvelopeCopier interface {
 	CopiesEnvelopes() bool
+}
+
+// DeliveryReleaser is implemented by transports that reuse the memory of
+// the deliveries they return. The bus calls ReleaseDelivery once it is
+// done with d: settled, logged, and out of reach of every middleware (it
+// does not call it for a delivery that a stage run which did not end
+// clean may still read on another goroutine, nor for one given to
+// [Bus.Deliver]). The transport may then reuse d and what d.Raw points to.
+type DeliveryReleaser interface {
+	ReleaseDelivery(d *Delivery)
 }
 
 // ReceiveCounter is implemented by transports whose broker counts the
@@ -112,6 +186,20 @@ type Connector interface {
 	Connect(ctx context.Context) error
 }
 
+// InstanceQueuer is implemented by transports that can give one bus
+// instance a queue of its own, so that a reply reaches the instance that
+// asked even when several instances share an endpoint. The queue lives as
+// long as the transport: it is removed at Close, and a message sent to the
+// address of a removed instance queue is dropped (the instance that waited
+// for it is gone). [New] refuses a middleware that asks for an instance
+// queue ([Middleware.InstanceQueue], as plugins/requestreply does) on a
+// transport without it; requestreply sends its replies to InstanceAddress.
+type InstanceQueuer interface {
+	// InstanceAddress returns the Destination that reaches this instance's
+	// queue. It is valid after Setup with Topology.Instance.
+	InstanceAddress() string
+}
+
 // InstanceReceiver is implemented by transports that can receive from the
 // instance queue alone. The bus then reads it with a receive loop of its
 // own, beside its handler workers, so that a handler waiting for a reply
@@ -122,66 +210,10 @@ type InstanceReceiver interface {
 	ReceiveInstance(ctx context.Context) (*Delivery, error)
 }
 
-// InstanceQueuer is implemented by transports that can give one bus
-// instance a queue of its own, so that a reply reaches the instance that
-// asked even when several instances share an endpoint. The queue lives as
-// long as the transport: it is removed at Close, and a message sent to the
-// address of a removed instance queue is dropped (the instance that waited
-// for it is gone).
-type InstanceQueuer interface {
-	// InstanceAddress returns the Destination that reaches this instance's
-	// queue. It is valid after Setup with Topology.Instance.
-	InstanceAddress() string
-}
-
-// Failure describes why a message was dead-lettered. Transports store it
-// with the message in the dead-letter queue.
-type Failure struct {
-	// Reason is the error text.
-	Reason string
-	// Attempts is how many times the message was delivered.
-	Attempts int
-	// Endpoint is the endpoint that gave up on the message.
-	Endpoint string
-	// Time is when the message was dead-lettered.
-	Time time.Time
-}
-
-// Transport moves envelopes between endpoints. A transport is used by one
-// bus; several transports may share a broker.
-//
-// The bus calls Setup once at Start, then Receive from as many goroutines
-// as its concurrency, and exactly one of Delete, Return or Fail for each
-// delivery. Send and Publish may be called at any time, concurrently,
-// including on a transport that never had Setup called (a send-only bus).
-type Transport interface {
-	// Setup declares the endpoint's queue, its dead-letter queue and the
-	// subscriptions to the published messages it handles. It is idempotent.
-	Setup(ctx context.Context, topo Topology) error
-	// Send delivers env to the endpoint opts.Destination.
-	Send(ctx context.Context, env *Envelope, opts SendOptions) error
-	// Publish delivers env to every endpoint subscribed to env.Name.
-	Publish(ctx context.Context, env *Envelope, opts SendOptions) error
-	// Receive blocks until a message arrives, ctx is done (ctx.Err()) or
-	// the transport is closed ([ErrClosed]).
-	Receive(ctx context.Context) (*Delivery, error)
-	// Delete acknowledges a delivery: it will not be seen again.
-	Delete(ctx context.Context, d *Delivery) error
-	// Return gives a delivery back for redelivery with Attempt+1. cause is
-	// the error that made it fail.
-	Return(ctx context.Context, d *Delivery, cause error) error
-	// Fail moves a delivery to the endpoint's dead-letter queue with f.
-	Fail(ctx context.Context, d *Delivery, f Failure) error
-	// Close releases the transport. Deliveries not yet deleted are given
-	// back to the broker (they will be delivered again), so Delete, Return
-	// and Fail after Close return an error wrapping ErrClosed. Receive,
-	// Send and Publish return ErrClosed afterwards.
-	Close(ctx context.Context) error
-}
-
-// HeaderValidator is implemented by transports that restrict header names
-// or values. The bus calls it when a message is sent, before it is buffered
-// in a handler's outbox, so the error reaches the code that sent.
-type HeaderValidator interface {
-	ValidateHeaders(h Headers) error
+// MessagingSystemNamer is implemented by transports that name their
+// messaging system as the OpenTelemetry semantic conventions spell it
+// ("rabbitmq", "aws_sqs"). plugins/otel reports it as messaging.system; for
+// a transport without it, the plugin reports "plugbus".
+type MessagingSystemNamer interface {
+	MessagingSystem() string
 }

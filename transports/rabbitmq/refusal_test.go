@@ -296,17 +296,18 @@ func TestConcurrentRefusalKeepsConnection(t *testing.T) {
 }
 
 // A body over WithMaxMessageSize is refused before it reaches the broker,
-// whose refusal would close the channel.
-func TestMessageTooLarge(t *testing.T) {
+// whose refusal would close the channel, with the core's
+// *bus.MessageTooLargeError.
+func TestBodyOverMaxMessageSizeIsRefusedBeforeSending(t *testing.T) {
 	e := newEnv(t)
 	tr := e.transport(t, rabbitmq.WithMaxMessageSize(1024))
 	ctx := testContext(t, 10*time.Second)
 	big := message("Big", "big")
 	big.Body = bytes.Repeat([]byte("x"), 1025)
 	err := tr.Send(ctx, big, bus.SendOptions{Destination: transporttest.Name("anywhere")})
-	var te *rabbitmq.MessageTooLargeError
-	if !errors.As(err, &te) || !errors.Is(err, rabbitmq.ErrMessageTooLarge) || te.Size != 1025 || te.Limit != 1024 {
-		t.Errorf("Send of 1025 bytes with a 1024-byte limit: %v, want *rabbitmq.MessageTooLargeError", err)
+	var te *bus.MessageTooLargeError
+	if !errors.As(err, &te) || !errors.Is(err, bus.ErrMessageTooLarge) || te.Transport != "rabbitmq" || te.Message != "Big" || te.Size != 1025 || te.Limit != 1024 {
+		t.Errorf("Send of 1025 bytes with a 1024-byte limit: %v, want a *bus.MessageTooLargeError of rabbitmq, Big, 1025 over 1024", err)
 	}
 	if _, err := rabbitmq.New(e.url, rabbitmq.WithMaxMessageSize(0)); err == nil {
 		t.Error("WithMaxMessageSize(0) accepted")

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -64,7 +63,7 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 		return err
 	}
 	if len(env.Body) > t.o.maxMessageSize {
-		return &MessageTooLargeError{Message: env.Name, Size: len(env.Body), Limit: t.o.maxMessageSize}
+		return &bus.MessageTooLargeError{Transport: "rabbitmq", Message: env.Name, Size: len(env.Body), Limit: t.o.maxMessageSize}
 	}
 	msg, err := publishing(env)
 	if err != nil {
@@ -213,7 +212,7 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 }
 
 // received is a delivery and the amqp091 message it was read from, in one
-// allocation that is reused once the bus releases the delivery
+// allocation that the transport reuses once the bus releases the delivery
 // ([Transport.ReleaseDelivery]): a message then costs the garbage
 // collector neither of them.
 type received struct {
@@ -222,10 +221,11 @@ type received struct {
 	s *session
 }
 
-var receivedPool = sync.Pool{New: func() any { return new(received) }}
-
 func (t *Transport) delivery(ctx context.Context, s *session, m *amqp.Delivery) *bus.Delivery {
-	r := receivedPool.Get().(*received)
+	r, _ := t.released.Get().(*received)
+	if r == nil {
+		r = new(received)
+	}
 	r.m, r.s = *m, s
 	limits := decodeLimits{maxAttempts: int(t.maxAttempts.Load()), clock: t.clock}
 	env, attempt, ignored, err := envelope(&r.m, limits)
@@ -257,7 +257,7 @@ func (t *Transport) ReleaseDelivery(d *bus.Delivery) {
 		return
 	}
 	*r = received{}
-	receivedPool.Put(r)
+	t.released.Put(r)
 }
 
 // settling checks that d came from this transport and that its channel is
@@ -403,28 +403,4 @@ func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, m *
 		return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w; requeueing it failed too: %w", d.Name, d.Attributes.MessageID, queue, err, nerr)
 	}
 	return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w; the original was requeued with its attempt count unchanged and the broker redelivers it", d.Name, d.Attributes.MessageID, queue, err)
-}
-
-// DeadLetter decodes a message read from a dead-letter queue: the
-// envelope as it was received and the failure recorded by Fail.
-func DeadLetter(m amqp.Delivery) (bus.DeadLetter, error) {
-	// A poison message is dead-lettered as it came: keep what can be read.
-	env, _, _, _ := envelope(&m, decodeLimits{clock: newSkewClock(time.Now)})
-	dl := bus.DeadLetter{Envelope: env}
-	var err error
-	reason, ok := m.Headers[HeaderFailureReason].(string)
-	if !ok {
-		return dl, fmt.Errorf("rabbitmq: message %s (id %s) has no %s header: it was not dead-lettered by plugbus", m.Type, m.MessageId, HeaderFailureReason)
-	}
-	dl.Failure.Reason = reason
-	dl.Failure.Attempts, _ = headerInt(m.Headers[HeaderFailureAttempts])
-	dl.Failure.Endpoint, _ = m.Headers[HeaderFailureEndpoint].(string)
-	if s, ok := m.Headers[HeaderFailureTime].(string); ok {
-		if tm, perr := time.Parse(time.RFC3339Nano, s); perr == nil {
-			dl.Failure.Time = tm
-		} else {
-			err = fmt.Errorf("rabbitmq: header %s = %q: %w", HeaderFailureTime, s, perr)
-		}
-	}
-	return dl, err
 }

@@ -20,16 +20,19 @@
 //
 // Build it from an aws.Config:
 //
-//	cfg, err := config.LoadDefaultConfig(ctx)
-//	...
-//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), ...)
+//	cfg, err := config.LoadDefaultConfig(ctx) // github.com/aws/aws-sdk-go-v2/config
+//	if err != nil {
+//		return err
+//	}
+//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), bus.WithHandler(invoice))
 //
 // With Topology.Instance (request/reply) Setup also creates a queue of
 // this transport instance alone, addressed by its URL and deleted by Close
 // ([Transport.InstanceAddress]).
 //
-// On AWS Lambda, [NewLambdaHandler] runs the records of an SQS event
-// through a bus and reports the records that failed. docs/transports/sqs.md
+// On AWS Lambda, package sqslambda (transports/sqs/sqslambda) runs the
+// records of an SQS event through a bus instead of this transport's
+// poller, reading them as the poller does. docs/transports/sqs.md
 // describes the topology, the limits and the IAM permissions needed.
 package sqs
 
@@ -664,9 +667,11 @@ func isQueueURL(dest string) bool {
 }
 
 var (
-	_ bus.Transport        = (*Transport)(nil)
-	_ bus.HeaderValidator  = (*Transport)(nil)
-	_ bus.InstanceQueuer   = (*Transport)(nil)
-	_ bus.InstanceReceiver = (*Transport)(nil)
-	_ bus.EnvelopeCopier   = (*Transport)(nil)
+	_ bus.Transport            = (*Transport)(nil)
+	_ bus.HeaderValidator      = (*Transport)(nil)
+	_ bus.InstanceQueuer       = (*Transport)(nil)
+	_ bus.InstanceReceiver     = (*Transport)(nil)
+	_ bus.EnvelopeCopier       = (*Transport)(nil)
+	_ bus.ReceiveCounter       = (*Transport)(nil)
+	_ bus.MessagingSystemNamer = (*Transport)(nil)
 )
