@@ -80,7 +80,7 @@
 //
 // A transport connects a bus to a broker. It implements [Transport]: the
 // bus gives it a [Topology] to declare at Start, hands it each [Envelope]
-// to Send (to [SendOptions.Destination]) or Publish, and receives each
+// to Send (to an endpoint) or Publish, and receives each
 // [Delivery] from it, settled with exactly one of Delete, Return or Fail
 // (with a [Failure]); the transport reads each message it dead-lettered
 // back as a [DeadLetter]. It refuses what it cannot carry with the core's

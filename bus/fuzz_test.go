@@ -133,10 +133,10 @@ func newFeedTransport() *feedTransport {
 }
 
 func (*feedTransport) Setup(context.Context, bus.Topology) error { return nil }
-func (*feedTransport) Send(context.Context, *bus.Envelope, bus.SendOptions) error {
+func (*feedTransport) Send(context.Context, *bus.Envelope, string) error {
 	return errors.New("fuzz: nothing is sent")
 }
-func (*feedTransport) Publish(context.Context, *bus.Envelope, bus.SendOptions) error {
+func (*feedTransport) Publish(context.Context, *bus.Envelope) error {
 	return errors.New("fuzz: nothing is published")
 }
 func (*feedTransport) Close(context.Context) error { return nil }

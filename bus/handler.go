@@ -130,7 +130,8 @@ func funcName(fn any) string {
 type Outbound struct {
 	Kind     Kind
 	Envelope *Envelope
-	Options  SendOptions
+	// Destination is the endpoint of a send; empty for a publish.
+	Destination string
 }
 
 // Outbox receives the messages a handler sends. The default outbox buffers

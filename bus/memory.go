@@ -242,15 +242,15 @@ func copyEnvelope(env *Envelope) Envelope {
 // copy of the envelope.
 func (t *memTransport) CopiesEnvelopes() bool { return true }
 
-// Send puts env on the queue of opts.Destination.
-func (t *memTransport) Send(ctx context.Context, env *Envelope, opts SendOptions) error {
+// Send puts env on the queue of the endpoint named to.
+func (t *memTransport) Send(ctx context.Context, env *Envelope, to string) error {
 	if err := t.check(ctx); err != nil {
 		return err
 	}
-	if opts.Destination == "" {
+	if to == "" {
 		return fmt.Errorf("memory: send %s: %w: no destination", env.Name, ErrNoRoute)
 	}
-	q, gone := t.broker.sendQueue(opts.Destination)
+	q, gone := t.broker.sendQueue(to)
 	if gone {
 		return nil // the instance that asked is gone: like RabbitMQ and SQS, drop it
 	}
@@ -259,7 +259,7 @@ func (t *memTransport) Send(ctx context.Context, env *Envelope, opts SendOptions
 }
 
 // Publish puts env on the queue of every endpoint subscribed to env.Name.
-func (t *memTransport) Publish(ctx context.Context, env *Envelope, _ SendOptions) error {
+func (t *memTransport) Publish(ctx context.Context, env *Envelope) error {
 	if err := t.check(ctx); err != nil {
 		return err
 	}

@@ -37,10 +37,10 @@ func TestMemoryReceiverTakingAnInstanceMessagePassesTheWakeUpOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close(context.Background())
-	if err := tr.Send(context.Background(), &Envelope{Name: "a"}, SendOptions{Destination: "ep"}); err != nil {
+	if err := tr.Send(context.Background(), &Envelope{Name: "a"}, "ep"); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(context.Background(), &Envelope{Name: "b"}, SendOptions{Destination: tr.InstanceAddress()}); err != nil {
+	if err := tr.Send(context.Background(), &Envelope{Name: "b"}, tr.InstanceAddress()); err != nil {
 		t.Fatal(err)
 	}
 	<-tr.q.signal // this receiver took the endpoint queue's token …

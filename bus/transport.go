@@ -7,7 +7,7 @@ import (
 
 // This file is the transport contract, whole: what a transport implements
 // ([Transport]), the values it exchanges with the bus ([Topology],
-// [Envelope], [SendOptions], [Delivery], [Failure], [DeadLetter]), and the
+// [Envelope], [Delivery], [Failure], [DeadLetter]), and the
 // optional interfaces through which it offers more, each checked at run
 // time by the code that uses it. The package doc's "Writing a transport"
 // lists them; docs/transports/contract.md explains them; package
@@ -29,10 +29,10 @@ type Transport interface {
 	// Setup declares the endpoint's queue, its dead-letter queue and the
 	// subscriptions to the published messages it handles. It is idempotent.
 	Setup(ctx context.Context, topo Topology) error
-	// Send delivers env to the endpoint opts.Destination.
-	Send(ctx context.Context, env *Envelope, opts SendOptions) error
+	// Send delivers env to the endpoint named to.
+	Send(ctx context.Context, env *Envelope, to string) error
 	// Publish delivers env to every endpoint subscribed to env.Name.
-	Publish(ctx context.Context, env *Envelope, opts SendOptions) error
+	Publish(ctx context.Context, env *Envelope) error
 	// Receive blocks until a message arrives, ctx is done (ctx.Err()) or
 	// the transport is closed ([ErrClosed]).
 	Receive(ctx context.Context) (*Delivery, error)
@@ -83,12 +83,6 @@ type Envelope struct {
 	Attributes Attributes
 	// Headers are the transport-native headers set by outgoing middleware.
 	Headers Headers
-}
-
-// SendOptions are the per-message options a transport honours.
-type SendOptions struct {
-	// Destination is the endpoint a sent message goes to. Empty for publish.
-	Destination string
 }
 
 // Delivery is one received message, owned by the transport that returned it

@@ -41,7 +41,7 @@ func (e *env) sendRaw(name string) string {
 	id := "raw-" + strconv.Quote(name)
 	env := &bus.Envelope{Name: name, ContentType: "application/json", Body: []byte(`{}`),
 		Attributes: bus.NewAttributes(id, id, fixedTime(), nil, nil)}
-	if err := e.rec.Send(e.t.Context(), env, bus.SendOptions{Destination: "ep"}); err != nil {
+	if err := e.rec.Send(e.t.Context(), env, "ep"); err != nil {
 		e.t.Fatal(err)
 	}
 	return id

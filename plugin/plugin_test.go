@@ -164,15 +164,15 @@ type capture struct {
 	envs []*bus.Envelope
 }
 
-func (c *capture) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (c *capture) Send(_ context.Context, env *bus.Envelope, _ string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.envs = append(c.envs, env)
 	return nil
 }
 
-func (c *capture) Publish(ctx context.Context, env *bus.Envelope, o bus.SendOptions) error {
-	return c.Send(ctx, env, o)
+func (c *capture) Publish(ctx context.Context, env *bus.Envelope) error {
+	return c.Send(ctx, env, "")
 }
 
 func (c *capture) Close(context.Context) error { return nil }

@@ -232,17 +232,17 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 }
 
 // Send hands env to the memory transport and records it.
-func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
-	if err := t.memory.Send(ctx, env, opts); err != nil {
+func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
+	if err := t.memory.Send(ctx, env, to); err != nil {
 		return err
 	}
-	t.record(Sent{Kind: bus.KindSend, Destination: opts.Destination, Envelope: *env})
+	t.record(Sent{Kind: bus.KindSend, Destination: to, Envelope: *env})
 	return nil
 }
 
 // Publish hands env to the memory transport and records it.
-func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
-	if err := t.memory.Publish(ctx, env, opts); err != nil {
+func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
+	if err := t.memory.Publish(ctx, env); err != nil {
 		return err
 	}
 	t.record(Sent{Kind: bus.KindPublish, Envelope: *env})

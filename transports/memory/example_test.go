@@ -63,7 +63,7 @@ func ExampleBroker_DeadLetters() {
 		panic(err)
 	}
 	env := &bus.Envelope{Name: "shop.order_placed", ContentType: "application/json", Body: []byte(`{"order_id":"o-2"}`)}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: "billing"}); err != nil {
+	if err := tr.Send(ctx, env, "billing"); err != nil {
 		panic(err)
 	}
 	fmt.Println("waiting in billing:", broker.Depth("billing"))

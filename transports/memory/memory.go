@@ -112,19 +112,19 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 	return t.impl.Setup(ctx, topo)
 }
 
-// Send puts a copy of env on the queue of the endpoint opts.Destination,
+// Send puts a copy of env on the queue of the endpoint named to,
 // creating the queue if need be: a message sent before its endpoint starts
 // waits there. A send to the instance queue of a closed transport is
 // dropped, as on RabbitMQ and SQS (the instance that waited for it is
 // gone). With no destination it returns an error wrapping bus.ErrNoRoute.
-func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
-	return t.impl.Send(ctx, env, opts)
+func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
+	return t.impl.Send(ctx, env, to)
 }
 
 // Publish puts a copy of env on the queue of every endpoint subscribed to
 // env.Name. With no subscriber the broker keeps no copy.
-func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
-	return t.impl.Publish(ctx, env, opts)
+func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
+	return t.impl.Publish(ctx, env)
 }
 
 // Receive takes the next message of the endpoint's queue or of the

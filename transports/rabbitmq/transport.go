@@ -14,26 +14,26 @@ import (
 	"github.com/plugbus/plugbus/bus"
 )
 
-// Send publishes env to the queue of the endpoint opts.Destination through
+// Send publishes env to the queue of the endpoint named to through
 // the default exchange and returns once the broker confirmed it. A missing
 // queue is an [*UnroutableError], except for an instance queue
 // ([Transport.InstanceAddress]): that message is dropped with a warning.
 // The first Send of a transport connects. While there is no connection,
 // Send waits for one until ctx ends (then it returns an
 // [*UnreachableError]) and publishes again.
-func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
-	if opts.Destination == "" {
+func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
+	if to == "" {
 		return fmt.Errorf("rabbitmq: send %s: %w: no destination endpoint", env.Name, bus.ErrNoRoute)
 	}
-	if len(opts.Destination) > maxShortString {
-		return fmt.Errorf("rabbitmq: send %s: destination %.40q is longer than %d bytes", env.Name, opts.Destination, maxShortString)
+	if len(to) > maxShortString {
+		return fmt.Errorf("rabbitmq: send %s: destination %.40q is longer than %d bytes", env.Name, to, maxShortString)
 	}
-	err := t.emit(ctx, env, "", opts.Destination, true)
-	if err != nil && strings.HasPrefix(opts.Destination, InstanceQueuePrefix) && errors.Is(err, ErrUnroutable) {
+	err := t.emit(ctx, env, "", to, true)
+	if err != nil && strings.HasPrefix(to, InstanceQueuePrefix) && errors.Is(err, ErrUnroutable) {
 		// An instance queue is gone for good (its instance stopped) or
 		// until its instance reconnects: no one can receive this message.
 		t.log.WarnContext(ctx, "message to an instance queue that does not exist dropped: its instance stopped or is reconnecting",
-			slog.String("queue", opts.Destination), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
+			slog.String("queue", to), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
 		return nil
 	}
 	return err
@@ -48,7 +48,7 @@ func (t *Transport) CopiesEnvelopes() bool { return true }
 // broker confirmed it; when no endpoint subscribes it is an
 // [*UnroutableError] unless [WithUnroutablePublish] was given. It waits
 // for a connection as Send does.
-func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
 	if env.Name == "" || len(env.Name) > maxShortString {
 		return fmt.Errorf("rabbitmq: publish: message name %.40q must be 1 to %d bytes", env.Name, maxShortString)
 	}

@@ -60,7 +60,7 @@ func TestSettlingDuringCloseReturnsErrClosed(t *testing.T) {
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(ctx, envelope("Order", "o1"), bus.SendOptions{Destination: "ep"}); err != nil {
+	if err := tr.Send(ctx, envelope("Order", "o1"), "ep"); err != nil {
 		t.Fatal(err)
 	}
 	d, err := tr.Receive(ctx)

@@ -94,7 +94,7 @@ func TestRedrivePolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := &bus.Envelope{Name: "test.job", Body: []byte(`{"job":1}`), Attributes: bus.NewAttributes("job-1", "c", time.Now(), nil, nil)}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: "crashy"}); err != nil {
+	if err := tr.Send(ctx, env, "crashy"); err != nil {
 		t.Fatal(err)
 	}
 	client := tr.SQS()

@@ -154,7 +154,7 @@ func TestHeadersRefusedThroughBus(t *testing.T) {
 				t.Fatalf("Send: %v; Publish: %v", sendErr, pubErr)
 			}
 			env := &bus.Envelope{Name: "n", Body: []byte("{}"), Headers: tc.headers}
-			if err := tr.Send(ctx, env, bus.SendOptions{Destination: "orders"}); !tc.check(err) {
+			if err := tr.Send(ctx, env, "orders"); !tc.check(err) {
 				t.Fatalf("transport Send: %v", err)
 			}
 		})
@@ -165,7 +165,7 @@ func TestHeadersRefusedThroughBus(t *testing.T) {
 	}
 	env := &bus.Envelope{Name: "test.order-placed", Body: []byte(`{"id":"9"}`), Headers: nine,
 		Attributes: bus.NewAttributes("id-9", "c", time.Now(), nil, nil)}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: "orders"}); err != nil {
+	if err := tr.Send(ctx, env, "orders"); err != nil {
 		t.Fatalf("Send with nine headers: %v", err)
 	}
 	d, err := tr.Receive(ctx)
@@ -194,7 +194,7 @@ func TestMessageOverMaxMessageSizeIsRefusedBeforeSending(t *testing.T) {
 	tr := sqs.New(cfg, sqs.WithMaxMessageSize(1024))
 	defer tr.Close(context.Background())
 	env := &bus.Envelope{Name: "big", Body: []byte(strings.Repeat("x", 1024))}
-	err := tr.Send(t.Context(), env, bus.SendOptions{Destination: "anywhere"})
+	err := tr.Send(t.Context(), env, "anywhere")
 	var tl *bus.MessageTooLargeError
 	if !errors.As(err, &tl) || !errors.Is(err, bus.ErrMessageTooLarge) || tl.Transport != "sqs" || tl.Message != "big" || tl.Limit != 1024 || tl.Size <= 1024 {
 		t.Fatalf("Send of a large message: %v, want a *bus.MessageTooLargeError of sqs, big, over 1024 bytes", err)

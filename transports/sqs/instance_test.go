@@ -35,10 +35,10 @@ func TestReceiveInstanceReadsOnlyTheInstanceQueue(t *testing.T) {
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 1, Instance: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(ctx, envelope("Order", "e1"), bus.SendOptions{Destination: "ep"}); err != nil {
+	if err := tr.Send(ctx, envelope("Order", "e1"), "ep"); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(ctx, envelope("Reply", "r1"), bus.SendOptions{Destination: tr.InstanceAddress()}); err != nil {
+	if err := tr.Send(ctx, envelope("Reply", "r1"), tr.InstanceAddress()); err != nil {
 		t.Fatal(err)
 	}
 	d, err := tr.ReceiveInstance(ctx)
@@ -72,7 +72,7 @@ func TestInstanceQueueFailureGoesToTheEndpointsDeadLetterQueue(t *testing.T) {
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 1, Instance: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(ctx, envelope("Reply", "r1"), bus.SendOptions{Destination: tr.InstanceAddress()}); err != nil {
+	if err := tr.Send(ctx, envelope("Reply", "r1"), tr.InstanceAddress()); err != nil {
 		t.Fatal(err)
 	}
 	d, err := tr.Receive(ctx)

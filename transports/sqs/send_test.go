@@ -18,7 +18,7 @@ import (
 // that matches bus.ErrNoRoute.
 func TestSendToAnEndpointWithoutAQueue(t *testing.T) {
 	tr, _ := openTransport(t)
-	err := tr.Send(t.Context(), &bus.Envelope{Name: "n", Body: []byte("{}")}, bus.SendOptions{Destination: "nobody"})
+	err := tr.Send(t.Context(), &bus.Envelope{Name: "n", Body: []byte("{}")}, "nobody")
 	var nq *sqs.NoQueueError
 	if !errors.As(err, &nq) || !errors.Is(err, bus.ErrNoRoute) || nq.Endpoint != "nobody" {
 		t.Fatalf("Send to a missing queue: %v", err)
@@ -41,12 +41,12 @@ func TestSendToTheURLOfAMissingQueue(t *testing.T) {
 	}
 	base := aws.ToString(out.QueueUrl)
 	base = base[:strings.LastIndexByte(base, '/')+1]
-	err = tr.Send(ctx, envelope("Order", "o1"), bus.SendOptions{Destination: base + prefix + "billing-typo"})
+	err = tr.Send(ctx, envelope("Order", "o1"), base+prefix+"billing-typo")
 	var nq *sqs.NoQueueError
 	if !errors.As(err, &nq) || !errors.Is(err, bus.ErrNoRoute) || nq.Queue != prefix+"billing-typo" {
 		t.Errorf("Send to the URL of a missing queue: %v, want *sqs.NoQueueError", err)
 	}
-	if err := tr.Send(ctx, envelope("Reply", "r1"), bus.SendOptions{Destination: base + prefix + "instance-0123456789abcdef"}); err != nil {
+	if err := tr.Send(ctx, envelope("Reply", "r1"), base+prefix+"instance-0123456789abcdef"); err != nil {
 		t.Errorf("Send to a missing instance queue: %v, want nil (dropped with a warning)", err)
 	}
 }
