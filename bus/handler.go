@@ -21,6 +21,7 @@ type handler struct {
 	// asReceived turns what decode returned into what the handler
 	// receives, for Handling.Message; nil when they are the same.
 	asReceived func(any) Message
+	retry      *RetryPolicy // HandlerRetry; nil: the message's or the bus's
 }
 
 // HandlerOption configures one handler.

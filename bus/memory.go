@@ -2,10 +2,12 @@ package bus
 
 import (
 	"cmp"
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -32,6 +34,13 @@ type memBroker struct {
 	subs   map[string]map[string]struct{} // message name → endpoints
 	dead   map[string][]DeadLetter
 	gone   map[string]struct{} // instance queues of closed transports
+
+	// Delayed items wait in a heap by due time; one timer, set for the
+	// earliest, puts the due ones back into their queues. No goroutine
+	// waits while nothing is due.
+	delayMu sync.Mutex
+	delayed memDelayHeap
+	timer   *time.Timer
 }
 
 func newMemBroker() *memBroker {
@@ -83,8 +92,10 @@ func (br *memBroker) Depth(endpoint string) int {
 type memItem struct {
 	env     Envelope
 	attempt int
+	retries RetryHistory
 	q       *memQueue // where it came from
 	seq     uint64    // receive order, to put in-flight items back in order
+	due     time.Time // when a delayed item goes back to q
 }
 
 // memQueue is an unbounded FIFO with a one-token wake-up signal passed on
@@ -346,7 +357,7 @@ func (t *memTransport) receive(ctx context.Context, q, iq *memQueue) (*Delivery,
 			it.seq = t.seq
 			t.inflight[it] = struct{}{}
 			t.mu.Unlock()
-			return &Delivery{Envelope: it.env, Attempt: it.attempt, Raw: it, Token: it}, nil
+			return &Delivery{Envelope: it.env, Attempt: it.attempt, Retries: it.retries, Raw: it, Token: it}, nil
 		}
 		select {
 		case <-qsig:
@@ -386,8 +397,86 @@ func (t *memTransport) Return(_ context.Context, d *Delivery, _ error) error {
 	if err != nil {
 		return err
 	}
-	it.q.push(&memItem{env: it.env, attempt: it.attempt + 1, q: it.q}, false)
+	it.q.push(&memItem{env: it.env, attempt: it.attempt + 1, retries: d.Retries, q: it.q}, false)
 	return nil
+}
+
+// ReturnAfter gives d back to its queue with its attempt raised, no
+// earlier than delay from now. The delay is a timer of the broker: it
+// does not survive the process.
+func (t *memTransport) ReturnAfter(_ context.Context, d *Delivery, _ error, delay time.Duration) error {
+	it, err := t.settle(d)
+	if err != nil {
+		return err
+	}
+	next := &memItem{env: it.env, attempt: it.attempt + 1, retries: d.Retries, q: it.q}
+	if delay <= 0 {
+		it.q.push(next, false)
+		return nil
+	}
+	t.broker.delay(next, time.Now().Add(delay))
+	return nil
+}
+
+// MaxDelay is the longest time.Duration: a timer carries any delay.
+func (t *memTransport) MaxDelay() time.Duration { return math.MaxInt64 }
+
+// delay puts it into the heap until due, setting the timer when it is
+// the earliest.
+func (br *memBroker) delay(it *memItem, due time.Time) {
+	it.due = due
+	br.delayMu.Lock()
+	defer br.delayMu.Unlock()
+	heap.Push(&br.delayed, it)
+	if br.delayed[0] != it {
+		return // the timer is set for an earlier item
+	}
+	if br.timer == nil {
+		br.timer = time.AfterFunc(time.Until(due), br.releaseDue)
+	} else {
+		br.timer.Reset(time.Until(due))
+	}
+}
+
+// releaseDue puts every due item back into its queue and sets the timer
+// for the next.
+func (br *memBroker) releaseDue() {
+	br.delayMu.Lock()
+	now := time.Now()
+	var due []*memItem
+	for len(br.delayed) > 0 && !br.delayed[0].due.After(now) {
+		due = append(due, heap.Pop(&br.delayed).(*memItem))
+	}
+	if len(br.delayed) > 0 {
+		br.timer.Reset(time.Until(br.delayed[0].due))
+	}
+	br.delayMu.Unlock()
+	for _, it := range due {
+		it.due = time.Time{}
+		it.q.push(it, false)
+	}
+}
+
+// Delayed returns how many delayed messages wait in the broker.
+func (br *memBroker) Delayed() int {
+	br.delayMu.Lock()
+	defer br.delayMu.Unlock()
+	return len(br.delayed)
+}
+
+// memDelayHeap orders delayed items by due time (container/heap).
+type memDelayHeap []*memItem
+
+func (h memDelayHeap) Len() int           { return len(h) }
+func (h memDelayHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h memDelayHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *memDelayHeap) Push(x any)        { *h = append(*h, x.(*memItem)) }
+func (h *memDelayHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return it
 }
 
 // Fail moves d to the endpoint's dead-letter queue.

@@ -49,33 +49,10 @@ func (b *Bus) process(ctx, settleCtx context.Context, d *Delivery) {
 		defer b.releaser.ReleaseDelivery(d)
 	}
 	var settleErr error
-	var poison error
-	if err != nil {
-		poison = poisonCause(err)
-	}
-	switch {
-	case err == nil:
+	if err == nil {
 		settleErr = b.t.Delete(settleCtx, d)
-	case poison == nil && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
-		// Stop cancelled the handlers: the attempt was interrupted, not
-		// failed, so even a last attempt is retried rather than
-		// dead-lettered — unless the broker would dead-letter it on its
-		// next receive, without the reason (ReceiveCounter).
-		settleErr = b.t.Return(settleCtx, d, err)
-		b.logger.WarnContext(ctx, "message returned for retry: the bus stopped while it was handled", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
-	case poison != nil || d.Attempt >= b.maxAttempts:
-		settleErr = b.t.Fail(settleCtx, d, Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
-		if _, unhandled := poison.(*NoHandlerError); unhandled {
-			// Not a failure of this service: someone sent it a message
-			// it does not handle. The dead letter keeps it for whoever
-			// looks into that.
-			b.logger.WarnContext(ctx, "message dead-lettered: no handler for its name", append(describeEnvelope(&d.Envelope), slog.String("endpoint", b.endpoint), slog.Any("error", err))...)
-			break
-		}
-		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
-	default:
-		settleErr = b.t.Return(settleCtx, d, err)
-		b.logger.WarnContext(ctx, "message returned for retry", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
+	} else {
+		settleErr = b.settleFailure(ctx, settleCtx, d, err)
 	}
 	if settleErr != nil {
 		b.logger.ErrorContext(ctx, "settling message with the transport failed", append(describeEnvelope(&d.Envelope), slog.Any("error", settleErr))...)

@@ -99,6 +99,14 @@ type Delivery struct {
 	// maximum is in range: the bus returns a last attempt that Stop
 	// interrupted, which comes back one above it.)
 	Attempt int
+	// Retries is what the message's earlier failures left, as the
+	// transport carried it with the returned message (RabbitMQ and
+	// memory always; SQS on a delayed retry): a transport that carries
+	// it stores [RetryHistory.MarshalText] with the copy that Return,
+	// [Delayer.ReturnAfter] and Fail make, and reads it back with
+	// UnmarshalText, ignoring with a warning what it cannot read. The bus
+	// updates it before it calls Return, ReturnAfter or Fail.
+	Retries RetryHistory
 	// Raw is the transport-native message (*amqp091.Delivery, an SQS
 	// types.Message, ...). Middleware may read it while the message is
 	// processed; a [DeliveryReleaser] reuses it afterwards.
@@ -122,6 +130,8 @@ type Failure struct {
 	Endpoint string
 	// Time is when the message was dead-lettered.
 	Time time.Time
+	// History is the message's retry history, this failure included.
+	History RetryHistory
 }
 
 // DeadLetter is a message read back from a dead-letter queue: the envelope
@@ -169,6 +179,21 @@ type DeliveryReleaser interface {
 // dead-letter it without one.
 type ReceiveCounter interface {
 	CountsReceives() bool
+}
+
+// Delayer is implemented by transports that can deliver a message again
+// no earlier than a delay from now: the bus's delayed retries
+// ([RetryPolicy]) use it. A transport without it gets its delayed retries
+// at once, and the bus warns at Start. The delay is durable where the
+// broker is: a delayed message survives a restart of the process that
+// returned it (and of a durable broker).
+type Delayer interface {
+	// ReturnAfter gives d back for redelivery with Attempt+1, like
+	// Return, delivered no earlier than delay from now, carrying
+	// d.Retries. A delay above MaxDelay is cut to MaxDelay.
+	ReturnAfter(ctx context.Context, d *Delivery, cause error, delay time.Duration) error
+	// MaxDelay returns the longest delay the transport carries.
+	MaxDelay() time.Duration
 }
 
 // Connector is implemented by transports that hold a connection to a

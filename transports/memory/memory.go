@@ -30,6 +30,7 @@ package memory
 
 import (
 	"context"
+	"time"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/memorybackend"
@@ -47,6 +48,7 @@ type Broker struct {
 type brokerImpl interface {
 	DeadLetters(endpoint string) []bus.DeadLetter
 	Depth(endpoint string) int
+	Delayed() int
 }
 
 // NewBroker returns an empty broker.
@@ -63,6 +65,10 @@ func (b *Broker) DeadLetters(endpoint string) []bus.DeadLetter { return b.impl.D
 // those in flight.
 func (b *Broker) Depth(endpoint string) int { return b.impl.Depth(endpoint) }
 
+// Delayed returns how many messages wait for their delay
+// ([Transport.ReturnAfter]) on the broker, over all endpoints.
+func (b *Broker) Delayed() int { return b.impl.Delayed() }
+
 // Option configures a transport made by [New].
 type Option func(*options)
 
@@ -73,8 +79,8 @@ type options struct{ broker *Broker }
 func WithBroker(b *Broker) Option { return func(o *options) { o.broker = b } }
 
 // Transport is a bus.Transport on a [Broker]. Besides the contract it
-// implements bus.InstanceQueuer, bus.InstanceReceiver and
-// bus.EnvelopeCopier. Make one with [New].
+// implements bus.InstanceQueuer, bus.InstanceReceiver, bus.EnvelopeCopier
+// and bus.Delayer. Make one with [New].
 type Transport struct {
 	impl   transportImpl
 	broker *Broker
@@ -87,6 +93,7 @@ type transportImpl interface {
 	bus.InstanceQueuer
 	bus.InstanceReceiver
 	bus.EnvelopeCopier
+	bus.Delayer
 }
 
 // New returns a transport.
@@ -160,6 +167,17 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, cause error) er
 	return t.impl.Return(ctx, d, cause)
 }
 
+// ReturnAfter puts d back at the tail of its queue with its attempt
+// raised, no earlier than delay from now. The broker keeps the message
+// in a heap by due time with one timer set for the earliest, so a long
+// delay never holds back a short one; it does not survive the process.
+func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause error, delay time.Duration) error {
+	return t.impl.ReturnAfter(ctx, d, cause, delay)
+}
+
+// MaxDelay returns the longest time.Duration: a timer carries any delay.
+func (t *Transport) MaxDelay() time.Duration { return t.impl.MaxDelay() }
+
 // Fail moves d to the endpoint's dead-letter queue with f
 // ([Broker.DeadLetters]); f.Time is set to now when zero.
 func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
@@ -177,4 +195,5 @@ var (
 	_ bus.InstanceQueuer   = (*Transport)(nil)
 	_ bus.InstanceReceiver = (*Transport)(nil)
 	_ bus.EnvelopeCopier   = (*Transport)(nil)
+	_ bus.Delayer          = (*Transport)(nil)
 )
