@@ -14,16 +14,17 @@ import (
 // after a back-off.
 func (b *Bus) receiveLoop(receiveCtx, handlerCtx context.Context, receive func(context.Context) (*Delivery, error)) {
 	settleCtx := context.WithoutCancel(handlerCtx) // settles what was processed, even while stopping
-	backoff := time.Duration(0)
+	failures := 0 // receives failed in a row
 	for {
 		d, err := receive(receiveCtx)
 		if err != nil {
 			if receiveCtx.Err() != nil || errors.Is(err, ErrClosed) {
 				return
 			}
-			backoff = min(max(2*backoff, 10*time.Millisecond), 2*time.Second)
-			b.logger.WarnContext(receiveCtx, "receive failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
-			t := time.NewTimer(backoff)
+			failures++
+			wait := Backoff{Initial: 10 * time.Millisecond, Max: 2 * time.Second}.Delay(failures)
+			b.logger.WarnContext(receiveCtx, "receive failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+			t := time.NewTimer(wait)
 			select {
 			case <-receiveCtx.Done():
 				t.Stop()
@@ -32,7 +33,7 @@ func (b *Bus) receiveLoop(receiveCtx, handlerCtx context.Context, receive func(c
 			}
 			continue
 		}
-		backoff = 0
+		failures = 0
 		b.process(handlerCtx, settleCtx, d)
 	}
 }
