@@ -14,7 +14,7 @@ import (
 // after a back-off.
 func (b *Bus) receiveLoop(receiveCtx, handlerCtx context.Context, receive func(context.Context) (*Delivery, error)) {
 	settleCtx := context.WithoutCancel(handlerCtx) // settles what was processed, even while stopping
-	failures := 0 // receives failed in a row
+	failures := 0                                  // receives failed in a row
 	for {
 		d, err := receive(receiveCtx)
 		if err != nil {
