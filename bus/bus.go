@@ -22,48 +22,54 @@ const (
 // every message through its middleware pipeline. Build it with [New]; it
 // is safe for concurrent use.
 type Bus struct {
-	name, endpoint string
-	t              Transport
-	hv             HeaderValidator
-	releaser       DeliveryReleaser
-	lendEnvelopes  bool // the transport copies envelopes: a sent one can live in its pooled run
-	countsReceives bool // the broker dead-letters past the maximum attempts (ReceiveCounter)
-	logger         *slog.Logger
-	ser            Serializer
-	contentType    string
-	maxAttempts    int
-	concurrency    int
-	handlers       map[string][]*handler
-	handles        []string
-	routes         map[string]string
-	unhandled      UnhandledPolicy
-	permanent      []func(error) bool // classifiers (WithPermanentErrors)
-	mws            []Middleware
-	instance       bool // a middleware needs an instance queue
+	name, endpoint     string
+	t                  Transport
+	headerValidator    HeaderValidator
+	releaser           DeliveryReleaser
+	lendEnvelopes      bool // the transport copies envelopes: a sent one can live in its pooled run
+	countsReceives     bool // the broker dead-letters past the maximum attempts (ReceiveCounter)
+	logger             *slog.Logger
+	serializer         Serializer
+	contentType        string
+	retry              RetryPolicy
+	retryFor           map[string]RetryPolicy // WithRetryFor, by message name
+	maxAttempts        int                    // the most any policy delivers a message: Topology.MaxAttempts
+	delayer            Delayer                // the transport, when it carries delays
+	concurrency        int
+	handlers           map[string][]*handler // by message name
+	handledNames       []string              // the keys of handlers, sorted
+	routes             map[string]string
+	unhandled          UnhandledPolicy
+	permanent          []func(error) bool // classifiers (WithPermanentErrors)
+	middleware         []Middleware
+	needsInstanceQueue bool
 
-	in  *pipe[Incoming]
-	hd  *pipe[Handling]
-	out *pipe[Outgoing]
+	incoming *pipe[Incoming]
+	handling *pipe[Handling]
+	outgoing *pipe[Outgoing]
 
-	inPool, hdPool, outPool sync.Pool
+	incomingRuns, handlingRuns, outgoingRuns sync.Pool
 
-	lifecycle sync.Mutex    // serialises Start and Stop
+	startStop sync.Mutex    // Start and Stop run one at a time
 	stopping  chan struct{} // closed when Stop begins
-	mu        sync.Mutex    // orders Deliver's inflight.Add before Stop's Wait
-	state     atomic.Int32  // stateNew … stateClosed
-	started   int           // middleware whose Start ran
-	rcancel   context.CancelFunc
-	icancel   context.CancelFunc // the instance queue's own receive loop
-	ireceiver sync.WaitGroup
-	pcancel   context.CancelFunc
-	workers   sync.WaitGroup
-	inflight  sync.WaitGroup // pushed deliveries
+	// admission makes Deliver's look at the state and its deliveries.Add
+	// one step, so that Stop, which switches the state under it, waits
+	// for every Deliver it let in.
+	admission             sync.Mutex
+	state                 atomic.Int32 // stateNew … stateClosed
+	startedMiddleware     int          // how many middleware ran their Start hook
+	stopReceiving         context.CancelFunc
+	stopReceivingInstance context.CancelFunc
+	instanceReceiver      sync.WaitGroup
+	cancelHandlers        context.CancelFunc
+	workers               sync.WaitGroup
+	deliveries            sync.WaitGroup // Deliver calls running
 }
 
 // New builds a bus from options, applied once: nothing can be registered on
 // a bus afterwards. Each plugin is instantiated here, in order.
 func New(opts ...Option) (*Bus, error) {
-	c := config{concurrency: 8, maxAttempts: 5, serializer: JSON{}}
+	c := config{concurrency: 8, retry: DefaultRetryPolicy(), serializer: JSON{}}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -82,73 +88,98 @@ func New(opts ...Option) (*Bus, error) {
 		return nil, errors.New("bus: a bus with handlers needs an endpoint: add bus.WithEndpoint(name)")
 	}
 	if c.transport == nil {
-		c.transport = NewMemoryTransport(NewMemoryBroker())
+		c.transport = newMemTransport(newMemBroker())
 	}
 	b := &Bus{
 		name: c.name, endpoint: c.endpoint, t: c.transport,
 		logger:      c.logger.With(slog.String("bus", c.name)),
-		ser:         c.serializer,
+		serializer:  c.serializer,
 		contentType: c.serializer.ContentType(),
-		maxAttempts: c.maxAttempts, concurrency: c.concurrency,
+		retry:       c.retry, retryFor: c.retryFor, concurrency: c.concurrency,
 		handlers: make(map[string][]*handler),
 		routes:   c.routes, unhandled: c.unhandled,
 		permanent: c.permanent,
 	}
-	b.hv, _ = c.transport.(HeaderValidator)
+	b.headerValidator, _ = c.transport.(HeaderValidator)
 	b.releaser, _ = c.transport.(DeliveryReleaser)
 	if ec, ok := c.transport.(EnvelopeCopier); ok {
 		b.lendEnvelopes = ec.CopiesEnvelopes()
 	}
+	b.delayer, _ = c.transport.(Delayer)
 	if rc, ok := c.transport.(ReceiveCounter); ok {
 		b.countsReceives = rc.CountsReceives()
 	}
-	for _, h := range c.handlers {
+	if err := b.registerHandlers(c.handlers); err != nil {
+		return nil, err
+	}
+	b.maxAttempts = b.mostAttempts()
+	if err := b.instantiatePlugins(c.plugins); err != nil {
+		return nil, err
+	}
+	b.stopping = make(chan struct{})
+	b.incomingRuns.New = func() any { return newIncomingRun(b, b.incoming, b.endpoint) }
+	b.handlingRuns.New = func() any { return newHandlingRun(b, b.handling) }
+	b.outgoingRuns.New = func() any { return newOutgoingRun(b, b.outgoing) }
+	return b, nil
+}
+
+// registerHandlers files each handler under its message name, refusing
+// two Go types with one name and two handlers of one message with one
+// name.
+func (b *Bus) registerHandlers(handlers []*handler) error {
+	for _, h := range handlers {
+		if h.retry != nil {
+			if err := h.retry.validate(); err != nil {
+				return fmt.Errorf("bus: HandlerRetry of handler %s of %s: %w", h.name, h.msgName, err)
+			}
+		}
 		for _, other := range b.handlers[h.msgName] {
 			if other.goType != h.goType {
-				return nil, fmt.Errorf("bus: message name %q is the MessageName of both %s and %s: one name must decode into one Go type (the body would be decoded into both, and the fields one type lacks left zero); give one type its own MessageName, or handle both with the same type", h.msgName, other.typ, h.typ)
+				return fmt.Errorf("bus: message name %q is the MessageName of both %s and %s: one name must decode into one Go type (the body would be decoded into both, and the fields one type lacks left zero); give one type its own MessageName, or handle both with the same type", h.msgName, other.typeName, h.typeName)
 			}
 			if other.name == h.name {
-				return nil, fmt.Errorf("bus: two handlers of %s are named %q: give each its own name with bus.HandlerName (names identify handlers in errors, traces and the inbox)", h.msgName, h.name)
+				return fmt.Errorf("bus: two handlers of %s are named %q: give each its own name with bus.HandlerName (names identify handlers in errors, traces and the inbox)", h.msgName, h.name)
 			}
 		}
 		b.handlers[h.msgName] = append(b.handlers[h.msgName], h)
 	}
-	b.handles = slices.Sorted(maps.Keys(b.handlers))
+	b.handledNames = slices.Sorted(maps.Keys(b.handlers))
+	return nil
+}
 
-	b.in = &pipe[Incoming]{stage: StageIncoming}
-	b.hd = &pipe[Handling]{stage: StageHandler}
-	b.out = &pipe[Outgoing]{stage: StageOutgoing}
-	info := PluginInfo{Bus: b, Name: b.name, Endpoint: b.endpoint, Logger: b.logger, Transport: b.t, Handles: slices.Clone(b.handles)}
-	for i, p := range c.plugins {
+// instantiatePlugins instantiates each plugin, in order, and composes the
+// three stage chains from the middleware they return.
+func (b *Bus) instantiatePlugins(plugins []Plugin) error {
+	b.incoming = &pipe[Incoming]{stage: StageIncoming}
+	b.handling = &pipe[Handling]{stage: StageHandler}
+	b.outgoing = &pipe[Outgoing]{stage: StageOutgoing}
+	info := PluginInfo{Bus: b, Name: b.name, Endpoint: b.endpoint, Logger: b.logger, Transport: b.t, Handles: slices.Clone(b.handledNames)}
+	for i, p := range plugins {
 		m, err := p.Instantiate(info)
 		if err != nil {
-			return nil, fmt.Errorf("bus: plugin %d (%T): %w", i, p, err)
+			return fmt.Errorf("bus: plugin %d (%T): %w", i, p, err)
 		}
 		if m.Name == "" {
-			return nil, fmt.Errorf("bus: plugin %d (%T) returned a middleware without a name", i, p)
+			return fmt.Errorf("bus: plugin %d (%T) returned a middleware without a name", i, p)
 		}
-		b.mws = append(b.mws, m)
+		b.middleware = append(b.middleware, m)
 		if m.InstanceQueue {
 			if _, ok := b.t.(InstanceQueuer); !ok {
-				return nil, fmt.Errorf("bus: middleware %q needs a queue of this bus instance, which the %T transport cannot give (it does not implement bus.InstanceQueuer)", m.Name, b.t)
+				return fmt.Errorf("bus: middleware %q needs a queue of this bus instance, which the %T transport cannot give (it does not implement bus.InstanceQueuer)", m.Name, b.t)
 			}
-			b.instance = true
+			b.needsInstanceQueue = true
 		}
 		if m.Incoming != nil {
-			b.in.add(m.Name, m.Incoming, b.logger)
+			b.incoming.add(m.Name, m.Incoming, b.logger)
 		}
 		if m.Handling != nil {
-			b.hd.add(m.Name, m.Handling, b.logger)
+			b.handling.add(m.Name, m.Handling, b.logger)
 		}
 		if m.Outgoing != nil {
-			b.out.add(m.Name, m.Outgoing, b.logger)
+			b.outgoing.add(m.Name, m.Outgoing, b.logger)
 		}
 	}
-	b.stopping = make(chan struct{})
-	b.inPool.New = func() any { return newIncomingRun(b, b.in, b.endpoint) }
-	b.hdPool.New = func() any { return newHandlingRun(b, b.hd) }
-	b.outPool.New = func() any { return newOutgoingRun(b, b.out) }
-	return b, nil
+	return nil
 }
 
 // Name returns the bus's name.
@@ -169,4 +200,4 @@ func (b *Bus) Stopping() <-chan struct{} { return b.stopping }
 func (b *Bus) Running() bool { return b.state.Load() == stateRunning }
 
 // Serializer returns the bus's body serializer.
-func (b *Bus) Serializer() Serializer { return b.ser }
+func (b *Bus) Serializer() Serializer { return b.serializer }

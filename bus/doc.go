@@ -6,11 +6,15 @@
 //	b, err := bus.New(
 //		bus.WithEndpoint("shipping"),
 //		bus.WithHandler(func(ctx context.Context, m PaymentTaken, a bus.Attributes) error {
-//			b, _, _ := bus.MessageContext(ctx) // the bus handling this message
-//			return b.Publish(ctx, OrderShipped{OrderID: m.OrderID}) // sent when this handler succeeds
+//			shipping, _, _ := bus.MessageContext(ctx) // the bus handling this message
+//			return shipping.Publish(ctx, OrderShipped{OrderID: m.OrderID}) // sent when this handler succeeds
 //		}),
 //		bus.WithMiddleware(otel.New(), logging),
 //	)
+//	if err != nil {
+//		return err
+//	}
+//	return b.Start(ctx)
 //
 // # Stages
 //
@@ -37,7 +41,7 @@
 //	WithMiddleware(a, b):  a ─▶ b ─▶ terminal ─▶ b returns ─▶ a returns
 //
 // next may be called at most once per invocation, and only while the
-// middleware runs; otherwise it returns a [*NextCalledTwiceError] naming
+// middleware runs; otherwise it returns a [*NextMisuseError] naming
 // the stage and the middleware. The chains are composed once, in [New], so
 // running a layer allocates nothing.
 //
@@ -80,4 +84,32 @@
 // in New, with [PluginInfo]. A [Middleware] value is itself a plugin.
 // Nothing is package-level: two buses in one process never see each
 // other's middleware or context.
+//
+// # Writing a transport
+//
+// A transport connects a bus to a broker. It implements [Transport]: the
+// bus gives it a [Topology] to declare at Start, hands it each [Envelope]
+// to Send (to an endpoint) or Publish, and receives each
+// [Delivery] from it, settled with exactly one of Delete, Return or Fail
+// (with a [Failure]); the transport reads each message it dead-lettered
+// back as a [DeadLetter]. It refuses what it cannot carry with the core's
+// errors ([ErrClosed], [ErrNoRoute], [*HeaderReservedError],
+// [*MessageTooLargeError]). Whatever more it offers is an optional
+// interface, checked at run time by the code that uses it:
+//
+//	interface             what the transport offers                            used by
+//	HeaderValidator       refuses a header at send, before any outbox          the bus, at Send and Publish
+//	EnvelopeCopier        keeps no pointer to a sent envelope                  the bus, to reuse envelopes
+//	DeliveryReleaser      reuses a delivery once the bus is done with it       the bus, after settling
+//	ReceiveCounter        its broker counts receives and dead-letters          the bus, at Stop on a last attempt
+//	Connector             holds a connection; Connect waits for it             the bus, at Start of a send-only bus
+//	InstanceQueuer        a queue of this bus instance alone                   New, for middleware such as requestreply
+//	InstanceReceiver      receives from the instance queue alone               the bus, for replies while handlers wait
+//	MessagingSystemNamer  names its messaging system                           plugins/otel (messaging.system)
+//
+// Package transports/transporttest is the conformance suite every
+// transport passes. The memory transport (transports/memory, implemented
+// in this package's memory.go so that it can be New's default) is the
+// smallest complete one. A new transport lives in a package of its own
+// under transports/; docs/transports/contract.md explains each piece.
 package bus

@@ -13,10 +13,12 @@ var (
 	ErrNotStarted = errors.New("bus: not started")
 	// ErrAlreadyStarted is returned by Start on a bus that is running.
 	ErrAlreadyStarted = errors.New("bus: already started")
-	// ErrNextCalledTwice is matched by [*NextCalledTwiceError].
-	ErrNextCalledTwice = errors.New("bus: next called twice")
+	// ErrNextMisused is matched by [*NextMisuseError].
+	ErrNextMisused = errors.New("bus: next called twice or after its middleware returned")
 	// ErrHeaderReserved is matched by [*HeaderReservedError].
 	ErrHeaderReserved = errors.New("bus: header name reserved by the transport")
+	// ErrMessageTooLarge is matched by [*MessageTooLargeError].
+	ErrMessageTooLarge = errors.New("bus: message too large for the transport")
 	// ErrHandlerDispatchRejected is matched by [*HandlerDispatchRejectedError].
 	ErrHandlerDispatchRejected = errors.New("bus: handler dispatch rejected")
 	// ErrDecode is matched by [*DecodeError].
@@ -30,29 +32,32 @@ var (
 	ErrPanic = errors.New("bus: panic")
 )
 
-// NextCalledTwiceError is returned by a next function called a second time
-// within one stage invocation, or after its middleware returned while the
-// invocation's pooled state was not reused (it never is after a next that
-// returned an error). A next kept after a successful call and called
-// during a later message is not detected: next is valid only during the
-// middleware's call.
-type NextCalledTwiceError struct {
+// NextMisuseError is returned by a next function called when it may not
+// run: a second time within one stage invocation, or after its middleware
+// returned while the invocation's pooled state was not reused (it never is
+// after a next that returned an error). A next kept after a successful
+// call and called during a later message is not detected: next is valid
+// only during the middleware's call.
+type NextMisuseError struct {
 	Stage      Stage
 	Middleware string
-	// AfterReturn is true when next was called after the middleware returned.
+	// AfterReturn tells the two misuses apart: true when next was called
+	// after the middleware returned (whether or not it was called
+	// before), false when it was called a second time while the
+	// middleware ran.
 	AfterReturn bool
 }
 
 // Error implements error.
-func (e *NextCalledTwiceError) Error() string {
+func (e *NextMisuseError) Error() string {
 	if e.AfterReturn {
 		return fmt.Sprintf("bus: %s middleware %q called next after it returned; next is valid only during the call", e.Stage, e.Middleware)
 	}
 	return fmt.Sprintf("bus: %s middleware %q called next twice; call it at most once", e.Stage, e.Middleware)
 }
 
-// Is reports whether target is ErrNextCalledTwice.
-func (e *NextCalledTwiceError) Is(target error) bool { return target == ErrNextCalledTwice }
+// Is reports whether target is ErrNextMisused.
+func (e *NextMisuseError) Is(target error) bool { return target == ErrNextMisused }
 
 // HeaderReservedError is returned by a transport refusing a header whose
 // name it writes itself.
@@ -68,6 +73,31 @@ func (e *HeaderReservedError) Error() string {
 
 // Is reports whether target is ErrHeaderReserved.
 func (e *HeaderReservedError) Is(target error) bool { return target == ErrHeaderReserved }
+
+// MessageTooLargeError is returned by a transport's Send or Publish for a
+// message larger than the transport accepts (its WithMaxMessageSize
+// option, set to what the broker takes). Nothing was sent.
+type MessageTooLargeError struct {
+	// Transport names the transport: "rabbitmq", "sqs".
+	Transport string
+	// Message is the message name.
+	Message string
+	// Size is the message's size as the transport measures it against
+	// Limit, in bytes: the body on RabbitMQ; on SQS the encoded body with
+	// the names, types and values of its message attributes.
+	Size int
+	// Limit is the largest size the transport accepts, in bytes.
+	Limit int
+}
+
+// Error implements error.
+func (e *MessageTooLargeError) Error() string {
+	return fmt.Sprintf("bus: message %s is %d bytes as the %s transport measures it, over its %d-byte limit; send large payloads by reference (store them elsewhere, for example in S3, and send their address), or raise the transport's WithMaxMessageSize as far as the broker accepts",
+		e.Message, e.Size, e.Transport, e.Limit)
+}
+
+// Is reports whether target is ErrMessageTooLarge.
+func (e *MessageTooLargeError) Is(target error) bool { return target == ErrMessageTooLarge }
 
 // HandlerFailure is one handler's failure within a dispatch.
 type HandlerFailure struct {

@@ -86,7 +86,7 @@ func ExampleIncomingFunc() {
 // and discards what it sent.
 func ExampleHandlingFunc() {
 	done := make(chan struct{})
-	timing := bus.Middleware{
+	audit := bus.Middleware{
 		Name: "audit",
 		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
 			err := next(ctx)
@@ -95,7 +95,7 @@ func ExampleHandlingFunc() {
 			return err
 		},
 	}
-	b, _ := bus.New(bus.WithEndpoint("orders"), bus.WithLogger(discard()), bus.WithMiddleware(timing),
+	b, _ := bus.New(bus.WithEndpoint("orders"), bus.WithLogger(discard()), bus.WithMiddleware(audit),
 		bus.WithHandler(func(ctx context.Context, m OrderPlaced, a bus.Attributes) error { return nil },
 			bus.HandlerName("reserve-stock")))
 	run(b, OrderPlaced{OrderID: "o-1"}, nil, done)

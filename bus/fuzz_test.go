@@ -112,22 +112,31 @@ func decodeLikeTheBus(name string, body []byte) (msg any, handled bool, err erro
 	return nil, false, nil
 }
 
+// feedSettlement is one Delete, Return or Fail the bus made on a feed
+// transport.
+type feedSettlement struct {
+	op      string // delete, return, fail
+	d       *bus.Delivery
+	failure bus.Failure
+	cause   error
+}
+
 // feedTransport hands its bus the deliveries a test feeds it and reports
 // how the bus settled each.
 type feedTransport struct {
 	feed    chan *bus.Delivery
-	settled chan settle
+	settled chan feedSettlement
 }
 
 func newFeedTransport() *feedTransport {
-	return &feedTransport{feed: make(chan *bus.Delivery), settled: make(chan settle, 16)}
+	return &feedTransport{feed: make(chan *bus.Delivery), settled: make(chan feedSettlement, 16)}
 }
 
 func (*feedTransport) Setup(context.Context, bus.Topology) error { return nil }
-func (*feedTransport) Send(context.Context, *bus.Envelope, bus.SendOptions) error {
+func (*feedTransport) Send(context.Context, *bus.Envelope, string) error {
 	return errors.New("fuzz: nothing is sent")
 }
-func (*feedTransport) Publish(context.Context, *bus.Envelope, bus.SendOptions) error {
+func (*feedTransport) Publish(context.Context, *bus.Envelope) error {
 	return errors.New("fuzz: nothing is published")
 }
 func (*feedTransport) Close(context.Context) error { return nil }
@@ -142,17 +151,17 @@ func (f *feedTransport) Receive(ctx context.Context) (*bus.Delivery, error) {
 }
 
 func (f *feedTransport) Delete(_ context.Context, d *bus.Delivery) error {
-	f.settled <- settle{op: "delete", d: d}
+	f.settled <- feedSettlement{op: "delete", d: d}
 	return nil
 }
 
 func (f *feedTransport) Return(_ context.Context, d *bus.Delivery, cause error) error {
-	f.settled <- settle{op: "return", d: d, cause: cause}
+	f.settled <- feedSettlement{op: "return", d: d, cause: cause}
 	return nil
 }
 
 func (f *feedTransport) Fail(_ context.Context, d *bus.Delivery, fl bus.Failure) error {
-	f.settled <- settle{op: "fail", d: d, failure: fl}
+	f.settled <- feedSettlement{op: "fail", d: d, failure: fl}
 	return nil
 }
 
@@ -223,7 +232,7 @@ func FuzzReceive(f *testing.F) {
 	tr := startFuzzBus(f, h)
 	f.Fuzz(func(t *testing.T, name, contentType string, body []byte, attempt int, unreadable bool) {
 		d := &bus.Delivery{Envelope: bus.Envelope{Name: name, ContentType: contentType, Body: body,
-			Attributes: bus.NewAttributes("fuzz-id", "fuzz-corr", e0(), nil, nil)}, Attempt: attempt}
+			Attributes: bus.NewAttributes("fuzz-id", "fuzz-corr", fixedTime(), nil, nil)}, Attempt: attempt}
 		if unreadable {
 			d.Err = errors.New("fuzz: the transport could not read the message")
 		}
@@ -232,7 +241,7 @@ func FuzzReceive(f *testing.F) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the bus did not take the delivery within 10s")
 		}
-		var s settle
+		var s feedSettlement
 		select {
 		case s = <-tr.settled:
 		case <-time.After(10 * time.Second):
@@ -322,7 +331,7 @@ func FuzzDeliver(f *testing.F) {
 			name = "fuzz.order"
 		}
 		d := &bus.Delivery{Envelope: bus.Envelope{Name: name, ContentType: "application/json", Body: body,
-			Attributes: bus.NewAttributes("fuzz-id", "fuzz-corr", e0(), nil, nil)}, Attempt: 1}
+			Attributes: bus.NewAttributes("fuzz-id", "fuzz-corr", fixedTime(), nil, nil)}, Attempt: 1}
 		err := b.Deliver(t.Context(), d)
 		orders, refunds := h.take()
 		msg, _, decodeErr := decodeLikeTheBus(name, body)

@@ -12,15 +12,16 @@ import (
 
 // handler is a typed handler adapted onto one untyped shape.
 type handler struct {
-	name    string
-	msgName string
-	typ     string       // T as written, for errors
-	goType  reflect.Type // T, or what it points to: the type the body is decoded into
-	decode  func(s Serializer, body []byte) (any, error)
-	invoke  func(ctx context.Context, msg any, attrs Attributes) error
-	// shown turns what decode returned into what the handler receives,
-	// for Handling.Message; nil when they are the same.
-	shown func(any) Message
+	name     string
+	msgName  string
+	typeName string       // T as written, for errors
+	goType   reflect.Type // T, or what it points to: the type the body is decoded into
+	decode   func(s Serializer, body []byte) (any, error)
+	invoke   func(ctx context.Context, msg any, attrs Attributes) error
+	// asReceived turns what decode returned into what the handler
+	// receives, for Handling.Message; nil when they are the same.
+	asReceived func(any) Message
+	retry      *RetryPolicy // HandlerRetry; nil: the message's or the bus's
 }
 
 // HandlerOption configures one handler.
@@ -51,7 +52,7 @@ func WithHandler[T Message](fn func(ctx context.Context, msg T, attrs Attributes
 		if rt.Kind() == reflect.Interface {
 			return fmt.Errorf("bus: WithHandler[%s]: %[1]s is an interface type, which the bus cannot decode into; register one handler per concrete message type", rt)
 		}
-		h := &handler{typ: rt.String(), goType: rt, name: funcName(fn)}
+		h := &handler{typeName: rt.String(), goType: rt, name: funcName(fn)}
 		var zero Message
 		if rt.Kind() == reflect.Pointer {
 			elem := rt.Elem()
@@ -79,7 +80,7 @@ func WithHandler[T Message](fn func(ctx context.Context, msg T, attrs Attributes
 			h.invoke = func(ctx context.Context, msg any, attrs Attributes) error {
 				return fn(ctx, *msg.(*T), attrs)
 			}
-			h.shown = func(m any) Message { return *m.(*T) }
+			h.asReceived = func(m any) Message { return *m.(*T) }
 		}
 		name, err := messageName(zero)
 		if err != nil {
@@ -130,7 +131,8 @@ func funcName(fn any) string {
 type Outbound struct {
 	Kind     Kind
 	Envelope *Envelope
-	Options  SendOptions
+	// Destination is the endpoint of a send; empty for a publish.
+	Destination string
 }
 
 // Outbox receives the messages a handler sends. The default outbox buffers
@@ -150,10 +152,10 @@ type handlerScope struct {
 	attrs   Attributes
 	handler string
 
-	mu     sync.Mutex
-	buf    []Outbound
-	outbox Outbox
-	done   bool
+	mu       sync.Mutex // guards the fields below
+	buffered []Outbound
+	outbox   Outbox
+	closed   bool // the handler returned
 }
 
 type scopeKey struct{}
@@ -186,7 +188,7 @@ var errSendAfterHandler = errors.New("bus: send from a handler that already retu
 
 func (s *handlerScope) add(ctx context.Context, m Outbound) error {
 	s.mu.Lock()
-	if s.done {
+	if s.closed {
 		s.mu.Unlock()
 		return errSendAfterHandler
 	}
@@ -194,7 +196,7 @@ func (s *handlerScope) add(ctx context.Context, m Outbound) error {
 		s.mu.Unlock()
 		return o.Add(ctx, m)
 	}
-	s.buf = append(s.buf, m)
+	s.buffered = append(s.buffered, m)
 	s.mu.Unlock()
 	return nil
 }
@@ -206,8 +208,8 @@ func (s *handlerScope) setOutbox(ctx context.Context, o Outbox) (func(), error) 
 	s.mu.Lock()
 	prev := s.outbox
 	s.outbox = o
-	buf := s.buf
-	s.buf = nil
+	moved := s.buffered
+	s.buffered = nil
 	s.mu.Unlock()
 	restore := func() {
 		s.mu.Lock()
@@ -216,7 +218,7 @@ func (s *handlerScope) setOutbox(ctx context.Context, o Outbox) (func(), error) 
 		}
 		s.mu.Unlock()
 	}
-	for _, m := range buf {
+	for _, m := range moved {
 		if err := o.Add(ctx, m); err != nil {
 			return restore, err
 		}
@@ -228,10 +230,10 @@ func (s *handlerScope) setOutbox(ctx context.Context, o Outbox) (func(), error) 
 func (s *handlerScope) close() []Outbound {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.done = true
-	buf := s.buf
-	s.buf = nil
-	return buf
+	s.closed = true
+	buffered := s.buffered
+	s.buffered = nil
+	return buffered
 }
 
 // MessageContext returns the bus and the attributes of the message being

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
 	"github.com/plugbus/plugbus/transports/memory"
 )
 
@@ -40,44 +41,15 @@ type unhandled struct{}
 
 func (unhandled) MessageName() string { return "shop.unhandled" }
 
-// settle is one Delete, Return or Fail the bus made.
-type settle struct {
-	op      string // delete, return, fail
-	d       *bus.Delivery
-	failure bus.Failure
-	cause   error
-}
-
-// recorder wraps a real transport and reports how the bus settled each delivery.
-type recorder struct {
-	bus.Transport
-	settled chan settle
-}
-
-func (r *recorder) Delete(ctx context.Context, d *bus.Delivery) error {
-	err := r.Transport.Delete(ctx, d)
-	r.settled <- settle{op: "delete", d: d}
-	return err
-}
-
-func (r *recorder) Return(ctx context.Context, d *bus.Delivery, cause error) error {
-	err := r.Transport.Return(ctx, d, cause)
-	r.settled <- settle{op: "return", d: d, cause: cause}
-	return err
-}
-
-func (r *recorder) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
-	err := r.Transport.Fail(ctx, d, f)
-	r.settled <- settle{op: "fail", d: d, failure: f}
-	return err
-}
-
+// env is a started bus on endpoint "ep" over a recording memory
+// transport, with 3 attempts, concurrency 1 and its logs kept as JSON.
 type env struct {
 	t      *testing.T
 	broker *memory.Broker
-	rec    *recorder
+	rec    *bustest.Transport
 	bus    *bus.Bus
 	logs   *syncBuffer
+	read   int // how many settlements next returned
 }
 
 type syncBuffer struct {
@@ -97,21 +69,20 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// newEnv builds a bus on endpoint "ep" over a recording memory transport,
-// with 3 attempts and concurrency 1, starts it and stops it at cleanup.
+// newEnv starts an env on broker (nil: a broker of its own), stopped at
+// cleanup.
 func newEnv(t *testing.T, broker *memory.Broker, opts ...bus.Option) *env {
 	t.Helper()
-	return newEnvOver(t, broker, func(r *recorder) bus.Transport { return r }, opts...)
+	return newEnvOver(t, broker, func(r *bustest.Transport) bus.Transport { return r }, opts...)
 }
 
-// newEnvOver is newEnv with the recorder wrapped by wrap.
-func newEnvOver(t *testing.T, broker *memory.Broker, wrap func(*recorder) bus.Transport, opts ...bus.Option) *env {
+// newEnvOver is newEnv with the recording transport wrapped by wrap.
+func newEnvOver(t *testing.T, broker *memory.Broker, wrap func(*bustest.Transport) bus.Transport, opts ...bus.Option) *env {
 	t.Helper()
 	if broker == nil {
 		broker = memory.NewBroker()
 	}
-	e := &env{t: t, broker: broker, logs: &syncBuffer{}}
-	e.rec = &recorder{Transport: memory.New(memory.WithBroker(broker)), settled: make(chan settle, 1000)}
+	e := &env{t: t, broker: broker, rec: bustest.NewTransport(memory.WithBroker(broker)), logs: &syncBuffer{}}
 	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	base := []bus.Option{bus.WithEndpoint("ep"), bus.WithTransport(wrap(e.rec)), bus.WithMaxAttempts(3), bus.WithConcurrency(1), bus.WithLogger(logger)}
 	b, err := bus.New(append(base, opts...)...)
@@ -132,29 +103,86 @@ func newEnvOver(t *testing.T, broker *memory.Broker, wrap func(*recorder) bus.Tr
 	return e
 }
 
-// next returns the next settlement, failing the test after 10s.
-func (e *env) next() settle {
+// next returns the next settlement of the env's bus, failing the test
+// after 10s.
+func (e *env) next() bustest.Settlement {
 	e.t.Helper()
-	select {
-	case s := <-e.rec.settled:
-		return s
-	case <-time.After(10 * time.Second):
-		e.t.Fatal("no message settled within 10s")
+	ctx, cancel := context.WithTimeout(e.t.Context(), 10*time.Second)
+	defer cancel()
+	settled, err := e.rec.WaitSettled(ctx, e.read+1)
+	if err != nil {
+		e.t.Fatalf("no message settled within 10s: %v", err)
 	}
-	return settle{}
+	e.read++
+	return settled[e.read-1]
 }
 
-func (e *env) expect(op string) settle {
+// expect returns the next settlement, failing the test unless its
+// outcome is want.
+func (e *env) expect(want bustest.Outcome) bustest.Settlement {
 	e.t.Helper()
 	s := e.next()
-	if s.op != op {
-		e.t.Fatalf("message %s settled with %s (cause %v, failure %+v), want %s", s.d.Name, s.op, s.cause, s.failure, op)
+	if s.Outcome != want {
+		e.t.Fatalf("message %s %s (cause %v, failure %+v), want %s", s.Envelope.Name, s.Outcome, s.Cause, s.Failure, want)
 	}
 	return s
 }
 
-// recv waits for a value on ch.
-func recv[T any](t *testing.T, ch <-chan T) T {
+// waitIdle waits until the env's bus has nothing left to do, failing the
+// test after 10s.
+func (e *env) waitIdle() {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(e.t.Context(), 10*time.Second)
+	defer cancel()
+	if err := e.rec.WaitIdle(ctx); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// stop stops the env's bus, so that everything it does, and logs, is
+// done.
+func (e *env) stop() {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.bus.Stop(ctx); err != nil {
+		e.t.Fatalf("Stop: %v", err)
+	}
+}
+
+// chargesSentTo returns the order ids of the chargeCard messages the
+// env's bus handed to its transport for dest, in order.
+func (e *env) chargesSentTo(dest string) []string { return chargesSentTo(e.rec, dest) }
+
+// chargesSentTo returns the order ids of the chargeCard messages handed
+// to tr for dest, in order.
+func chargesSentTo(tr *bustest.Transport, dest string) []string {
+	var ids []string
+	for _, s := range tr.Sent() {
+		if s.Envelope.Name != (chargeCard{}).MessageName() || s.Destination != dest {
+			continue
+		}
+		var m chargeCard
+		if err := (bus.JSON{}).Unmarshal(s.Envelope.Body, &m); err != nil {
+			m.OrderID = "undecodable: " + err.Error()
+		}
+		ids = append(ids, m.OrderID)
+	}
+	return ids
+}
+
+// destinations returns the destination of each message handed to tr, in
+// order ("" for a published one).
+func destinations(tr *bustest.Transport) []string {
+	var dests []string
+	for _, s := range tr.Sent() {
+		dests = append(dests, s.Destination)
+	}
+	return dests
+}
+
+// await waits for a value on ch, failing the test after 10s.
+func await[T any](t *testing.T, ch <-chan T) T {
 	t.Helper()
 	select {
 	case v := <-ch:
@@ -168,10 +196,11 @@ func recv[T any](t *testing.T, ch <-chan T) T {
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func e0() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }
+// fixedTime is a sent-at time for envelopes built by hand.
+func fixedTime() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }
 
-// e0bus returns the bus handling the message of ctx.
-func e0bus(ctx context.Context) *bus.Bus {
+// handlingBus returns the bus handling the message of ctx.
+func handlingBus(ctx context.Context) *bus.Bus {
 	b, _, ok := bus.MessageContext(ctx)
 	if !ok {
 		panic("not in a handler")
@@ -179,44 +208,7 @@ func e0bus(ctx context.Context) *bus.Bus {
 	return b
 }
 
-// listener reads the chargeCard messages sent to endpoint "listener"
-// straight from a memory transport.
-type listener struct {
-	broker *memory.Broker
-	tr     bus.Transport
-}
+// memoryOutbox is an Outbox that keeps what it is given.
+type memoryOutbox []bus.Outbound
 
-func newBrokerWithListener(t *testing.T) *listener {
-	l := &listener{broker: memory.NewBroker()}
-	l.tr = memory.New(memory.WithBroker(l.broker))
-	if err := l.tr.Setup(t.Context(), bus.Topology{Endpoint: "listener", Handles: []string{"shop.charge_card"}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.tr.Close(context.Background()) })
-	return l
-}
-
-func (l *listener) take(t *testing.T) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	d, err := l.tr.Receive(ctx)
-	if err != nil {
-		t.Fatalf("listener: %v", err)
-	}
-	if err := l.tr.Delete(ctx, d); err != nil {
-		t.Fatal(err)
-	}
-	var m chargeCard
-	if err := (bus.JSON{}).Unmarshal(d.Body, &m); err != nil {
-		t.Fatal(err)
-	}
-	return m.OrderID
-}
-
-func (l *listener) expectEmpty(t *testing.T) {
-	t.Helper()
-	if n := l.broker.Depth("listener"); n != 0 {
-		t.Fatalf("listener has %d more messages", n)
-	}
-}
+func (o *memoryOutbox) Add(_ context.Context, m bus.Outbound) error { *o = append(*o, m); return nil }

@@ -15,17 +15,17 @@ import (
 // transport that holds a connection ([Connector]) and runs the hooks. Send and Publish work during Start (from a Start hook, say) and
 // without it. A stopped bus cannot start again: build a new one.
 func (b *Bus) Start(ctx context.Context) error {
-	b.lifecycle.Lock()
-	defer b.lifecycle.Unlock()
+	b.startStop.Lock()
+	defer b.startStop.Unlock()
 	switch b.state.Load() {
 	case stateRunning:
 		return ErrAlreadyStarted
 	case stateStopping, stateClosed:
 		return fmt.Errorf("%w: a stopped bus cannot start again; build a new one with bus.New", ErrClosed)
 	}
-	receives := b.endpoint != "" || b.instance
+	receives := b.endpoint != "" || b.needsInstanceQueue
 	if receives {
-		topo := Topology{Endpoint: b.endpoint, Handles: slices.Clone(b.handles), MaxAttempts: b.maxAttempts, Concurrency: b.concurrency, Instance: b.instance}
+		topo := Topology{Endpoint: b.endpoint, Handles: slices.Clone(b.handledNames), MaxAttempts: b.maxAttempts, Concurrency: b.concurrency, Instance: b.needsInstanceQueue}
 		if err := b.t.Setup(ctx, topo); err != nil {
 			return fmt.Errorf("bus: setting up endpoint %q: %w", b.endpoint, err)
 		}
@@ -34,7 +34,7 @@ func (b *Bus) Start(ctx context.Context) error {
 			return fmt.Errorf("bus: connecting the transport of a send-only bus: %w", err)
 		}
 	}
-	for i, m := range b.mws {
+	for i, m := range b.middleware {
 		if m.Start == nil {
 			continue
 		}
@@ -43,22 +43,25 @@ func (b *Bus) Start(ctx context.Context) error {
 			return fmt.Errorf("bus: starting middleware %q: %w", m.Name, err)
 		}
 	}
-	b.started = len(b.mws)
-	rctx, rcancel := context.WithCancel(context.WithoutCancel(ctx))
-	pctx, pcancel := context.WithCancel(context.WithoutCancel(ctx))
-	b.rcancel, b.pcancel = rcancel, pcancel
+	b.startedMiddleware = len(b.middleware)
+	receiveCtx, stopReceiving := context.WithCancel(context.WithoutCancel(ctx))
+	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+	b.stopReceiving, b.cancelHandlers = stopReceiving, cancelHandlers
 	b.state.Store(stateRunning)
 	if receives {
 		for range b.concurrency {
-			b.workers.Go(func() { b.receiveLoop(rctx, pctx, b.t.Receive) })
+			b.workers.Go(func() { b.receiveLoop(receiveCtx, handlerCtx, b.t.Receive) })
 		}
 	}
-	ictx, icancel := context.WithCancel(context.WithoutCancel(ctx))
-	b.icancel = icancel
-	if ir, ok := b.t.(InstanceReceiver); ok && b.instance {
+	instanceCtx, stopReceivingInstance := context.WithCancel(context.WithoutCancel(ctx))
+	b.stopReceivingInstance = stopReceivingInstance
+	if ir, ok := b.t.(InstanceReceiver); ok && b.needsInstanceQueue {
 		// Replies to this instance must not wait for a handler worker: a
 		// handler may be the one waiting for them.
-		b.ireceiver.Go(func() { b.receiveLoop(ictx, pctx, ir.ReceiveInstance) })
+		b.instanceReceiver.Go(func() { b.receiveLoop(instanceCtx, handlerCtx, ir.ReceiveInstance) })
+	}
+	if receives && b.delayer == nil && b.delaysRetries() {
+		b.logger.WarnContext(ctx, "the transport cannot delay a message (it does not implement bus.Delayer): delayed retries happen at once; set a RetryPolicy without delayed rounds to silence this", slog.String("transport", fmt.Sprintf("%T", b.t)))
 	}
 	b.logger.InfoContext(ctx, "bus started", slog.String("endpoint", b.endpoint), slog.Int("concurrency", b.concurrency))
 	return nil
@@ -68,7 +71,7 @@ func (b *Bus) Start(ctx context.Context) error {
 func (b *Bus) stopMiddleware(ctx context.Context, n int) error {
 	var errs []error
 	for i := n - 1; i >= 0; i-- {
-		m := b.mws[i]
+		m := b.middleware[i]
 		if m.Stop == nil {
 			continue
 		}
@@ -104,41 +107,41 @@ const StopGrace = 5 * time.Second
 // inside a handler of the same bus waits for that handler, that is until
 // ctx ends.
 func (b *Bus) Stop(ctx context.Context) error {
-	b.lifecycle.Lock()
-	defer b.lifecycle.Unlock()
-	b.mu.Lock()
+	b.startStop.Lock()
+	defer b.startStop.Unlock()
+	b.admission.Lock()
 	state := b.state.Load()
 	if state == stateStopping || state == stateClosed {
-		b.mu.Unlock()
+		b.admission.Unlock()
 		return nil
 	}
-	b.state.Store(stateStopping) // under mu: no Deliver adds to inflight after this
+	b.state.Store(stateStopping) // under admission: no Deliver is let in after this
 	close(b.stopping)
-	b.mu.Unlock()
+	b.admission.Unlock()
 
 	var errs []error
 	var graceEnd time.Time // set once the handlers' contexts are cancelled
 	if state == stateRunning {
-		b.rcancel()
+		b.stopReceiving()
 		errs = append(errs, b.await(ctx, &graceEnd, func() {
 			b.workers.Wait()
-			b.inflight.Wait()
+			b.deliveries.Wait()
 		}))
 		// The instance queue was received until every handler returned
 		// (a handler may wait for a reply there); its loop is bounded the
 		// same way, since its own handlers may wait for their context.
-		b.icancel()
-		errs = append(errs, b.await(ctx, &graceEnd, b.ireceiver.Wait))
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
-		errs = append(errs, b.stopMiddleware(hctx, b.started))
+		b.stopReceivingInstance()
+		errs = append(errs, b.await(ctx, &graceEnd, b.instanceReceiver.Wait))
+		hooksCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
+		errs = append(errs, b.stopMiddleware(hooksCtx, b.startedMiddleware))
 		cancel()
-		b.pcancel()
+		b.cancelHandlers()
 	} else {
-		errs = append(errs, b.await(ctx, &graceEnd, b.inflight.Wait)) // Deliver calls
+		errs = append(errs, b.await(ctx, &graceEnd, b.deliveries.Wait))
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
 	defer cancel()
-	if err := b.t.Close(cctx); err != nil {
+	if err := b.t.Close(closeCtx); err != nil {
 		errs = append(errs, fmt.Errorf("bus: closing transport: %w", err))
 	}
 	b.state.Store(stateClosed)
@@ -162,12 +165,12 @@ func (b *Bus) await(ctx context.Context, graceEnd *time.Time, wait func()) error
 		return nil
 	case <-ctx.Done():
 	}
-	if b.pcancel == nil {
+	if b.cancelHandlers == nil {
 		return fmt.Errorf("bus: stop: Deliver calls still running: %w", ctx.Err())
 	}
 	var err error
 	if graceEnd.IsZero() {
-		b.pcancel()
+		b.cancelHandlers()
 		*graceEnd = time.Now().Add(StopGrace)
 		err = fmt.Errorf("bus: stop: in-flight messages not drained: %w", ctx.Err())
 	}

@@ -35,7 +35,7 @@ func (s Stage) String() string {
 // the one you received to hand values downstream.
 //
 // Next may be called at most once, and only while the middleware that
-// received it is running; otherwise it returns a [*NextCalledTwiceError].
+// received it is running; otherwise it returns a [*NextMisuseError].
 // It is never nil.
 type Next func(ctx context.Context) error
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
 	"github.com/plugbus/plugbus/transports/memory"
 )
 
@@ -26,16 +27,16 @@ func isValidation(err error) bool {
 // expectPermanent waits for the next settlement and checks that it is a
 // dead letter on the first attempt whose reason holds cause and says the
 // failure was permanent, also in the dead-letter queue.
-func (e *env) expectPermanent(cause string) settle {
+func (e *env) expectPermanent(cause string) bustest.Settlement {
 	e.t.Helper()
-	s := e.expect("fail")
-	if s.d.Attempt != 1 || s.failure.Attempts != 1 {
-		e.t.Fatalf("dead-lettered at attempt %d (failure says %d), want 1: no retries", s.d.Attempt, s.failure.Attempts)
+	s := e.expect(bustest.DeadLettered)
+	if s.Attempt != 1 || s.Failure.Attempts != 1 {
+		e.t.Fatalf("dead-lettered at attempt %d (failure says %d), want 1: no retries", s.Attempt, s.Failure.Attempts)
 	}
-	if !strings.Contains(s.failure.Reason, cause) || !strings.Contains(s.failure.Reason, "permanent") {
-		e.t.Fatalf("reason %q, want %q and that it was permanent", s.failure.Reason, cause)
+	if !strings.Contains(s.Failure.Reason, cause) || !strings.Contains(s.Failure.Reason, "permanent") {
+		e.t.Fatalf("reason %q, want %q and that it was permanent", s.Failure.Reason, cause)
 	}
-	if dl := e.broker.DeadLetters("ep"); len(dl) != 1 || dl[0].Failure.Reason != s.failure.Reason {
+	if dl := e.broker.DeadLetters("ep"); len(dl) != 1 || dl[0].Failure.Reason != s.Failure.Reason {
 		e.t.Fatalf("dead letters %+v, want the message with its reason", dl)
 	}
 	return s
@@ -54,6 +55,7 @@ func TestPermanentErrorFromHandlerDeadLettersAtOnce(t *testing.T) {
 	}))
 	e.sendOrder()
 	e.expectPermanent("order o-1 has a negative total")
+	e.stop() // the bus logs once the transport settled the message
 	logs := e.records("message dead-lettered")
 	if len(logs) != 1 || logs[0]["permanent"] != true {
 		t.Fatalf("want one log record with permanent=true, got %v", logs)
@@ -105,8 +107,8 @@ func TestPermanentErrorWrappedByMiddlewareDeadLettersAtOnce(t *testing.T) {
 	}))
 	e.sendOrder()
 	s := e.expectPermanent("card number malformed")
-	if !strings.HasPrefix(s.failure.Reason, "incoming wrap: bus: 1 handler(s)") || !strings.Contains(s.failure.Reason, "handler wrap: charge: card number malformed") {
-		t.Fatalf("reason %q, want the whole wrapped error", s.failure.Reason)
+	if !strings.HasPrefix(s.Failure.Reason, "incoming wrap: bus: 1 handler(s)") || !strings.Contains(s.Failure.Reason, "handler wrap: charge: card number malformed") {
+		t.Fatalf("reason %q, want the whole wrapped error", s.Failure.Reason)
 	}
 }
 
@@ -138,11 +140,11 @@ func TestClassifiedErrorDeadLettersAtOnceAndOthersAreRetried(t *testing.T) {
 	if err := e.bus.Send(t.Context(), orderPlaced{ID: "ok"}); err != nil {
 		t.Fatal(err)
 	}
-	e.expect("return")
-	e.expect("return")
-	s := e.expect("fail")
-	if s.d.Attempt != 3 || strings.Contains(s.failure.Reason, "permanent") {
-		t.Fatalf("dead-lettered at attempt %d with %q, want attempt 3 and no permanent mark", s.d.Attempt, s.failure.Reason)
+	e.expect(bustest.Returned)
+	e.expect(bustest.Returned)
+	s := e.expect(bustest.DeadLettered)
+	if s.Attempt != 3 || strings.Contains(s.Failure.Reason, "permanent") {
+		t.Fatalf("dead-lettered at attempt %d with %q, want attempt 3 and no permanent mark", s.Attempt, s.Failure.Reason)
 	}
 }
 
@@ -174,14 +176,14 @@ func TestHandlerDecodeErrorIsRetriedUnlessMarked(t *testing.T) {
 		return decodeErr
 	}))
 	e.sendOrder()
-	e.expect("return")
-	e.expect("return")
-	e.expect("fail")
+	e.expect(bustest.Returned)
+	e.expect(bustest.Returned)
+	e.expect(bustest.DeadLettered)
 	if err := e.bus.Send(t.Context(), orderPlaced{ID: "marked"}); err != nil {
 		t.Fatal(err)
 	}
-	if s := e.expect("fail"); s.d.Attempt != 1 {
-		t.Fatalf("marked decode error dead-lettered at attempt %d, want 1", s.d.Attempt)
+	if s := e.expect(bustest.DeadLettered); s.Attempt != 1 {
+		t.Fatalf("marked decode error dead-lettered at attempt %d, want 1", s.Attempt)
 	}
 }
 

@@ -6,17 +6,18 @@ import (
 	"sync/atomic"
 )
 
-// pipe is one stage's chain, composed once when the bus is built.
+// pipe is one stage's chain, composed once when the bus is built: the
+// middleware's names, stage functions and base loggers, outermost first.
 type pipe[C any] struct {
 	stage Stage
 	names []string
-	fns   []func(context.Context, *C, Next) error
-	base  []*slog.Logger // bus logger scoped with stage and middleware
+	funcs []func(context.Context, *C, Next) error
+	base  []*slog.Logger // the bus logger scoped with the stage and the middleware
 }
 
 func (p *pipe[C]) add(name string, fn func(context.Context, *C, Next) error, logger *slog.Logger) {
 	p.names = append(p.names, name)
-	p.fns = append(p.fns, fn)
+	p.funcs = append(p.funcs, fn)
 	p.base = append(p.base, logger.With(slog.String("stage", p.stage.String()), slog.String("middleware", name)))
 }
 
@@ -37,45 +38,45 @@ func phase(epoch, p uint64) uint64 { return epoch<<2 | p }
 // ended clean (every layer called next once and returned after it), so a
 // next still running on another goroutine never sees its run reused.
 type run[C any] struct {
-	p        *pipe[C]
-	ctxs     []C
-	nexts    []Next
-	state    []atomic.Uint64 // phase of each layer in the current epoch
-	term     atomic.Uint64   // the last epoch whose terminal step returned
-	epoch    atomic.Uint64   // the current invocation
-	unclean  atomic.Bool     // a layer returned without calling next first
-	loggers  []*slog.Logger
-	terminal func(context.Context) error
-	describe func() []any // message fields for scoped loggers
-	short    string       // debug message when a layer does not call next
+	chain            *pipe[C]
+	contexts         []C             // the stage context given to each layer
+	nexts            []Next          // the next given to each layer
+	phases           []atomic.Uint64 // each layer's phase in the current epoch
+	terminalReturned atomic.Uint64   // the last epoch whose terminal step returned
+	epoch            atomic.Uint64   // the current invocation
+	retired          atomic.Bool     // never back to the pool: a layer returned without calling next first, or a next failed
+	messageLoggers   []*slog.Logger  // each layer's logger scoped with the message, made on first use
+	terminal         func(context.Context) error
+	messageFields    func() []any // what scopes a logger to the message
+	shortCircuitLog  string       // the debug message when a layer does not call next
 }
 
-func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Context) error, describe func() []any, short string) {
-	n := len(p.fns)
-	if n == 0 && len(p.names) > 0 { // standalone stage context for tests
-		n = len(p.names)
+func (r *run[C]) init(chain *pipe[C], stageContext func(i int) C, terminal func(context.Context) error, messageFields func() []any, shortCircuitLog string) {
+	n := len(chain.funcs)
+	if n == 0 && len(chain.names) > 0 { // standalone stage context for tests
+		n = len(chain.names)
 	}
-	r.p = p
-	r.ctxs = make([]C, n)
+	r.chain = chain
+	r.contexts = make([]C, n)
 	r.nexts = make([]Next, n)
-	r.state = make([]atomic.Uint64, n)
-	r.loggers = make([]*slog.Logger, n)
+	r.phases = make([]atomic.Uint64, n)
+	r.messageLoggers = make([]*slog.Logger, n)
 	r.terminal = terminal
-	r.describe = describe
-	r.short = short
+	r.messageFields = messageFields
+	r.shortCircuitLog = shortCircuitLog
 	for i := range n {
-		r.ctxs[i] = mk(i)
-		r.state[i].Store(phase(0, phaseDone))
+		r.contexts[i] = stageContext(i)
+		r.phases[i].Store(phase(0, phaseDone))
 	}
-	fns := p.fns
+	funcs := chain.funcs
 	// Built from the innermost layer out, so that each next holds the next
-	// layer's function, context, state and next directly.
+	// layer's function, context, phase and next directly.
 	for i := n - 1; i >= 0; i-- {
-		si := &r.state[i]
+		phaseI := &r.phases[i]
 		// next of layer i runs layer i+1 itself: one frame per hop besides
 		// the middleware's own, so deep chains stay cheap.
 		j := i + 1
-		if j >= len(fns) {
+		if j >= len(funcs) {
 			// The innermost next runs the terminal step. No layer inside
 			// it records when it returns, so it records that itself: an
 			// innermost middleware that hands next to another goroutine
@@ -83,36 +84,36 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 			// terminal step still runs there.
 			r.nexts[i] = func(ctx context.Context) error {
 				e := r.epoch.Load()
-				if !si.CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
-					return r.badNext(i)
+				if !phaseI.CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
+					return r.misusedNext(i)
 				}
 				err := r.terminal(ctx)
-				r.term.Store(e)
+				r.terminalReturned.Store(e)
 				if err != nil {
-					r.unclean.Store(true) // see below
+					r.retired.Store(true) // see below
 				}
 				return err
 			}
 			continue
 		}
-		fn, sc, sj, nj := fns[j], &r.ctxs[j], &r.state[j], r.nexts[j]
+		fnJ, contextJ, phaseJ, nextJ := funcs[j], &r.contexts[j], &r.phases[j], r.nexts[j]
 		r.nexts[i] = func(ctx context.Context) error {
 			e := r.epoch.Load()
-			if !si.CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
-				return r.badNext(i)
+			if !phaseI.CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
+				return r.misusedNext(i)
 			}
-			err := fn(ctx, sc, nj)
+			err := fnJ(ctx, contextJ, nextJ)
 			// leave, written out: the generic method is too big to be
 			// inlined here, and a call per hop shows in deep chains.
-			if prev := sj.Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
+			if prev := phaseJ.Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
 				r.leftEarly(ctx, j, err)
 			}
 			if err != nil {
 				// A next that failed is what a middleware retrying in the
 				// background keeps: its run is not reused, so that the
-				// kept next gets a NextCalledTwiceError rather than
+				// kept next gets a NextMisuseError rather than
 				// running a later message's chain.
-				r.unclean.Store(true)
+				r.retired.Store(true)
 			}
 			return err
 		}
@@ -121,20 +122,20 @@ func (r *run[C]) init(p *pipe[C], mk func(i int) C, terminal func(context.Contex
 
 // start runs the chain as a new epoch.
 func (r *run[C]) start(ctx context.Context) error {
-	if len(r.p.fns) == 0 {
+	if len(r.chain.funcs) == 0 {
 		return r.terminal(ctx) // on this goroutine: reusable needs no record
 	}
-	clear(r.loggers)
+	clear(r.messageLoggers)
 	e := r.epoch.Load() + 1
 	r.epoch.Store(e)
-	err := r.p.fns[0](ctx, &r.ctxs[0], r.nexts[0])
+	err := r.chain.funcs[0](ctx, &r.contexts[0], r.nexts[0])
 	r.leave(ctx, e, 0, err)
 	return err
 }
 
 // leave marks layer i returned in epoch e.
 func (r *run[C]) leave(ctx context.Context, e uint64, i int, err error) {
-	if prev := r.state[i].Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
+	if prev := r.phases[i].Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
 		r.leftEarly(ctx, i, err)
 	}
 }
@@ -143,7 +144,7 @@ func (r *run[C]) leave(ctx context.Context, e uint64, i int, err error) {
 // short-circuited — or handed next to another goroutine that has not
 // called it yet. Either way the run is not reused.
 func (r *run[C]) leftEarly(ctx context.Context, i int, err error) {
-	r.unclean.Store(true)
+	r.retired.Store(true)
 	if err == nil {
 		r.shortCircuited(ctx, i)
 	}
@@ -153,45 +154,45 @@ func (r *run[C]) leftEarly(ctx context.Context, i int, err error) {
 // called next and returned after it, the terminal step returned, and no
 // next is still running.
 func (r *run[C]) reusable() bool {
-	if r.unclean.Load() {
+	if r.retired.Load() {
 		return false
 	}
 	e := r.epoch.Load()
-	if len(r.state) > 0 && r.term.Load() != e {
+	if len(r.phases) > 0 && r.terminalReturned.Load() != e {
 		return false // the terminal step has not returned (or never ran)
 	}
 	done := phase(e, phaseDone)
-	for i := range r.state {
-		if r.state[i].Load() != done {
+	for i := range r.phases {
+		if r.phases[i].Load() != done {
 			return false
 		}
 	}
 	return true
 }
 
-// badNext is the error of a next called while layer i is not running:
+// misusedNext is the error of a next called while layer i is not running:
 // a second call, or a call after layer i returned.
-func (r *run[C]) badNext(i int) error {
-	twice := r.state[i].Load() == phase(r.epoch.Load(), phaseNext)
-	return &NextCalledTwiceError{Stage: r.p.stage, Middleware: r.p.names[i], AfterReturn: !twice}
+func (r *run[C]) misusedNext(i int) error {
+	twice := r.phases[i].Load() == phase(r.epoch.Load(), phaseNext)
+	return &NextMisuseError{Stage: r.chain.stage, Middleware: r.chain.names[i], AfterReturn: !twice}
 }
 
 // shortCircuited logs that layer i returned without calling next.
 func (r *run[C]) shortCircuited(ctx context.Context, i int) {
-	if r.p.base[i].Enabled(ctx, slog.LevelDebug) {
-		r.logger(i).DebugContext(ctx, r.short)
+	if r.chain.base[i].Enabled(ctx, slog.LevelDebug) {
+		r.logger(i).DebugContext(ctx, r.shortCircuitLog)
 	}
 }
 
 // logger returns the logger of layer i scoped with the message, made on
 // first use within this invocation.
 func (r *run[C]) logger(i int) *slog.Logger {
-	if l := r.loggers[i]; l != nil {
+	if l := r.messageLoggers[i]; l != nil {
 		return l
 	}
-	l := r.p.base[i].With(r.describe()...)
-	r.loggers[i] = l
+	l := r.chain.base[i].With(r.messageFields()...)
+	r.messageLoggers[i] = l
 	return l
 }
 
-func (r *run[C]) mwName(i int) string { return r.p.names[i] }
+func (r *run[C]) middlewareName(i int) string { return r.chain.names[i] }

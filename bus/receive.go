@@ -9,35 +9,38 @@ import (
 	"time"
 )
 
-// receiveLoop receives from the transport until rctx ends, processing
-// each delivery; a failed receive is retried after a back-off.
-func (b *Bus) receiveLoop(rctx, pctx context.Context, receive func(context.Context) (*Delivery, error)) {
-	sctx := context.WithoutCancel(pctx) // settles what was processed, even while stopping
-	backoff := time.Duration(0)
+// receiveLoop receives from the transport until receiveCtx ends,
+// processing each delivery with handlerCtx; a failed receive is retried
+// after a back-off.
+func (b *Bus) receiveLoop(receiveCtx, handlerCtx context.Context, receive func(context.Context) (*Delivery, error)) {
+	settleCtx := context.WithoutCancel(handlerCtx) // settles what was processed, even while stopping
+	failures := 0                                  // receives failed in a row
 	for {
-		d, err := receive(rctx)
+		d, err := receive(receiveCtx)
 		if err != nil {
-			if rctx.Err() != nil || errors.Is(err, ErrClosed) {
+			if receiveCtx.Err() != nil || errors.Is(err, ErrClosed) {
 				return
 			}
-			backoff = min(max(2*backoff, 10*time.Millisecond), 2*time.Second)
-			b.logger.WarnContext(rctx, "receive failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
-			t := time.NewTimer(backoff)
+			failures++
+			wait := Backoff{Initial: 10 * time.Millisecond, Max: 2 * time.Second}.Delay(failures)
+			b.logger.WarnContext(receiveCtx, "receive failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+			t := time.NewTimer(wait)
 			select {
-			case <-rctx.Done():
+			case <-receiveCtx.Done():
 				t.Stop()
 				return
 			case <-t.C:
 			}
 			continue
 		}
-		backoff = 0
-		b.process(pctx, sctx, d)
+		failures = 0
+		b.process(handlerCtx, settleCtx, d)
 	}
 }
 
-// process runs one polled delivery and settles it with the transport.
-func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
+// process runs one polled delivery and settles it with the transport,
+// with settleCtx.
+func (b *Bus) process(ctx, settleCtx context.Context, d *Delivery) {
 	if d.Attempt < 1 {
 		b.attemptOutOfRange(ctx, d)
 	}
@@ -46,41 +49,14 @@ func (b *Bus) process(ctx, sctx context.Context, d *Delivery) {
 		// Last: the settling and its logs below still read d.
 		defer b.releaser.ReleaseDelivery(d)
 	}
-	var serr error
-	var permanent error
-	if err != nil {
-		permanent = b.permanentCause(ctx, err)
+	var settleErr error
+	if err == nil {
+		settleErr = b.t.Delete(settleCtx, d)
+	} else {
+		settleErr = b.settleFailure(ctx, settleCtx, d, err)
 	}
-	switch {
-	case err == nil:
-		serr = b.t.Delete(sctx, d)
-	case permanent == nil && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
-		// Stop cancelled the handlers: the attempt was interrupted, not
-		// failed, so even a last attempt is retried rather than
-		// dead-lettered — unless the broker would dead-letter it on its
-		// next receive, without the reason (ReceiveCounter).
-		serr = b.t.Return(sctx, d, err)
-		b.logger.WarnContext(ctx, "message returned for retry: the bus stopped while it was handled", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
-	case permanent != nil || d.Attempt >= b.maxAttempts:
-		reason := err.Error()
-		if permanent != nil {
-			reason += permanentReason
-		}
-		serr = b.t.Fail(sctx, d, Failure{Reason: reason, Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
-		if _, unhandled := permanent.(*NoHandlerError); unhandled {
-			// Not a failure of this service: someone sent it a message
-			// it does not handle. The dead letter keeps it for whoever
-			// looks into that.
-			b.logger.WarnContext(ctx, "message dead-lettered: no handler for its name", append(describeEnvelope(&d.Envelope), slog.String("endpoint", b.endpoint), slog.Any("error", err))...)
-			break
-		}
-		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Bool("permanent", permanent != nil), slog.Any("error", err))...)
-	default:
-		serr = b.t.Return(sctx, d, err)
-		b.logger.WarnContext(ctx, "message returned for retry", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
-	}
-	if serr != nil {
-		b.logger.ErrorContext(ctx, "settling message with the transport failed", append(describeEnvelope(&d.Envelope), slog.Any("error", serr))...)
+	if settleErr != nil {
+		b.logger.ErrorContext(ctx, "settling message with the transport failed", append(describeEnvelope(&d.Envelope), slog.Any("error", settleErr))...)
 	}
 }
 
@@ -109,14 +85,14 @@ func (b *Bus) attemptOutOfRange(ctx context.Context, d *Delivery) {
 // that was not started. An Attempt of 0 counts as the first (a Delivery
 // built by hand); a negative one too, with a warning.
 func (b *Bus) Deliver(ctx context.Context, d *Delivery) error {
-	b.mu.Lock()
+	b.admission.Lock()
 	if b.state.Load() >= stateStopping {
-		b.mu.Unlock()
+		b.admission.Unlock()
 		return ErrClosed
 	}
-	b.inflight.Add(1)
-	b.mu.Unlock()
-	defer b.inflight.Done()
+	b.deliveries.Add(1)
+	b.admission.Unlock()
+	defer b.deliveries.Done()
 	switch {
 	case d.Attempt == 0:
 		d.Attempt = 1
@@ -140,16 +116,16 @@ func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
 	if d.Name == "" {
 		return true, &DecodeError{Message: "", Type: "envelope", Err: errors.New("message has no name")}
 	}
-	r := b.inPool.Get().(*incomingRun)
-	r.d, r.escaped, r.unhandled = d, false, false
+	r := b.incomingRuns.Get().(*incomingRun)
+	r.d, r.deliveryInUse, r.unhandled = d, false, false
 	defer func() {
 		if p := recover(); p != nil {
 			err = &PanicError{Value: p, Stack: debug.Stack()}
 		}
 		if r.reusable() { // else a next may still run on another goroutine: leave the run to it
-			clean = !r.escaped
+			clean = !r.deliveryInUse
 			r.d = nil
-			b.inPool.Put(r)
+			b.incomingRuns.Put(r)
 		}
 	}()
 	return false, r.start(ctx)
@@ -159,8 +135,8 @@ func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
 // handler of the message in its own scope.
 func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 	d := r.d
-	hs := b.handlers[d.Name]
-	if len(hs) == 0 {
+	handlers := b.handlers[d.Name]
+	if len(handlers) == 0 {
 		r.unhandled = true
 		if b.unhandled == UnhandledDiscard {
 			if b.logger.Enabled(ctx, slog.LevelInfo) {
@@ -171,19 +147,19 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 		return &NoHandlerError{Message: d.Name, Endpoint: b.endpoint}
 	}
 	if d.ContentType != "" && d.ContentType != b.contentType {
-		return &DecodeError{Message: d.Name, Type: hs[0].typ, Err: fmt.Errorf("content type %q, the bus's serializer reads %q", d.ContentType, b.contentType)}
+		return &DecodeError{Message: d.Name, Type: handlers[0].typeName, Err: fmt.Errorf("content type %q, the bus's serializer reads %q", d.ContentType, b.contentType)}
 	}
 	var small [4]any
 	msgs := small[:0]
-	for _, h := range hs {
-		m, err := h.decode(b.ser, d.Body)
+	for _, h := range handlers {
+		m, err := h.decode(b.serializer, d.Body)
 		if err != nil {
-			return &DecodeError{Message: d.Name, Type: h.typ, Err: err}
+			return &DecodeError{Message: d.Name, Type: h.typeName, Err: err}
 		}
 		msgs = append(msgs, m)
 	}
 	var failures []HandlerFailure
-	for i, h := range hs {
+	for i, h := range handlers {
 		if err := b.runHandler(ctx, h, msgs[i], d, r); err != nil {
 			failures = append(failures, HandlerFailure{Handler: h.name, Err: err})
 		}
@@ -195,11 +171,12 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 }
 
 // runHandler runs one handler inside its handler chain and scope, then
-// flushes what it sent when it succeeded.
-func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, in *incomingRun) error {
+// flushes what it sent when it succeeded. parent is the incoming run
+// that dispatched d.
+func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, parent *incomingRun) error {
 	// The scope is the handler's context too: one allocation for both.
 	scope := &handlerScope{Context: ctx, bus: b, attrs: d.Attributes, handler: h.name}
-	r := b.hdPool.Get().(*handlingRun)
+	r := b.handlingRuns.Get().(*handlingRun)
 	r.h, r.msg, r.d, r.scope = h, msg, d, scope
 	err := func() (err error) {
 		defer func() {
@@ -211,11 +188,11 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, 
 	}()
 	if r.reusable() {
 		r.h, r.msg, r.d, r.scope = nil, nil, nil, nil
-		b.hdPool.Put(r)
+		b.handlingRuns.Put(r)
 	} else {
-		in.escaped = true // its middleware may still read d on another goroutine
+		parent.deliveryInUse = true // its middleware may still read d on another goroutine
 	}
-	buf := scope.close()
+	sent := scope.close()
 	if err != nil {
 		return err
 	}
@@ -225,9 +202,9 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, 
 		// Deliver caller's own deadline still bounds its flush.
 		ctx = context.WithoutCancel(ctx)
 	}
-	for i, m := range buf {
+	for i, m := range sent {
 		if err := b.transmit(ctx, m); err != nil {
-			return fmt.Errorf("bus: flushing message %d of %d (%s) from handler %s: %w", i+1, len(buf), m.Envelope.Name, h.name, err)
+			return fmt.Errorf("bus: flushing message %d of %d (%s) from handler %s: %w", i+1, len(sent), m.Envelope.Name, h.name, err)
 		}
 	}
 	return nil

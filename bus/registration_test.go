@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -84,5 +85,34 @@ func TestNewAcceptsHarmlessRepeats(t *testing.T) {
 	}
 	if err := b.Stop(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// New refuses options that cannot work together or at all.
+func TestNewRefusesBadOptions(t *testing.T) {
+	handler := bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil })
+	for name, opts := range map[string][]bus.Option{
+		"handlers without endpoint": {handler},
+		"zero concurrency":          {bus.WithConcurrency(0)},
+		"zero attempts":             {bus.WithMaxAttempts(0)},
+		"nil plugin":                {bus.WithMiddleware(nil)},
+		"unnamed middleware":        {bus.WithMiddleware(bus.Middleware{})},
+		"failing plugin": {bus.WithMiddleware(bus.PluginFunc(func(bus.PluginInfo) (bus.Middleware, error) {
+			return bus.Middleware{}, errors.New("bad config")
+		}))},
+	} {
+		if _, err := bus.New(opts...); err == nil {
+			t.Errorf("%s: New succeeded", name)
+		}
+	}
+}
+
+// New refuses two handlers of one message with one name: names identify
+// handlers in errors, traces and the inbox.
+func TestNewRefusesTwoHandlersWithOneName(t *testing.T) {
+	h := func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }
+	_, err := bus.New(bus.WithEndpoint("ep"), bus.WithHandler(h, bus.HandlerName("x")), bus.WithHandler(h, bus.HandlerName("x")))
+	if err == nil || !strings.Contains(err.Error(), "bus.HandlerName") {
+		t.Fatalf("New with two handlers named x: %v", err)
 	}
 }

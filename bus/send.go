@@ -30,62 +30,42 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 	if msg == nil {
 		return fmt.Errorf("bus: %s: nil message", kind)
 	}
-	var o sendConfig
+	var cfg sendConfig
 	if len(opts) > 0 {
-		o = applySendOptions(opts)
+		cfg = applySendOptions(opts)
 	}
 	name := msg.MessageName()
 	scope := scopeFrom(ctx, b)
 	dest := ""
 	if kind == KindSend {
-		dest = o.to
-		if dest == "" {
-			dest = b.routes[name]
-		}
-		if dest == "" && len(b.handlers[name]) > 0 {
-			dest = b.endpoint
-		}
-		if dest == "" {
+		if dest = b.destination(name, cfg.to); dest == "" {
 			return fmt.Errorf("%w %s: pass bus.To(endpoint) or configure bus.WithRoute", ErrNoRoute, name)
 		}
 	}
 	now := time.Now() // one clock read per send: sent-at and the id's timestamp
-	id := o.messageID
+	id := cfg.messageID
 	if id == "" {
 		id = newIDAt(now)
 	}
-	r := b.outPool.Get().(*outgoingRun)
-	r.kind, r.msg, r.msgName, r.dest, r.scope, r.buffer = kind, msg, name, dest, scope, scope != nil && !o.immediate
-	r.attrs = Attributes{MessageID: id, CorrelationID: o.correlationID, SentAt: now.Truncate(time.Millisecond).UTC(), values: o.values, sticky: o.sticky}
-	if o.values != nil {
+	r := b.outgoingRuns.Get().(*outgoingRun)
+	r.kind, r.msg, r.msgName, r.dest, r.scope, r.bufferInHandler = kind, msg, name, dest, scope, scope != nil && !cfg.immediate
+	r.attrs = Attributes{MessageID: id, CorrelationID: cfg.correlationID, SentAt: now.Truncate(time.Millisecond).UTC(), values: cfg.values, sticky: cfg.sticky}
+	if cfg.values != nil {
 		r.owned |= ownValues
 	}
-	if o.sticky != nil {
+	if cfg.sticky != nil {
 		r.owned |= ownSticky
 	}
 	if scope != nil {
-		if r.attrs.CorrelationID == "" {
-			r.attrs.CorrelationID = scope.attrs.CorrelationID
-		}
-		if len(scope.attrs.sticky) > 0 {
-			if r.attrs.sticky == nil {
-				r.attrs.sticky = scope.attrs.sticky // immutable: shared, not owned
-			} else {
-				for k, v := range scope.attrs.sticky {
-					if _, set := r.attrs.sticky[k]; !set {
-						r.attrs.sticky[k] = v
-					}
-				}
-			}
-		}
+		r.inherit(scope.attrs)
 	}
 	if r.attrs.CorrelationID == "" {
 		r.attrs.CorrelationID = id
 	}
 	// An outbox put in the context (outbox.Within) takes the message even
 	// inside a handler; Immediately goes past every outbox.
-	if !o.immediate {
-		r.holdTo = outboxFrom(ctx, b)
+	if !cfg.immediate {
+		r.contextOutbox = outboxFrom(ctx, b)
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -93,7 +73,7 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 		}
 		if r.reusable() {
 			r.reset()
-			b.outPool.Put(r)
+			b.outgoingRuns.Put(r)
 		}
 	}()
 	if err = r.start(ctx); err != nil {
@@ -102,14 +82,51 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 	return r.store(ctx)
 }
 
+// destination returns the endpoint a sent message named name goes to:
+// to, else its route, else this bus's endpoint when it handles the
+// message; empty when there is none.
+func (b *Bus) destination(name, to string) string {
+	if to != "" {
+		return to
+	}
+	if dest := b.routes[name]; dest != "" {
+		return dest
+	}
+	if len(b.handlers[name]) > 0 {
+		return b.endpoint
+	}
+	return ""
+}
+
+// inherit gives the message being sent the correlation id (unless it has
+// one) and the sticky attributes (but those it sets itself) of the
+// message being handled, whose attributes are handled.
+func (r *outgoingRun) inherit(handled Attributes) {
+	if r.attrs.CorrelationID == "" {
+		r.attrs.CorrelationID = handled.CorrelationID
+	}
+	if len(handled.sticky) == 0 {
+		return
+	}
+	if r.attrs.sticky == nil {
+		r.attrs.sticky = handled.sticky // immutable: shared, not owned
+		return
+	}
+	for k, v := range handled.sticky {
+		if _, set := r.attrs.sticky[k]; !set {
+			r.attrs.sticky[k] = v
+		}
+	}
+}
+
 // store stores the message the terminal step held for an outbox or the
 // handler's buffer, once the chain returned nil.
 func (r *outgoingRun) store(ctx context.Context) error {
 	if !r.holds() {
 		return nil // handed to the transport by the terminal step
 	}
-	if e := r.epoch.Load(); len(r.p.fns) > 0 && r.term.Load() != e {
-		if r.entered.Load() == e {
+	if e := r.epoch.Load(); len(r.chain.funcs) > 0 && r.terminalReturned.Load() != e {
+		if r.holdStarted.Load() == e {
 			// The terminal step was called and has not returned: a
 			// middleware returned nil while its next runs elsewhere.
 			return fmt.Errorf("bus: %s %s: outgoing middleware returned before the next it called did; the message was not stored", r.kind, r.msgName)
@@ -119,7 +136,7 @@ func (r *outgoingRun) store(ctx context.Context) error {
 	if r.held.Envelope == nil {
 		return nil // dropped: failed validation or encoding returned an error
 	}
-	m, o := r.held, r.holdTo
+	m, o := r.held, r.contextOutbox
 	r.held = Outbound{}
 	if o != nil {
 		return o.Add(ctx, m)
@@ -131,18 +148,18 @@ func (r *outgoingRun) store(ctx context.Context) error {
 // in the handler's outbox or hand to the transport.
 func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 	if r.holds() {
-		r.entered.Store(r.epoch.Load()) // store tells a next still running from a drop
+		r.holdStarted.Store(r.epoch.Load()) // store tells a next still running from a drop
 	}
-	if b.hv != nil && len(r.headers) > 0 {
-		if err := b.hv.ValidateHeaders(r.headers); err != nil {
+	if b.headerValidator != nil && len(r.headers) > 0 {
+		if err := b.headerValidator.ValidateHeaders(r.headers); err != nil {
 			return err
 		}
 	}
-	body, err := b.ser.Marshal(r.msg)
+	body, err := b.serializer.Marshal(r.msg)
 	if err != nil {
 		return fmt.Errorf("bus: encoding %s: %w", r.msgName, err)
 	}
-	m := Outbound{Kind: r.kind, Options: SendOptions{Destination: r.dest}}
+	m := Outbound{Kind: r.kind, Destination: r.dest}
 	env := Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers}
 	r.owned = 0 // the envelope owns the maps now
 	r.headers = nil
@@ -151,8 +168,8 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 			// Handed straight to a transport that copies what it keeps:
 			// the envelope lives in the run, reused only once the run
 			// ended clean.
-			r.env = env
-			m.Envelope = &r.env
+			r.lentEnvelope = env
+			m.Envelope = &r.lentEnvelope
 		} else {
 			m.Envelope = new(Envelope)
 			*m.Envelope = env
@@ -168,9 +185,9 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 // transmit hands a finished message to the transport. It never runs middleware.
 func (b *Bus) transmit(ctx context.Context, m Outbound) error {
 	if m.Kind == KindPublish {
-		return b.t.Publish(ctx, m.Envelope, m.Options)
+		return b.t.Publish(ctx, m.Envelope)
 	}
-	return b.t.Send(ctx, m.Envelope, m.Options)
+	return b.t.Send(ctx, m.Envelope, m.Destination)
 }
 
 // Dispatch hands a finished message to the transport without running any

@@ -17,11 +17,11 @@ type Incoming struct {
 
 type incomingRun struct {
 	run[Incoming]
-	b         *Bus
-	d         *Delivery
-	endpoint  string
-	escaped   bool // a handler run of d did not end clean
-	unhandled bool // the terminal step found no handler for d's name
+	b             *Bus
+	d             *Delivery
+	endpoint      string
+	deliveryInUse bool // a handler run of d did not end clean: its middleware may still read d
+	unhandled     bool // the terminal step found no handler for d's name
 }
 
 func newIncomingRun(b *Bus, p *pipe[Incoming], endpoint string) *incomingRun {
@@ -76,7 +76,7 @@ func (in *Incoming) Endpoint() string { return in.r.endpoint }
 func (in *Incoming) Unhandled() bool { return in.r.unhandled }
 
 // Middleware returns the name of the middleware this context was given to.
-func (in *Incoming) Middleware() string { return in.r.mwName(in.i) }
+func (in *Incoming) Middleware() string { return in.r.middlewareName(in.i) }
 
 // Logger returns the bus logger scoped with the stage, the middleware and
 // the message (name, id, correlation id).
@@ -93,7 +93,7 @@ type handlingRun struct {
 	run[Handling]
 	b     *Bus
 	h     *handler
-	msg   any // as the handler's decode returned it (see handler.shown)
+	msg   any // as the handler's decode returned it (see handler.asReceived)
 	d     *Delivery
 	scope *handlerScope
 }
@@ -116,8 +116,8 @@ func (h *Handling) MessageName() string { return h.r.d.Name }
 // Message returns the decoded message the handler will receive. It must not
 // be modified.
 func (h *Handling) Message() Message {
-	if show := h.r.h.shown; show != nil {
-		return show(h.r.msg)
+	if asReceived := h.r.h.asReceived; asReceived != nil {
+		return asReceived(h.r.msg)
 	}
 	m, _ := h.r.msg.(Message)
 	return m
@@ -142,7 +142,7 @@ func (h *Handling) Header(key string) (string, bool) {
 func (h *Handling) Raw() any { return h.r.d.Raw }
 
 // Middleware returns the name of the middleware this context was given to.
-func (h *Handling) Middleware() string { return h.r.mwName(h.i) }
+func (h *Handling) Middleware() string { return h.r.middlewareName(h.i) }
 
 // Logger returns the bus logger scoped with the stage, the middleware, the
 // message and the handler.
@@ -180,29 +180,29 @@ type Outgoing struct {
 
 type outgoingRun struct {
 	run[Outgoing]
-	b       *Bus
-	kind    Kind
-	msg     Message
-	msgName string
-	dest    string
-	attrs   Attributes
-	owned   uint8 // bit 0: attrs.values owned, bit 1: attrs.sticky owned
-	headers Headers
-	scope   *handlerScope // the handler scope it inherits from, if any
-	buffer  bool          // buffer in scope's outbox (not Immediately)
-	env     Envelope      // handed to a transport that copies envelopes (see EnvelopeCopier)
+	b               *Bus
+	kind            Kind
+	msg             Message
+	msgName         string
+	dest            string
+	attrs           Attributes
+	owned           uint8 // which of attrs's maps the run may change in place: ownValues, ownSticky
+	headers         Headers
+	scope           *handlerScope // the handler scope it inherits from, if any
+	bufferInHandler bool          // into scope's outbox (not Immediately)
+	lentEnvelope    Envelope      // handed to a transport that copies envelopes (see EnvelopeCopier)
 
 	// A message for an outbox or a handler's buffer is held by the
 	// terminal step and stored by emit once the whole chain returned nil,
 	// so that an error returned after next stores nothing.
-	holdTo  Outbox        // the outbox in the caller's context; nil: the handler's buffer, if buffer
-	entered atomic.Uint64 // the last epoch whose terminal step started holding
-	held    Outbound      // the held message; Envelope nil when none
+	contextOutbox Outbox        // the outbox in the caller's context; nil: the handler's buffer, if bufferInHandler
+	holdStarted   atomic.Uint64 // the last epoch whose terminal step started holding
+	held          Outbound      // the held message; Envelope nil when none
 }
 
 // holds reports whether the terminal step holds the message for emit to
 // store, rather than handing it to the transport.
-func (r *outgoingRun) holds() bool { return r.buffer || r.holdTo != nil }
+func (r *outgoingRun) holds() bool { return r.bufferInHandler || r.contextOutbox != nil }
 
 const (
 	ownValues uint8 = 1 << iota
@@ -222,11 +222,11 @@ func newOutgoingRun(b *Bus, p *pipe[Outgoing]) *outgoingRun {
 }
 
 func (r *outgoingRun) reset() {
-	r.msg, r.scope, r.headers, r.buffer = nil, nil, nil, false
-	r.held, r.holdTo = Outbound{}, nil
+	r.msg, r.scope, r.headers, r.bufferInHandler = nil, nil, nil, false
+	r.held, r.contextOutbox = Outbound{}, nil
 	r.attrs = Attributes{}
 	r.owned = 0
-	r.env = Envelope{}
+	r.lentEnvelope = Envelope{}
 }
 
 // Message returns the message being sent. It must not be modified.
@@ -249,7 +249,7 @@ func (o *Outgoing) CorrelationID() string { return o.r.attrs.CorrelationID }
 
 // InHandler reports whether the message is sent from inside a handler and
 // buffered in that handler's outbox (not sent with [Immediately]).
-func (o *Outgoing) InHandler() bool { return o.r.buffer }
+func (o *Outgoing) InHandler() bool { return o.r.bufferInHandler }
 
 // Attributes returns the message's attributes as they are now.
 func (o *Outgoing) Attributes() Attributes {
@@ -309,7 +309,7 @@ func (o *Outgoing) Headers() Headers {
 }
 
 // Middleware returns the name of the middleware this context was given to.
-func (o *Outgoing) Middleware() string { return o.r.mwName(o.i) }
+func (o *Outgoing) Middleware() string { return o.r.middlewareName(o.i) }
 
 // Logger returns the bus logger scoped with the stage, the middleware and
 // the message.

@@ -44,7 +44,7 @@ func NewIncoming(d *Delivery, info StageInfo) *Incoming {
 	r := &incomingRun{d: d, endpoint: info.Endpoint}
 	r.init(standalonePipe[Incoming](StageIncoming, info), func(i int) Incoming { return Incoming{r: r, i: i} },
 		noTerminal, func() []any { return describeEnvelope(&r.d.Envelope) }, "")
-	return &r.ctxs[0]
+	return &r.contexts[0]
 }
 
 // NewHandling returns a handler stage context for the handler handlerName about to handle
@@ -53,7 +53,7 @@ func NewHandling(handlerName string, msg Message, d *Delivery, info StageInfo) *
 	r := &handlingRun{h: &handler{name: handlerName}, msg: msg, d: d}
 	r.init(standalonePipe[Handling](StageHandler, info), func(i int) Handling { return Handling{r: r, i: i} },
 		noTerminal, func() []any { return append(describeEnvelope(&r.d.Envelope), slog.String("handler", handlerName)) }, "")
-	return &r.ctxs[0]
+	return &r.contexts[0]
 }
 
 // OutgoingMessage describes a message being sent, for [NewOutgoing].
@@ -75,13 +75,13 @@ func NewOutgoing(m OutgoingMessage, info StageInfo) *Outgoing {
 		r.msgName = m.Message.MessageName()
 	}
 	if m.InHandler {
-		r.scope, r.buffer = &handlerScope{Context: context.Background()}, true
+		r.scope, r.bufferInHandler = &handlerScope{Context: context.Background()}, true
 	}
 	r.init(standalonePipe[Outgoing](StageOutgoing, info), func(i int) Outgoing { return Outgoing{r: r, i: i} },
 		noTerminal, func() []any {
 			return []any{slog.String("message_name", r.msgName), slog.String("message_id", r.attrs.MessageID)}
 		}, "")
-	return &r.ctxs[0]
+	return &r.contexts[0]
 }
 
 // outboxKey carries an outbox put in the context by ContextWithOutbox.

@@ -40,8 +40,8 @@ func (e *env) sendRaw(name string) string {
 	e.t.Helper()
 	id := "raw-" + strconv.Quote(name)
 	env := &bus.Envelope{Name: name, ContentType: "application/json", Body: []byte(`{}`),
-		Attributes: bus.NewAttributes(id, id, e0(), nil, nil)}
-	if err := e.rec.Send(e.t.Context(), env, bus.SendOptions{Destination: "ep"}); err != nil {
+		Attributes: bus.NewAttributes(id, id, fixedTime(), nil, nil)}
+	if err := e.rec.Send(e.t.Context(), env, "ep"); err != nil {
 		e.t.Fatal(err)
 	}
 	return id
@@ -55,19 +55,20 @@ func TestUnhandledMessageDeadLetteredAtOnce(t *testing.T) {
 	if err := e.bus.Send(t.Context(), unhandled{}, bus.To("ep")); err != nil {
 		t.Fatal(err)
 	}
-	s := e.expect("fail")
-	if s.d.Attempt != 1 || s.failure.Attempts != 1 {
-		t.Fatalf("dead-lettered at attempt %d (failure says %d), want 1: no retries", s.d.Attempt, s.failure.Attempts)
+	s := e.expect(bustest.DeadLettered)
+	if s.Attempt != 1 || s.Failure.Attempts != 1 {
+		t.Fatalf("dead-lettered at attempt %d (failure says %d), want 1: no retries", s.Attempt, s.Failure.Attempts)
 	}
 	for _, want := range []string{`"shop.unhandled"`, `endpoint "ep"`, "no handler", "bus.WithUnhandled"} {
-		if !strings.Contains(s.failure.Reason, want) {
-			t.Errorf("reason %q does not say %s", s.failure.Reason, want)
+		if !strings.Contains(s.Failure.Reason, want) {
+			t.Errorf("reason %q does not say %s", s.Failure.Reason, want)
 		}
 	}
 	dl := e.broker.DeadLetters("ep")
-	if len(dl) != 1 || dl[0].Envelope.Name != "shop.unhandled" || dl[0].Failure.Reason != s.failure.Reason {
+	if len(dl) != 1 || dl[0].Envelope.Name != "shop.unhandled" || dl[0].Failure.Reason != s.Failure.Reason {
 		t.Fatalf("dead letters %+v, want the unhandled message with its reason", dl)
 	}
+	e.stop() // the bus logs once the transport settled the message
 	warns := e.records("message dead-lettered: no handler for its name")
 	if len(warns) != 1 || warns[0]["level"] != "WARN" || warns[0]["message_name"] != "shop.unhandled" || warns[0]["endpoint"] != "ep" {
 		t.Fatalf("want one WARN naming the message and endpoint, got %v\nlogs:\n%s", warns, e.logs)
@@ -83,12 +84,12 @@ func TestUnhandledInvalidUTF8NameQuotedInReason(t *testing.T) {
 	e := newEnv(t, nil, bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
 	name := "shop.\xff\xfeorder\x00"
 	e.sendRaw(name)
-	s := e.expect("fail")
-	if !utf8.ValidString(s.failure.Reason) {
-		t.Fatalf("reason is not valid UTF-8: %q", s.failure.Reason)
+	s := e.expect(bustest.DeadLettered)
+	if !utf8.ValidString(s.Failure.Reason) {
+		t.Fatalf("reason is not valid UTF-8: %q", s.Failure.Reason)
 	}
-	if want := `"shop.\xff\xfeorder\x00"`; !strings.Contains(s.failure.Reason, want) {
-		t.Fatalf("reason %q does not quote the name as %s", s.failure.Reason, want)
+	if want := `"shop.\xff\xfeorder\x00"`; !strings.Contains(s.Failure.Reason, want) {
+		t.Fatalf("reason %q does not quote the name as %s", s.Failure.Reason, want)
 	}
 	if dl := e.broker.DeadLetters("ep"); len(dl) != 1 || dl[0].Envelope.Name != name {
 		t.Fatalf("dead letters %+v, want the message under its original name", dl)
@@ -107,12 +108,12 @@ func TestUnhandledMessageHandledByIncomingMiddlewareIsDeleted(t *testing.T) {
 	})
 	e := newEnv(t, nil, bus.WithMiddleware(resolver), bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
 	e.sendRaw("shop.reply")
-	if s := e.expect("delete"); s.d.Name != "shop.reply" {
-		t.Fatalf("deleted %s", s.d.Name)
+	if s := e.expect(bustest.Deleted); s.Envelope.Name != "shop.reply" {
+		t.Fatalf("deleted %s", s.Envelope.Name)
 	}
 	e.sendRaw("shop.unknown")
-	if s := e.expect("fail"); s.d.Name != "shop.unknown" {
-		t.Fatalf("dead-lettered %s", s.d.Name)
+	if s := e.expect(bustest.DeadLettered); s.Envelope.Name != "shop.unknown" {
+		t.Fatalf("dead-lettered %s", s.Envelope.Name)
 	}
 }
 
@@ -127,9 +128,9 @@ func TestUnhandledErrorWrappedByMiddlewareStillDeadLettersAtOnce(t *testing.T) {
 	}}
 	e := newEnv(t, nil, bus.WithMiddleware(wrap), bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
 	e.sendRaw("shop.unknown")
-	s := e.expect("fail")
-	if s.d.Attempt != 1 || !strings.HasPrefix(s.failure.Reason, "wrap: bus: no handler") {
-		t.Fatalf("attempt %d reason %q, want attempt 1 and the wrapped reason", s.d.Attempt, s.failure.Reason)
+	s := e.expect(bustest.DeadLettered)
+	if s.Attempt != 1 || !strings.HasPrefix(s.Failure.Reason, "wrap: bus: no handler") {
+		t.Fatalf("attempt %d reason %q, want attempt 1 and the wrapped reason", s.Attempt, s.Failure.Reason)
 	}
 }
 
@@ -179,17 +180,17 @@ func TestUnhandledDiscardDeletesAndTellsMiddleware(t *testing.T) {
 	if err := e.bus.Send(t.Context(), unhandled{}, bus.To("ep")); err != nil {
 		t.Fatal(err)
 	}
-	if o := recv(t, seen); o.name != "shop.unhandled" || o.err != nil || !o.unhandled {
+	if o := await(t, seen); o.name != "shop.unhandled" || o.err != nil || !o.unhandled {
 		t.Fatalf("middleware saw %+v, want shop.unhandled, nil, unhandled", o)
 	}
-	e.expect("delete")
+	e.expect(bustest.Deleted)
 	if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
 		t.Fatal(err)
 	}
-	if o := recv(t, seen); o.name != "shop.order_placed" || o.err != nil || o.unhandled {
+	if o := await(t, seen); o.name != "shop.order_placed" || o.err != nil || o.unhandled {
 		t.Fatalf("middleware saw %+v, want a handled shop.order_placed", o)
 	}
-	e.expect("delete")
+	e.expect(bustest.Deleted)
 	if dl := e.broker.DeadLetters("ep"); len(dl) != 0 {
 		t.Fatalf("discarded message dead-lettered: %+v", dl)
 	}
@@ -206,15 +207,16 @@ func TestWithUnhandledRefusesUnknownPolicy(t *testing.T) {
 	}
 }
 
-// attemptAt is a transport whose first delivery arrives with a forged attempt.
-type attemptAt struct {
-	*recorder
+// forgingAttempt is a recording transport whose first delivery arrives
+// with a forged attempt.
+type forgingAttempt struct {
+	*bustest.Transport
 	attempt int
 	forged  atomic.Bool
 }
 
-func (a *attemptAt) Receive(ctx context.Context) (*bus.Delivery, error) {
-	d, err := a.recorder.Receive(ctx)
+func (a *forgingAttempt) Receive(ctx context.Context) (*bus.Delivery, error) {
+	d, err := a.Transport.Receive(ctx)
 	if d != nil && a.forged.CompareAndSwap(false, true) {
 		d.Attempt = a.attempt
 	}
@@ -234,17 +236,17 @@ func TestAttemptBelowOneCountsAsFirst(t *testing.T) {
 				}
 				return next(ctx)
 			}}
-			e := newEnvOver(t, nil, func(r *recorder) bus.Transport { return &attemptAt{recorder: r, attempt: forged} },
+			e := newEnvOver(t, nil, func(r *bustest.Transport) bus.Transport { return &forgingAttempt{Transport: r, attempt: forged} },
 				bus.WithMiddleware(seen),
 				bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return errors.New("not yet") }))
 			if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
 				t.Fatal(err)
 			}
-			if got := recv(t, attempts); got != 1 {
+			if got := await(t, attempts); got != 1 {
 				t.Fatalf("middleware saw attempt %d, want 1", got)
 			}
-			if s := e.expect("return"); s.d.Attempt != 1 {
-				t.Fatalf("returned at attempt %d, want 1", s.d.Attempt)
+			if s := e.expect(bustest.Returned); s.Attempt != 1 {
+				t.Fatalf("returned at attempt %d, want 1", s.Attempt)
 			}
 			warns := e.records("delivery attempt below 1; counting it as the first")
 			if len(warns) == 0 || warns[0]["level"] != "WARN" || warns[0]["attribute"] != "attempt" || warns[0]["attempt"] != float64(forged) {

@@ -41,7 +41,7 @@ func (e *ChecksumError) Is(target error) bool { return target == ErrChecksum }
 // Error is an error returned by a plugin's middleware, carried across the
 // process boundary. Unwrap returns the typed cause when one crossed: the
 // error next returned (when the plugin wrapped it), a
-// [*bus.NextCalledTwiceError], or the bus or context sentinel of its kind.
+// [*bus.NextMisuseError], or the bus or context sentinel of its kind.
 // When the plugin returns next's error unchanged, the host returns the
 // original error itself, not an *Error. A permanent failure of the plugin
 // (an error marked with bus.Permanent; in the incoming stage any error

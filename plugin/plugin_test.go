@@ -97,7 +97,7 @@ type outcome struct {
 	Err          bool
 	Is           []string // sentinels matched
 	Permanent    bool     // bus.IsPermanent
-	Twice        string   // stage/middleware of a NextCalledTwiceError
+	Twice        string   // stage/middleware of a NextMisuseError
 	Handled      int      // handler runs
 	HandlerDL    bool     // the handler saw a deadline within 11s
 	Sent         *sentEnvelope
@@ -111,7 +111,7 @@ type sentEnvelope struct {
 
 func describe(err error) outcome {
 	o := outcome{Err: err != nil, Permanent: bus.IsPermanent(err)}
-	for name, s := range map[string]error{"next-twice": bus.ErrNextCalledTwice, "dispatch": bus.ErrHandlerDispatchRejected,
+	for name, s := range map[string]error{"next-twice": bus.ErrNextMisused, "dispatch": bus.ErrHandlerDispatchRejected,
 		"panic": bus.ErrPanic, "deadline": context.DeadlineExceeded, "timeout": plugin.ErrTimeout, "unavailable": plugin.ErrUnavailable,
 		"permanent": bus.ErrPermanent} {
 		if errors.Is(err, s) {
@@ -119,7 +119,7 @@ func describe(err error) outcome {
 		}
 	}
 	slices.Sort(o.Is)
-	var twice *bus.NextCalledTwiceError
+	var twice *bus.NextMisuseError
 	if errors.As(err, &twice) {
 		o.Twice = fmt.Sprintf("%s/%s/%v", twice.Stage, twice.Middleware, twice.AfterReturn)
 	}
@@ -167,15 +167,15 @@ type capture struct {
 	envs []*bus.Envelope
 }
 
-func (c *capture) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (c *capture) Send(_ context.Context, env *bus.Envelope, _ string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.envs = append(c.envs, env)
 	return nil
 }
 
-func (c *capture) Publish(ctx context.Context, env *bus.Envelope, o bus.SendOptions) error {
-	return c.Send(ctx, env, o)
+func (c *capture) Publish(ctx context.Context, env *bus.Envelope) error {
+	return c.Send(ctx, env, "")
 }
 
 func (c *capture) Close(context.Context) error { return nil }

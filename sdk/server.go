@@ -368,7 +368,7 @@ func (c *stageCall) skip() error {
 // next crosses back to the host, which runs the rest of the chain.
 func (c *stageCall) next(ctx context.Context) error {
 	if !c.state.CompareAndSwap(callRunning, callNext) {
-		return &bus.NextCalledTwiceError{Stage: c.stage, Middleware: c.mw, AfterReturn: c.state.Load() == callReturned}
+		return &bus.NextMisuseError{Stage: c.stage, Middleware: c.mw, AfterReturn: c.state.Load() == callReturned}
 	}
 	if c.beforeOnly {
 		c.continued = true

@@ -1,11 +1,30 @@
-// Package bustest helps test plugbus code: stage contexts and a recording
-// next to unit-test a middleware as a plain function, with no bus, and a
-// helper to run a bus for the length of a test.
+// Package bustest helps test plugbus code.
 //
-//	in := bustest.Incoming(bustest.Delivery(OrderPlaced{ID: "o-1"}, bus.Attributes{MessageID: "m-1"}))
-//	next := bustest.Next(nil)
-//	err := tenancy.Incoming(ctx, in, next.Next)
-//	// assert on err, next.Calls(), next.Ctx()
+// A middleware is a plain function: test it with no bus. [Incoming],
+// [Handling] and [Outgoing] make the stage contexts it is given, and
+// [RecordNext] a next that records how it was called:
+//
+//	in := bustest.Incoming(bustest.Delivery(OrderPlaced{ID: "o-1"}, bus.Attributes{}.WithSticky("tenant", "acme")))
+//	rec := bustest.RecordNext(nil)
+//	if err := tenancy.Incoming(ctx, in, rec.Next); err != nil || rec.Calls() != 1 {
+//		t.Fatalf("tenancy: %v, next called %d times", err, rec.Calls())
+//	}
+//	// rec.Ctx() is the context the middleware passed on
+//
+// An application's test runs a bus with [Start] on a [Transport] that
+// records what the bus sent and how it settled each message it received,
+// and waits with [Transport.WaitIdle] until the bus has nothing left to
+// do, so that what must not have happened can be checked without a sleep:
+//
+//	tr := bustest.NewTransport()
+//	b := bustest.Start(t, bus.WithEndpoint("orders"), bus.WithTransport(tr), bus.WithHandler(placeOrder))
+//	if err := b.Send(ctx, PlaceOrder{ID: "o-1"}); err != nil {
+//		t.Fatal(err)
+//	}
+//	if err := tr.WaitIdle(ctx); err != nil {
+//		t.Fatal(err)
+//	}
+//	// tr.Sent() holds what placeOrder sent, tr.Settled() how each message was settled
 package bustest
 
 import (
@@ -18,9 +37,9 @@ import (
 	"github.com/plugbus/plugbus/bus"
 )
 
-// Recorder is a next function that records its calls. Pass its Next
+// NextRecorder is a next function that records its calls. Pass its Next
 // method as the next of a stage function.
-type Recorder struct {
+type NextRecorder struct {
 	mu    sync.Mutex
 	err   error
 	calls int
@@ -28,15 +47,19 @@ type Recorder struct {
 	fn    func(ctx context.Context) error
 }
 
-// Next returns a recorder whose Next returns err.
-func Next(err error) *Recorder { return &Recorder{err: err} }
+// RecordNext returns a recorder whose Next returns err, as the rest of the
+// chain would.
+func RecordNext(err error) *NextRecorder { return &NextRecorder{err: err} }
 
-// NextFunc returns a recorder whose Next calls fn, to play the rest of the
-// chain (for example to check what the middleware put in ctx).
-func NextFunc(fn func(ctx context.Context) error) *Recorder { return &Recorder{fn: fn} }
+// RecordNextFunc returns a recorder whose Next calls fn, to play the rest
+// of the chain (for example to check what the middleware put in ctx).
+func RecordNextFunc(fn func(ctx context.Context) error) *NextRecorder {
+	return &NextRecorder{fn: fn}
+}
 
-// Next records the call and returns the recorder's error.
-func (r *Recorder) Next(ctx context.Context) error {
+// Next records the call and returns the recorder's error, or what its
+// function returns.
+func (r *NextRecorder) Next(ctx context.Context) error {
 	r.mu.Lock()
 	r.calls++
 	r.ctx = ctx
@@ -49,17 +72,17 @@ func (r *Recorder) Next(ctx context.Context) error {
 }
 
 // Called reports whether Next was called.
-func (r *Recorder) Called() bool { return r.Calls() > 0 }
+func (r *NextRecorder) Called() bool { return r.Calls() > 0 }
 
 // Calls returns how many times Next was called.
-func (r *Recorder) Calls() int {
+func (r *NextRecorder) Calls() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.calls
 }
 
 // Ctx returns the context of the last call to Next, or nil.
-func (r *Recorder) Ctx() context.Context {
+func (r *NextRecorder) Ctx() context.Context {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.ctx

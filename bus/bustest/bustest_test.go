@@ -5,9 +5,13 @@ import (
 	"errors"
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/bus/bustest"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type orderPlaced struct {
 	ID string `json:"id"`
@@ -38,47 +42,58 @@ var tenancy = bus.Middleware{
 	},
 }
 
-func TestIncomingWithoutBus(t *testing.T) {
+// An incoming middleware runs on a stage context with no bus; the
+// recorded next tells whether and with what context it was called, and
+// passes its error on.
+func TestIncomingMiddlewareRunsWithoutABus(t *testing.T) {
 	ctx := context.Background()
 
-	next := bustest.Next(nil)
+	rec := bustest.RecordNext(nil)
 	in := bustest.Incoming(bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{}))
-	if err := tenancy.Incoming(ctx, in, next.Next); err != nil || next.Called() {
-		t.Fatalf("no tenant: err %v, next called %v", err, next.Called())
+	if err := tenancy.Incoming(ctx, in, rec.Next); err != nil || rec.Called() {
+		t.Fatalf("no tenant: err %v, next called %v", err, rec.Called())
 	}
 
-	next = bustest.Next(nil)
+	rec = bustest.RecordNext(nil)
 	in = bustest.Incoming(bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{}.WithSticky("tenant", "acme")))
-	if err := tenancy.Incoming(ctx, in, next.Next); err != nil || next.Calls() != 1 {
-		t.Fatalf("tenant: err %v, next calls %d", err, next.Calls())
+	if err := tenancy.Incoming(ctx, in, rec.Next); err != nil || rec.Calls() != 1 {
+		t.Fatalf("tenant: err %v, next calls %d", err, rec.Calls())
 	}
-	if got := next.Ctx().Value(tenantKey{}); got != "acme" {
+	if got := rec.Ctx().Value(tenantKey{}); got != "acme" {
 		t.Fatalf("tenant in ctx: %v", got)
 	}
 
 	boom := errors.New("handler failed")
-	next = bustest.Next(boom)
-	if err := tenancy.Incoming(ctx, in, next.Next); !errors.Is(err, boom) {
+	rec = bustest.RecordNext(boom)
+	if err := tenancy.Incoming(ctx, in, rec.Next); !errors.Is(err, boom) {
 		t.Fatalf("error of next not passed on: %v", err)
 	}
 }
 
-func TestOutgoingWithoutBus(t *testing.T) {
+// An outgoing middleware's changes are read back from the stage context;
+// a recorder made from a function runs it as the rest of the chain.
+func TestOutgoingMiddlewareRunsWithoutABus(t *testing.T) {
 	ctx := context.WithValue(context.Background(), tenantKey{}, "acme")
 	out := bustest.Outgoing(bus.KindPublish, orderPlaced{ID: "1"}, bus.Attributes{MessageID: "m-1"})
-	next := bustest.NextFunc(func(ctx context.Context) error { return nil })
-	if err := tenancy.Outgoing(ctx, out, next.Next); err != nil {
+	var headerInNext string
+	rec := bustest.RecordNextFunc(func(ctx context.Context) error {
+		headerInNext = out.Headers()["x-tenant"]
+		return nil
+	})
+	if err := tenancy.Outgoing(ctx, out, rec.Next); err != nil {
 		t.Fatal(err)
 	}
-	if out.Headers()["x-tenant"] != "acme" || next.Calls() != 1 {
-		t.Fatalf("headers %v, next calls %d", out.Headers(), next.Calls())
+	if headerInNext != "acme" || rec.Calls() != 1 {
+		t.Fatalf("header seen by the rest of the chain %q, next calls %d", headerInNext, rec.Calls())
 	}
 	if out.Name() != "shop.order_placed" || out.Kind() != bus.KindPublish || out.Attributes().MessageID != "m-1" {
 		t.Fatalf("context: %s %s %s", out.Name(), out.Kind(), out.Attributes().MessageID)
 	}
 }
 
-func TestHandlingWithoutBus(t *testing.T) {
+// A handler stage context reports the handler and the message, and its
+// UseOutbox records nothing.
+func TestHandlingContextWithoutABus(t *testing.T) {
 	h := bustest.Handling("charge", orderPlaced{ID: "1"}, bus.Attributes{MessageID: "m-1"})
 	if h.HandlerName() != "charge" || h.MessageName() != "shop.order_placed" || h.Message() != (orderPlaced{ID: "1"}) || h.Attributes().MessageID != "m-1" {
 		t.Fatalf("handling context: %s %s %v", h.HandlerName(), h.MessageName(), h.Message())
@@ -88,7 +103,8 @@ func TestHandlingWithoutBus(t *testing.T) {
 	}
 }
 
-func TestStart(t *testing.T) {
+// Start runs a bus until the test ends.
+func TestStartRunsABusForTheTest(t *testing.T) {
 	got := make(chan string, 1)
 	b := bustest.Start(t, bus.WithEndpoint("ep"), bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 		got <- m.ID

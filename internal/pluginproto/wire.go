@@ -143,19 +143,18 @@ func Deadline(ctx context.Context) int64 {
 }
 
 // EncodeError encodes err's kind, message, whether it is marked permanent
-// (errors.Is(err, bus.ErrPermanent)) and, for a
-// [*bus.NextCalledTwiceError], the stage and middleware it names. It
-// returns nil for a nil error.
+// (errors.Is(err, bus.ErrPermanent)) and, for a [*bus.NextMisuseError],
+// the stage and middleware it names. It returns nil for a nil error.
 func EncodeError(err error) *Error {
 	if err == nil {
 		return nil
 	}
 	e := &Error{Message: err.Error(), Permanent: errors.Is(err, bus.ErrPermanent)}
-	var twice *bus.NextCalledTwiceError
+	var misuse *bus.NextMisuseError
 	switch {
-	case errors.As(err, &twice):
+	case errors.As(err, &misuse):
 		e.Code = ErrorCode_ERROR_CODE_NEXT_CALLED_TWICE
-		e.Stage, e.Middleware, e.AfterReturn = StageOf(twice.Stage), twice.Middleware, twice.AfterReturn
+		e.Stage, e.Middleware, e.AfterReturn = StageOf(misuse.Stage), misuse.Middleware, misuse.AfterReturn
 	case errors.Is(err, context.Canceled):
 		e.Code = ErrorCode_ERROR_CODE_CANCELED
 	case errors.Is(err, context.DeadlineExceeded):
@@ -181,7 +180,7 @@ func EncodeError(err error) *Error {
 func Sentinel(code ErrorCode) error {
 	switch code {
 	case ErrorCode_ERROR_CODE_NEXT_CALLED_TWICE:
-		return bus.ErrNextCalledTwice
+		return bus.ErrNextMisused
 	case ErrorCode_ERROR_CODE_CANCELED:
 		return context.Canceled
 	case ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED:
@@ -202,10 +201,12 @@ func Sentinel(code ErrorCode) error {
 	return nil
 }
 
-// NextCalledTwice rebuilds the typed error e describes, or returns nil.
-func NextCalledTwice(e *Error) *bus.NextCalledTwiceError {
+// NextCalledTwice rebuilds the typed error that an error of code
+// ERROR_CODE_NEXT_CALLED_TWICE (either misuse of next) describes, or
+// returns nil.
+func NextCalledTwice(e *Error) *bus.NextMisuseError {
 	if e.GetCode() != ErrorCode_ERROR_CODE_NEXT_CALLED_TWICE {
 		return nil
 	}
-	return &bus.NextCalledTwiceError{Stage: BusStage(e.Stage), Middleware: e.Middleware, AfterReturn: e.AfterReturn}
+	return &bus.NextMisuseError{Stage: BusStage(e.Stage), Middleware: e.Middleware, AfterReturn: e.AfterReturn}
 }

@@ -50,7 +50,7 @@ func encodeOutbound(m bus.Outbound) ([]any, error) {
 	if body == nil {
 		body = []byte{}
 	}
-	return []any{e.Attributes.MessageID, int16(m.Kind), m.Options.Destination, e.Name, e.ContentType, body,
+	return []any{e.Attributes.MessageID, int16(m.Kind), m.Destination, e.Name, e.ContentType, body,
 		e.Attributes.CorrelationID, e.Attributes.SentAt.UnixNano(), string(attrs), string(headers), time.Now().UnixNano()}, nil
 }
 
@@ -87,7 +87,7 @@ func scanOutbound(rows *sql.Rows) (batchRow, error) {
 	}
 	env := &bus.Envelope{Name: name, ContentType: ct, Body: body, Headers: h,
 		Attributes: bus.NewAttributes(msgID, corr, time.Unix(0, sentAt).UTC(), sa.Values, sa.Sticky)}
-	r.msg = bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Options: bus.SendOptions{Destination: dest}}
+	r.msg = bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Destination: dest}
 	return r, nil
 }
 

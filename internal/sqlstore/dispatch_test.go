@@ -33,7 +33,7 @@ func TestDispatchedMessageIsTheStoredOne(t *testing.T) {
 			want := testMessage(i)
 			e := m.Envelope
 			if e.Attributes.MessageID != want.Envelope.Attributes.MessageID || e.Name != "test.msg" || string(e.Body) != string(want.Envelope.Body) ||
-				m.Kind != bus.KindSend || m.Options.Destination != "dest" || e.Headers["x-h"] != "v" || e.ContentType != "application/json" ||
+				m.Kind != bus.KindSend || m.Destination != "dest" || e.Headers["x-h"] != "v" || e.ContentType != "application/json" ||
 				e.Attributes.CorrelationID != "corr" || !e.Attributes.SentAt.Equal(want.Envelope.Attributes.SentAt) {
 				t.Fatalf("message %d = %+v %+v", i, m, e)
 			}

@@ -87,7 +87,7 @@ func line(s sdktrace.ReadOnlySpan, byID map[trace.SpanID]sdktrace.ReadOnlySpan) 
 			if a.key == "plugbus.delivery.attempt" && kv.Value.AsInt64() <= 1 {
 				break // only retries are worth a mention
 			}
-			fmt.Fprintf(&b, " %s=%s", a.label, kv.Value.Emit())
+			fmt.Fprintf(&b, " %s=%s", a.label, kv.Value.String())
 			break
 		}
 	}

@@ -26,12 +26,12 @@ type refusing struct {
 	refused atomic.Int64
 }
 
-func (r *refusing) Send(ctx context.Context, e *bus.Envelope, o bus.SendOptions) error {
+func (r *refusing) Send(ctx context.Context, e *bus.Envelope, to string) error {
 	if e.Name == "test.poison" {
 		r.refused.Add(1)
 		return errors.New("message too large")
 	}
-	return r.Transport.Send(ctx, e, o)
+	return r.Transport.Send(ctx, e, to)
 }
 
 // One message the transport refuses does not hold up the outbox: the
@@ -81,11 +81,11 @@ type refusingOnce struct {
 	attempts atomic.Int64
 }
 
-func (r *refusingOnce) Send(ctx context.Context, e *bus.Envelope, o bus.SendOptions) error {
+func (r *refusingOnce) Send(ctx context.Context, e *bus.Envelope, to string) error {
 	if r.attempts.Add(1) == 1 {
 		return errors.New("resource alarm")
 	}
-	return r.Transport.Send(ctx, e, o)
+	return r.Transport.Send(ctx, e, to)
 }
 
 // A refused message is retried when its backoff ends, not at the next

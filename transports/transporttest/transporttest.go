@@ -1,11 +1,12 @@
 // Package transporttest is the conformance suite every plugbus transport
-// passes. A transport's own test calls [Run] with a constructor and the
-// features it claims:
+// passes. A transport's own test calls [Run] with a [Factory] of its
+// transports and the [Features] it claims; for the memory transport
+// (the example of Run defines deadLettersOf):
 //
 //	func TestConformance(t *testing.T) {
 //		broker := memory.NewBroker()
-//		transporttest.Run(t, func(t testing.TB) bus.Transport { return memory.New(memory.WithBroker(broker)) },
-//			transporttest.Features{Ordered: true, DeadLetters: ...})
+//		factory := func(testing.TB) bus.Transport { return memory.New(memory.WithBroker(broker)) }
+//		transporttest.Run(t, factory, transporttest.Features{Ordered: true, DeadLetters: deadLettersOf(broker)})
 //	}
 //
 // The suite talks to the transport directly, as the bus does: Setup,
@@ -48,12 +49,13 @@ type Features struct {
 	Messages int
 }
 
-// New returns a fresh transport. Transports returned by one New share a
-// broker: what one sends another receives.
-type New func(t testing.TB) bus.Transport
+// Factory returns a fresh transport of the kind under test. Transports
+// returned by one Factory share a broker: what one sends another
+// receives.
+type Factory func(t testing.TB) bus.Transport
 
-// Run runs the conformance suite.
-func Run(t *testing.T, newTransport New, f Features) {
+// Run runs the conformance suite on transports made by newTransport.
+func Run(t *testing.T, newTransport Factory, f Features) {
 	if f.DeadLetters == nil {
 		t.Fatal("transporttest: Features.DeadLetters is required")
 	}
@@ -66,7 +68,7 @@ func Run(t *testing.T, newTransport New, f Features) {
 	if f.Messages == 0 {
 		f.Messages = 5000
 	}
-	s := &suite{newT: newTransport, f: f}
+	s := &suite{newTransport: newTransport, f: f}
 	t.Run("SendPreservesEnvelope", s.sendPreservesEnvelope)
 	t.Run("PublishFansOut", s.publishFansOut)
 	t.Run("PublishOnlyToSubscribers", s.publishOnlyToSubscribers)
@@ -100,8 +102,8 @@ func Run(t *testing.T, newTransport New, f Features) {
 }
 
 type suite struct {
-	newT New
-	f    Features
+	newTransport Factory
+	f            Features
 }
 
 // Name is a unique name for an endpoint or message of one test.
@@ -120,7 +122,7 @@ func (s *suite) ctx(t *testing.T) context.Context {
 // open returns a transport set up as endpoint handling names, closed at cleanup.
 func (s *suite) open(t *testing.T, endpoint string, names ...string) bus.Transport {
 	t.Helper()
-	tr := s.newT(t)
+	tr := s.newTransport(t)
 	ctx := s.ctx(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: endpoint, Handles: names, MaxAttempts: 5, Concurrency: 8}); err != nil {
 		t.Fatalf("Setup(%s): %v", endpoint, err)
@@ -171,7 +173,7 @@ func (s *suite) sendPreservesEnvelope(t *testing.T) {
 			map[string]string{"one": "1", "empty": ""}, map[string]string{"tenant": "acme"}),
 		Headers: bus.Headers{"x-custom": "v1", "x-other": "with space"},
 	}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+	if err := tr.Send(ctx, env, ep); err != nil {
 		t.Fatalf("Send: %v", err)
 	}
 	d := s.receive(t, tr)
@@ -215,7 +217,7 @@ func (s *suite) publishFansOut(t *testing.T) {
 	ctx := s.ctx(t)
 	env := envelope(name, `{}`)
 	env.Headers = bus.Headers{"x-h": "1"}
-	if err := a.Publish(ctx, env, bus.SendOptions{}); err != nil {
+	if err := a.Publish(ctx, env); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
 	for _, tr := range []bus.Transport{a, b} {
@@ -235,11 +237,11 @@ func (s *suite) publishOnlyToSubscribers(t *testing.T) {
 	tr := s.open(t, Name("tt-sub"), wanted)
 	_ = s.open(t, Name("tt-sub-other"), other)
 	ctx := s.ctx(t)
-	if err := tr.Publish(ctx, envelope(other, `{}`), bus.SendOptions{}); err != nil {
+	if err := tr.Publish(ctx, envelope(other, `{}`)); err != nil {
 		t.Fatal(err)
 	}
 	env := envelope(wanted, `{}`)
-	if err := tr.Publish(ctx, env, bus.SendOptions{}); err != nil {
+	if err := tr.Publish(ctx, env); err != nil {
 		t.Fatal(err)
 	}
 	d := s.receive(t, tr)
@@ -258,7 +260,7 @@ func (s *suite) returnRedelivers(t *testing.T) {
 	ctx := s.ctx(t)
 	env := envelope(name, `{"retry":true}`)
 	env.Headers = bus.Headers{"x-kept": "yes"}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+	if err := tr.Send(ctx, env, ep); err != nil {
 		t.Fatal(err)
 	}
 	for attempt := 1; attempt <= 3; attempt++ {
@@ -288,7 +290,7 @@ func (s *suite) failDeadLetters(t *testing.T) {
 	ctx := s.ctx(t)
 	env := envelope(name, `{"poison":1}`)
 	env.Headers = bus.Headers{"x-kept": "yes"}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+	if err := tr.Send(ctx, env, ep); err != nil {
 		t.Fatal(err)
 	}
 	d := s.receive(t, tr)
@@ -320,7 +322,7 @@ func (s *suite) competingConsumers(t *testing.T) {
 	ctx := s.ctx(t)
 	const n = 20
 	for i := range n {
-		if err := a.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+		if err := a.Send(ctx, envelope(name, strconv.Itoa(i)), ep); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -382,7 +384,7 @@ func (s *suite) drain(t *testing.T, trs []bus.Transport, want int) map[string]in
 func (s *suite) concurrent(t *testing.T) {
 	ep, name := Name("tt-conc"), Name("tt.msg")
 	tr := s.open(t, ep, name)
-	sender := s.newT(t)
+	sender := s.newTransport(t)
 	t.Cleanup(func() { _ = sender.Close(context.Background()) })
 	ctx := s.ctx(t)
 	n := s.f.Messages
@@ -393,7 +395,7 @@ func (s *suite) concurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := w; i < n; i += senders {
 				env := envelope(name, strconv.Itoa(i))
-				if err := sender.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+				if err := sender.Send(ctx, env, ep); err != nil {
 					t.Errorf("Send %d: %v", i, err)
 					return
 				}
@@ -413,13 +415,13 @@ func (s *suite) concurrent(t *testing.T) {
 
 func (s *suite) closeWhileReceiving(t *testing.T) {
 	ep, name := Name("tt-close"), Name("tt.msg")
-	tr := s.newT(t)
+	tr := s.newTransport(t)
 	ctx := s.ctx(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 2}); err != nil {
 		t.Fatal(err)
 	}
 	env := envelope(name, `{}`)
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+	if err := tr.Send(ctx, env, ep); err != nil {
 		t.Fatal(err)
 	}
 	inflight := s.receive(t, tr) // received, not settled before Close
@@ -474,7 +476,7 @@ func (s *suite) contextCancellation(t *testing.T) {
 	case <-time.After(s.f.Timeout):
 		t.Fatal("Receive ignored its context")
 	}
-	if err := tr.Send(ctx, envelope(name, `{}`), bus.SendOptions{Destination: ep}); err == nil {
+	if err := tr.Send(ctx, envelope(name, `{}`), ep); err == nil {
 		t.Fatal("Send with a cancelled context succeeded")
 	}
 	s.expectNothing(t, tr)
@@ -487,7 +489,7 @@ func (s *suite) setupIdempotent(t *testing.T) {
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 8}); err != nil {
 		t.Fatalf("second Setup: %v", err)
 	}
-	if err := tr.Publish(ctx, envelope(name, `{}`), bus.SendOptions{}); err != nil {
+	if err := tr.Publish(ctx, envelope(name, `{}`)); err != nil {
 		t.Fatal(err)
 	}
 	d := s.receive(t, tr)
@@ -503,7 +505,7 @@ func (s *suite) reservedHeader(t *testing.T) {
 	ctx := s.ctx(t)
 	env := envelope(name, `{}`)
 	env.Headers = bus.Headers{s.f.ReservedHeader: "x"}
-	err := tr.Send(ctx, env, bus.SendOptions{Destination: ep})
+	err := tr.Send(ctx, env, ep)
 	var hr *bus.HeaderReservedError
 	if !errors.Is(err, bus.ErrHeaderReserved) || !errors.As(err, &hr) || hr.Header != s.f.ReservedHeader {
 		t.Fatalf("Send with reserved header %q: %v, want a *bus.HeaderReservedError", s.f.ReservedHeader, err)
@@ -522,7 +524,7 @@ func (s *suite) ordered(t *testing.T) {
 	ctx := s.ctx(t)
 	const n = 200
 	for i := range n {
-		if err := tr.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+		if err := tr.Send(ctx, envelope(name, strconv.Itoa(i)), ep); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -542,18 +544,18 @@ func (s *suite) ordered(t *testing.T) {
 func (s *suite) senderClosed(t *testing.T) {
 	ep, name := Name("tt-sclose"), Name("tt.msg")
 	tr := s.open(t, ep, name)
-	sender := s.newT(t)
+	sender := s.newTransport(t)
 	ctx := s.ctx(t)
 	const n = 50
 	for i := range n {
-		if err := sender.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+		if err := sender.Send(ctx, envelope(name, strconv.Itoa(i)), ep); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := sender.Close(context.Background()); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if err := sender.Send(ctx, envelope(name, "late"), bus.SendOptions{Destination: ep}); err == nil {
+	if err := sender.Send(ctx, envelope(name, "late"), ep); err == nil {
 		t.Fatal("Send on a closed transport succeeded")
 	}
 	s.drain(t, []bus.Transport{tr}, n)
@@ -565,7 +567,7 @@ func (s *suite) concurrentClose(t *testing.T) {
 	ctx := s.ctx(t)
 	var trs []bus.Transport
 	for range 4 {
-		tr := s.newT(t)
+		tr := s.newTransport(t)
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 2}); err != nil {
 			t.Fatal(err)
 		}
@@ -605,7 +607,7 @@ func (s *suite) instanceQueue(t *testing.T) {
 	ep, name := Name("tt-inst"), Name("tt.msg")
 	ctx := s.ctx(t)
 	open := func(endpoint string) bus.Transport {
-		tr := s.newT(t)
+		tr := s.newTransport(t)
 		topo := bus.Topology{Endpoint: endpoint, Handles: []string{name}, MaxAttempts: 5, Concurrency: 2, Instance: true}
 		if endpoint == "" {
 			topo.Handles = nil
@@ -627,7 +629,7 @@ func (s *suite) instanceQueue(t *testing.T) {
 	}
 	for _, tr := range []bus.Transport{a, b, lone} {
 		env := envelope(name, `{"to":"`+tr.(bus.InstanceQueuer).InstanceAddress()+`"}`)
-		if err := a.Send(ctx, env, bus.SendOptions{Destination: tr.(bus.InstanceQueuer).InstanceAddress()}); err != nil {
+		if err := a.Send(ctx, env, tr.(bus.InstanceQueuer).InstanceAddress()); err != nil {
 			t.Fatalf("Send to an instance: %v", err)
 		}
 		d := s.receive(t, tr)
@@ -646,7 +648,7 @@ func (s *suite) instanceQueue(t *testing.T) {
 	for _, tr := range []bus.Transport{a, lone} {
 		addr := tr.(bus.InstanceQueuer).InstanceAddress()
 		env := envelope(name, `{"to":"`+addr+`","settle":"return"}`)
-		if err := a.Send(ctx, env, bus.SendOptions{Destination: addr}); err != nil {
+		if err := a.Send(ctx, env, addr); err != nil {
 			t.Fatalf("Send to an instance: %v", err)
 		}
 		d := s.receive(t, tr)
@@ -695,7 +697,7 @@ func (s *suite) competingReceiverLeaves(t *testing.T) {
 			bGot <- d
 		}()
 		env := envelope(name, strconv.Itoa(trial))
-		if err := a.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+		if err := a.Send(ctx, env, ep); err != nil {
 			t.Fatal(err)
 		}
 		cancel()
@@ -703,7 +705,7 @@ func (s *suite) competingReceiverLeaves(t *testing.T) {
 			if err := a.Delete(ctx, d); err != nil {
 				t.Fatal(err)
 			}
-			if err := a.Send(ctx, envelope(name, "again"), bus.SendOptions{Destination: ep}); err != nil {
+			if err := a.Send(ctx, envelope(name, "again"), ep); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -730,13 +732,13 @@ func (s *suite) competingReceiverLeaves(t *testing.T) {
 func (s *suite) closeKeepsOrder(t *testing.T) {
 	ep, name := Name("tt-corder"), Name("tt.msg")
 	ctx := s.ctx(t)
-	tr := s.newT(t)
+	tr := s.newTransport(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 1}); err != nil {
 		t.Fatal(err)
 	}
 	const n = 6
 	for i := range n {
-		if err := tr.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+		if err := tr.Send(ctx, envelope(name, strconv.Itoa(i)), ep); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -763,7 +765,7 @@ func (s *suite) closeKeepsOrder(t *testing.T) {
 // and the transport keeps that reason.
 func (s *suite) unhandledDeadLettered(t *testing.T) {
 	ep, unknown := Name("tt-unhandled"), Name("tt.unknown")
-	tr := s.newT(t)
+	tr := s.newTransport(t)
 	b, err := bus.New(bus.WithEndpoint(ep), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)),
 		bus.WithHandler(func(context.Context, busyWork, bus.Attributes) error { return nil }))
 	if err != nil {
@@ -778,10 +780,10 @@ func (s *suite) unhandledDeadLettered(t *testing.T) {
 			t.Errorf("Stop: %v", err)
 		}
 	}()
-	sender := s.newT(t)
+	sender := s.newTransport(t)
 	t.Cleanup(func() { _ = sender.Close(context.Background()) })
 	env := envelope(unknown, `{"for":"nobody"}`)
-	if err := sender.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+	if err := sender.Send(ctx, env, ep); err != nil {
 		t.Fatal(err)
 	}
 	var got *bus.DeadLetter
@@ -818,7 +820,7 @@ func (busyReply) MessageName() string { return "transporttest.busy_reply" }
 // reads the instance queue with a loop of its own (bus.InstanceReceiver),
 // so the message arrives.
 func (s *suite) instanceBesideBusyWorkers(t *testing.T) {
-	tr := s.newT(t)
+	tr := s.newTransport(t)
 	addr := func() string { return tr.(bus.InstanceQueuer).InstanceAddress() }
 	replies := make(chan string, 1)
 	resolver := bus.Middleware{Name: "replies", InstanceQueue: true,

@@ -27,11 +27,11 @@ func TestUnit(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := bustest.Outgoing(bus.KindPublish, Hello{}, bus.Attributes{})
-	rec := bustest.Next(nil)
+	rec := bustest.RecordNext(nil)
 	if err := mw.Outgoing(context.Background(), out, rec.Next); err != nil || !rec.Called() || out.Headers()[tenancy.Header] != "acme" {
 		t.Fatalf("outgoing: err %v, next called %v, headers %v", err, rec.Called(), out.Headers())
 	}
-	rec = bustest.Next(nil)
+	rec = bustest.RecordNext(nil)
 	err = mw.Incoming(context.Background(), bustest.Incoming(bustest.Delivery(Hello{}, bus.Attributes{})), rec.Next)
 	if !errors.Is(err, tenancy.ErrNoTenant) || !errors.Is(err, bus.ErrPermanent) || rec.Called() {
 		t.Fatalf("incoming without tenant: err %v, next called %v", err, rec.Called())

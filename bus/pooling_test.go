@@ -3,25 +3,65 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
 	"github.com/plugbus/plugbus/transports/memory"
 )
 
-// releaser is a recorder that also takes deliveries back
-// (bus.DeliveryReleaser), recording the release among the settlements.
-type releaser struct{ *recorder }
-
-func (r releaser) ReleaseDelivery(d *bus.Delivery) {
-	r.settled <- settle{op: "release", d: d}
+// releaseEvent is one settlement or release the bus made.
+type releaseEvent struct {
+	op      string // delete, return, fail, release
+	id      string // the message id
+	attempt int
 }
 
-func newReleasingEnv(t *testing.T, opts ...bus.Option) *env {
+// releasingTransport is a recording transport that also takes deliveries
+// back (bus.DeliveryReleaser), logging the settlements and the releases
+// in the order the bus made them.
+type releasingTransport struct {
+	*bustest.Transport
+	events chan releaseEvent
+}
+
+func (r *releasingTransport) log(op string, d *bus.Delivery) {
+	r.events <- releaseEvent{op: op, id: d.Attributes.MessageID, attempt: d.Attempt}
+}
+
+func (r *releasingTransport) Delete(ctx context.Context, d *bus.Delivery) error {
+	err := r.Transport.Delete(ctx, d)
+	r.log("delete", d)
+	return err
+}
+
+func (r *releasingTransport) Return(ctx context.Context, d *bus.Delivery, cause error) error {
+	err := r.Transport.Return(ctx, d, cause)
+	r.log("return", d)
+	return err
+}
+
+func (r *releasingTransport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
+	err := r.Transport.Fail(ctx, d, f)
+	r.log("fail", d)
+	return err
+}
+
+func (r *releasingTransport) ReleaseDelivery(d *bus.Delivery) { r.log("release", d) }
+
+// newReleasingEnv is newEnv over a releasing transport.
+func newReleasingEnv(t *testing.T, opts ...bus.Option) (*env, *releasingTransport) {
 	t.Helper()
-	return newEnvOver(t, nil, func(r *recorder) bus.Transport { return releaser{r} }, opts...)
+	var r *releasingTransport
+	e := newEnvOver(t, nil, func(rec *bustest.Transport) bus.Transport {
+		r = &releasingTransport{Transport: rec, events: make(chan releaseEvent, 1000)}
+		return r
+	}, opts...)
+	return e, r
 }
 
 // sendID sends an orderPlaced with message id id to the env's bus.
@@ -32,20 +72,21 @@ func (e *env) sendID(id string) {
 	}
 }
 
-// expectSeq reads the next settlements and checks their operations and
-// message ids.
-func (e *env) expectSeq(ops ...string) {
-	e.t.Helper()
-	for i := 0; i < len(ops); i += 2 {
-		s := e.next()
-		if s.op != ops[i] || s.d.Attributes.MessageID != ops[i+1] {
-			e.t.Fatalf("settlement %d: %s of %s, want %s of %s", i/2+1, s.op, s.d.Attributes.MessageID, ops[i], ops[i+1])
+// expectSeq reads the next events and checks their operations and
+// message ids, given as pairs.
+func (r *releasingTransport) expectSeq(t *testing.T, opsAndIDs ...string) {
+	t.Helper()
+	for i := 0; i < len(opsAndIDs); i += 2 {
+		ev := await(t, r.events)
+		if ev.op != opsAndIDs[i] || ev.id != opsAndIDs[i+1] {
+			t.Fatalf("event %d: %s of %s, want %s of %s", i/2+1, ev.op, ev.id, opsAndIDs[i], opsAndIDs[i+1])
 		}
 	}
 }
 
+// A transport that reuses deliveries gets each back once it is settled.
 func TestDeliveryReleasedAfterSettling(t *testing.T) {
-	e := newReleasingEnv(t, bus.WithHandler(func(_ context.Context, m orderPlaced, _ bus.Attributes) error {
+	e, r := newReleasingEnv(t, bus.WithHandler(func(_ context.Context, m orderPlaced, _ bus.Attributes) error {
 		if m.ID == "bad" {
 			return errors.New("always fails")
 		}
@@ -55,13 +96,13 @@ func TestDeliveryReleasedAfterSettling(t *testing.T) {
 	if err := e.bus.Send(ctx, orderPlaced{ID: "ok"}, bus.WithMessageID("a")); err != nil {
 		t.Fatal(err)
 	}
-	e.expectSeq("delete", "a", "release", "a")
+	r.expectSeq(t, "delete", "a", "release", "a")
 	if err := e.bus.Send(ctx, orderPlaced{ID: "bad"}, bus.WithMessageID("b")); err != nil {
 		t.Fatal(err)
 	}
 	// Three attempts: returned twice, then dead-lettered; each delivery is
 	// released once settled.
-	e.expectSeq("return", "b", "release", "b", "return", "b", "release", "b", "fail", "b", "release", "b")
+	r.expectSeq(t, "return", "b", "release", "b", "return", "b", "release", "b", "fail", "b", "release", "b")
 }
 
 // A delivery whose handler middleware may still run on another goroutine
@@ -83,18 +124,18 @@ func TestDeliveryNotReleasedWhileAMiddlewareMayReadIt(t *testing.T) {
 		}
 		return next(ctx)
 	}}
-	e := newReleasingEnv(t, bus.WithMiddleware(detach, probe),
+	e, r := newReleasingEnv(t, bus.WithMiddleware(detach, probe),
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
 	e.sendID("slow")
 	// With one worker, a release of "slow" would come right after its
 	// return, before anything of the next message.
-	e.expectSeq("return", "slow")
+	r.expectSeq(t, "return", "slow")
 	e.sendID("fast")
 	settled := map[string]bool{}
 	for range 4 { // fast, and the retry of slow, in either order
-		s := e.next()
-		settled[s.op+" "+s.d.Attributes.MessageID] = true
-		if s.op == "release" && s.d.Attributes.MessageID == "slow" && s.d.Attempt == 1 {
+		ev := await(t, r.events)
+		settled[ev.op+" "+ev.id] = true
+		if ev.op == "release" && ev.id == "slow" && ev.attempt == 1 {
 			t.Fatal("the first delivery of slow was released while its middleware still held it")
 		}
 	}
@@ -102,36 +143,37 @@ func TestDeliveryNotReleasedWhileAMiddlewareMayReadIt(t *testing.T) {
 		t.Fatalf("settlements %v", settled)
 	}
 	close(release)
-	if err := recv(t, late); err != nil {
+	if err := await(t, late); err != nil {
 		t.Fatalf("detached next: %v", err)
 	}
 }
 
 // Bus.Deliver leaves the delivery to its caller: it is never released.
 func TestDeliverDoesNotRelease(t *testing.T) {
-	e := newReleasingEnv(t, bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
+	e, r := newReleasingEnv(t, bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
 	d := &bus.Delivery{Envelope: bus.Envelope{Name: orderPlaced{}.MessageName(), Body: []byte(`{}`),
 		Attributes: bus.NewAttributes("pushed", "pushed", time.Now(), nil, nil)}}
 	if err := e.bus.Deliver(t.Context(), d); err != nil {
 		t.Fatal(err)
 	}
 	select { // ReleaseDelivery would have run before Deliver returned
-	case s := <-e.rec.settled:
-		t.Fatalf("%s of %s", s.op, s.d.Attributes.MessageID)
+	case ev := <-r.events:
+		t.Fatalf("%s of %s", ev.op, ev.id)
 	default:
 	}
 }
 
-// keeper records the envelopes it is given, as a test fake does: it is not
-// a bus.EnvelopeCopier, so every envelope it gets must stay its own.
-type keeper struct {
+// keepingTransport records the envelopes it is given, as a test fake
+// does: it is not a bus.EnvelopeCopier, so every envelope it gets must
+// stay its own.
+type keepingTransport struct {
 	bus.Transport
 	mu   sync.Mutex
 	envs []*bus.Envelope
 	ids  []string // message ids as they were during Send
 }
 
-func (k *keeper) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (k *keepingTransport) Send(_ context.Context, env *bus.Envelope, _ string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.envs = append(k.envs, env)
@@ -139,23 +181,25 @@ func (k *keeper) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) e
 	return nil
 }
 
-// copier is the same fake claiming to copy envelopes: the bus then hands it
-// envelopes it reuses.
-type copier struct{ *keeper }
+// copyingTransport is the same fake claiming to copy envelopes: the bus
+// then hands it envelopes it reuses.
+type copyingTransport struct{ *keepingTransport }
 
-func (copier) CopiesEnvelopes() bool { return true }
+func (copyingTransport) CopiesEnvelopes() bool { return true }
 
+// The bus lends its pooled envelopes only to a transport that copies
+// what it keeps (bus.EnvelopeCopier): one that keeps them gets its own.
 func TestEnvelopesAreReusedOnlyForTransportsThatCopyThem(t *testing.T) {
 	for _, c := range []struct {
 		name string
-		wrap func(*keeper) bus.Transport
+		wrap func(*keepingTransport) bus.Transport
 		kept bool
 	}{
-		{"keeper", func(k *keeper) bus.Transport { return k }, true},
-		{"copier", func(k *keeper) bus.Transport { return copier{k} }, false},
+		{"keeps envelopes", func(k *keepingTransport) bus.Transport { return k }, true},
+		{"copies envelopes", func(k *keepingTransport) bus.Transport { return copyingTransport{k} }, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			k := &keeper{Transport: memory.New()}
+			k := &keepingTransport{Transport: memory.New()}
 			b, err := bus.New(bus.WithTransport(c.wrap(k)), bus.WithRoute("elsewhere", orderPlaced{}), bus.WithLogger(discard()))
 			if err != nil {
 				t.Fatal(err)
@@ -223,7 +267,7 @@ func TestDeliveryNotReleasedWhileADetachedTerminalRuns(t *testing.T) {
 			entered, proceed, late := make(chan struct{}), make(chan struct{}), make(chan error, 2)
 			secondSaw := make(chan string, 1)
 			var once sync.Once
-			e := newReleasingEnv(t, bus.WithMiddleware(detachInnermost(stage, entered, late)), bus.WithMaxAttempts(1),
+			e, r := newReleasingEnv(t, bus.WithMiddleware(detachInnermost(stage, entered, late)), bus.WithMaxAttempts(1),
 				bus.WithHandler(func(_ context.Context, _ orderPlaced, a bus.Attributes) error {
 					if a.MessageID == "slow" {
 						once.Do(func() { close(entered) })
@@ -240,15 +284,15 @@ func TestDeliveryNotReleasedWhileADetachedTerminalRuns(t *testing.T) {
 			e.sendID("slow")
 			// With one worker, a release of "slow" would come right after
 			// its dead-lettering, before anything of the next message.
-			e.expectSeq("fail", "slow")
+			r.expectSeq(t, "fail", "slow")
 			e.sendID("fast")
-			e.expectSeq("delete", "fast", "release", "fast")
+			r.expectSeq(t, "delete", "fast", "release", "fast")
 			close(proceed)
-			if err := recv(t, late); err != nil {
+			if err := await(t, late); err != nil {
 				t.Fatalf("detached next: %v", err)
 			}
 			if stage == bus.StageIncoming {
-				if got := recv(t, secondSaw); got != "slow" {
+				if got := await(t, secondSaw); got != "slow" {
 					t.Fatalf("second handler of slow saw %s", got)
 				}
 			}
@@ -266,7 +310,7 @@ type slowCopier struct {
 
 func (*slowCopier) CopiesEnvelopes() bool { return true }
 
-func (s *slowCopier) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (s *slowCopier) Send(_ context.Context, env *bus.Envelope, _ string) error {
 	if env.Attributes.MessageID == "slow" {
 		close(s.entered)
 		<-s.proceed
@@ -301,10 +345,87 @@ func TestEnvelopeNotReusedWhileADetachedSendRuns(t *testing.T) {
 		}
 	}
 	close(tr.proceed)
-	if got := recv(t, tr.seen); got != "slow" {
+	if got := await(t, tr.seen); got != "slow" {
 		t.Fatalf("the transport, still sending slow, reads message %q in its envelope", got)
 	}
-	if err := recv(t, late); err != nil {
+	if err := await(t, late); err != nil {
 		t.Fatalf("detached send: %v", err)
+	}
+}
+
+// Many messages handled at once through pooled runs each see their own
+// context and attributes, never another message's.
+func TestPooledRunsNeverMixTwoMessages(t *testing.T) {
+	const n = 3000
+	mismatch := make(chan string, 1)
+	check := bus.Middleware{
+		Name: "check",
+		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			return next(context.WithValue(ctx, messageIDKey{}, in.Attributes().MessageID))
+		},
+		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			if ctx.Value(messageIDKey{}) != h.Attributes().MessageID {
+				select {
+				case mismatch <- h.Attributes().MessageID:
+				default:
+				}
+			}
+			return next(ctx)
+		},
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			out.SetValue("sent-as", out.MessageID())
+			return next(ctx)
+		},
+	}
+	var seen sync.Map
+	var count atomic.Int64
+	done := make(chan struct{})
+	b := bustest.Start(t, bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithConcurrency(8), bus.WithMiddleware(check, passThrough("check2")),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			if v, _ := a.Value("sent-as"); v != a.MessageID || ctx.Value(messageIDKey{}) != a.MessageID {
+				select {
+				case mismatch <- a.MessageID:
+				default:
+				}
+			}
+			if _, dup := seen.LoadOrStore(a.MessageID, true); !dup && count.Add(1) == n {
+				close(done)
+			}
+			return nil
+		}))
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				if err := b.Send(t.Context(), orderPlaced{ID: strconv.Itoa(i)}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-done:
+	case id := <-mismatch:
+		t.Fatalf("message %s saw another message's context", id)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("handled %d of %d", count.Load(), n)
+	}
+	select {
+	case id := <-mismatch:
+		t.Fatalf("message %s saw another message's context", id)
+	default:
+	}
+}
+
+type messageIDKey struct{}
+
+// passThrough is a middleware that only calls next, in the incoming and
+// handler stages: a layer that gives pooled runs depth.
+func passThrough(name string) bus.Middleware {
+	return bus.Middleware{Name: name,
+		Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) },
+		Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error { return next(ctx) },
 	}
 }
