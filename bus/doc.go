@@ -54,24 +54,25 @@
 //
 // # Failures
 //
-// A message returned for retry comes back with its attempt raised; after
-// [WithMaxAttempts] deliveries it goes to the endpoint's dead-letter queue
-// with its [Failure]. A permanent failure, which no retry can fix, is
-// dead-lettered at once, on its first attempt, with a reason that says so
-// ([IsPermanent]): an error marked with [Permanent] by a handler or a
+// A failed message is retried as its retry policy says ([RetryPolicy]):
+// at once, then in delayed rounds; it comes back with its attempt raised,
+// and once the policy is used up it goes to the endpoint's dead-letter
+// queue with its [Failure]. A permanent failure, which no retry can fix,
+// is dead-lettered at once, on its first attempt, with a reason that says
+// so ([IsPermanent]): an error marked with [Permanent] by a handler or a
 // middleware (also in another process), one a classifier of the bus marks
 // ([WithPermanentErrors]), and a message that cannot be decoded. So is a
-// message whose name none of the bus's handlers handles,
-// once its incoming middleware passed it on (a [*NoHandlerError] naming
-// the message and the endpoint, logged at WARN); [WithUnhandled] with
+// message whose name none of the bus's handlers handles, once its
+// incoming middleware passed it on (a [*NoHandlerError] naming the
+// message and the endpoint, logged at WARN); [WithUnhandled] with
 // [UnhandledDiscard] deletes such messages instead, logged at INFO and
 // visible to middleware through [Incoming.Unhandled]. Panics in handlers
 // and middleware are recovered as [*PanicError]. Nothing is lost silently.
 //
-// Whatever waits before trying again (a plugin restart, the outbox relay,
-// a store's retry of a message the transport refused) waits a [Backoff]:
-// exponential, with full jitter, set by an option spelled WithBackoff in
-// each package.
+// Whatever waits before trying again (a delayed retry round, a plugin
+// restart, the outbox relay, a store's retry of a message the transport
+// refused) waits a [Backoff]: exponential, with full jitter, set by an
+// option spelled WithBackoff in the packages outside bus.
 //
 // Registration mistakes fail [New] with an error saying what to change:
 // two Go types with one message name, one message routed to two
