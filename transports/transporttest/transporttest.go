@@ -47,6 +47,14 @@ type Features struct {
 	// Messages is the number of messages of the concurrency test. The
 	// default is 5000.
 	Messages int
+	// DelayUnit is the shortest delay a [bus.Delayer] carries faithfully
+	// (its precision): the delay tests scale their delays, and the outage
+	// test its outage and its retry policy, by it. The default is 10ms.
+	DelayUnit time.Duration
+	// RetriesOnReturn is true when the transport carries
+	// Delivery.Retries with a message given to Return (not only to
+	// ReturnAfter and Fail).
+	RetriesOnReturn bool
 }
 
 // Factory returns a fresh transport of the kind under test. Transports
@@ -68,6 +76,9 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 	if f.Messages == 0 {
 		f.Messages = 5000
 	}
+	if f.DelayUnit == 0 {
+		f.DelayUnit = 10 * time.Millisecond
+	}
 	s := &suite{newTransport: newTransport, f: f}
 	t.Run("SendPreservesEnvelope", s.sendPreservesEnvelope)
 	t.Run("PublishFansOut", s.publishFansOut)
@@ -88,7 +99,14 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 	}
 	probe := newTransport(t)
 	_, instances := probe.(bus.InstanceQueuer)
+	_, delays := probe.(bus.Delayer)
 	_ = probe.Close(context.Background())
+	if delays { // a transport that carries delays carries the retry history too
+		t.Run("FailKeepsRetryHistory", s.failKeepsHistory)
+		t.Run("ReturnAfterDelays", s.returnAfterDelays)
+		t.Run("ReturnAfterHasNoHeadOfLineBlocking", s.noHeadOfLine)
+		t.Run("OutageLosesNothing", s.outageLosesNothing)
+	}
 	if instances {
 		t.Run("InstanceQueue", s.instanceQueue)
 	}
