@@ -64,12 +64,6 @@ func Permanent(err error) error {
 // Permanent.
 func IsPermanent(err error) bool { return permanentCause(err) != nil }
 
-// IsPoison is the former name of [IsPermanent].
-//
-// Deprecated: use IsPermanent, which also reports errors marked with
-// [Permanent].
-func IsPoison(err error) bool { return IsPermanent(err) }
-
 // WithPermanentErrors adds a classifier: an error for which classify
 // returns true is a permanent failure, and the message is dead-lettered at
 // once (see [Permanent]). classify gets the error the incoming chain

@@ -99,7 +99,7 @@ func deliver(ctx context.Context, b *bus.Bus, tr *sqs.Transport, maxAttempts int
 	}
 	attrs := []any{slog.String("sqs_message_id", rec.MessageID), slog.String("message_name", d.Name),
 		slog.String("message_id", d.Attributes.MessageID), slog.Int("attempt", d.Attempt), slog.Any("error", err)}
-	final := bus.IsPoison(err) || d.Attempt >= maxAttempts
+	final := bus.IsPermanent(err) || d.Attempt >= maxAttempts
 	if !final || errors.Is(err, bus.ErrClosed) {
 		log.WarnContext(ctx, "record failed; Lambda will retry it", attrs...)
 		if tr != nil {
