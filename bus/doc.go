@@ -104,6 +104,7 @@
 //	DeliveryReleaser      reuses a delivery once the bus is done with it       the bus, after settling
 //	ReceiveCounter        its broker counts receives and dead-letters          the bus, at Stop on a last attempt
 //	Connector             holds a connection; Connect waits for it             the bus, at Start of a send-only bus
+//	Delayer               delivers a returned message after a delay            the bus, for delayed retries (RetryPolicy)
 //	InstanceQueuer        a queue of this bus instance alone                   New, for middleware such as requestreply
 //	InstanceReceiver      receives from the instance queue alone               the bus, for replies while handlers wait
 //	MessagingSystemNamer  names its messaging system                           plugins/otel (messaging.system)
