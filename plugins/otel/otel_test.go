@@ -718,3 +718,17 @@ func TestTraceStatePropagates(t *testing.T) {
 	}
 	wantParent(t, tel.span(t, "send PlaceOrder"), tracetest.SpanStub{SpanContext: parent}.Snapshot())
 }
+
+// A failure marked permanent is recorded with the error.type of its cause,
+// which says more than the mark.
+func TestPermanentFailureHasItsCausesErrorType(t *testing.T) {
+	tel := newTelemetry(t)
+	b := newBus(t, bus.WithName("client"), bus.WithMiddleware(tel.plugin(), bus.Middleware{Name: "refuse",
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			return bus.Permanent(&declinedError{card: "0000"})
+		}}))
+	if err := b.Publish(context.Background(), PlaceOrder{ID: "o-1"}); !errors.Is(err, bus.ErrPermanent) {
+		t.Fatalf("Publish: %v, want the middleware's permanent error", err)
+	}
+	wantAttrs(t, tel.span(t, "publish PlaceOrder"), map[string]any{"error.type": "card_declined"})
+}
