@@ -51,10 +51,11 @@ type Features struct {
 	// (its precision): the delay tests scale their delays, and the outage
 	// test its outage and its retry policy, by it. The default is 10ms.
 	DelayUnit time.Duration
-	// RetriesOnReturn is true when the transport carries
-	// Delivery.Retries with a message given to Return (not only to
-	// ReturnAfter and Fail).
-	RetriesOnReturn bool
+	// DurableDelays is true when a delayed message lives in the broker,
+	// not in the process that delayed it: the suite then kills such a
+	// process with SIGKILL during a delay, in a child process of the test
+	// binary, and expects the message after the delay.
+	DurableDelays bool
 }
 
 // Factory returns a fresh transport of the kind under test. Transports
@@ -106,6 +107,9 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 		t.Run("ReturnAfterDelays", s.returnAfterDelays)
 		t.Run("ReturnAfterHasNoHeadOfLineBlocking", s.noHeadOfLine)
 		t.Run("OutageLosesNothing", s.outageLosesNothing)
+		if f.DurableDelays {
+			t.Run("DelayedMessageSurvivesKill9OfItsConsumer", s.delayedSurvivesKill)
+		}
 	}
 	if instances {
 		t.Run("InstanceQueue", s.instanceQueue)
