@@ -71,6 +71,16 @@ func withFailure(attrs map[string]sqstypes.MessageAttributeValue, f bus.Failure)
 		reason = reason[:cut] + fmt.Sprintf("… (cut: %d bytes in all)", len(f.Reason))
 	}
 	m.Failure = &failureMeta{Reason: reason, Attempts: f.Attempts, Endpoint: f.Endpoint, Time: f.Time.UTC().Format(time.RFC3339Nano)}
+	if !f.History.IsZero() {
+		history, err := f.History.MarshalText()
+		if err != nil {
+			return nil, fmt.Errorf("encoding the retry history: %w", err)
+		}
+		m.Failure.History = string(history)
+	}
+	// What a delayed copy carried (delay.go) is the failure's now: a dead
+	// letter moved back to its queue gets its attempts anew.
+	m.Prior, m.Due, m.History = nil, nil, nil
 	js, err := json.Marshal(&m)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the failure: %w", err)
@@ -102,6 +112,11 @@ func DecodeDeadLetter(msg sqstypes.Message) (bus.DeadLetter, error) {
 		return dl, fmt.Errorf("sqs: the %q attribute of the dead letter is not valid JSON: %w", AttributeName, err)
 	}
 	if m.Failure == nil {
+		// A delayed copy carries the history of its earlier failures: the
+		// best there is.
+		if isSet(m.History) {
+			_ = readHistory(m.History, &dl.Failure.History)
+		}
 		return dl, errors.New("sqs: the dead letter carries no failure: it was moved by the redrive policy after its maximum receives (the consumer never settled it: crash or timeout?)")
 	}
 	at, err := time.Parse(time.RFC3339Nano, m.Failure.Time)
@@ -109,6 +124,11 @@ func DecodeDeadLetter(msg sqstypes.Message) (bus.DeadLetter, error) {
 		return dl, fmt.Errorf("sqs: the failure time %q of the dead letter: %w", m.Failure.Time, err)
 	}
 	dl.Failure = bus.Failure{Reason: m.Failure.Reason, Attempts: m.Failure.Attempts, Endpoint: m.Failure.Endpoint, Time: at}
+	if m.Failure.History != "" {
+		if err := dl.Failure.History.UnmarshalText([]byte(m.Failure.History)); err != nil {
+			return dl, fmt.Errorf("sqs: the retry history of the dead letter: %w", err)
+		}
+	}
 	if d.Err != nil && m.Original == "" && m.Name != "" {
 		return dl, d.Err
 	}

@@ -50,7 +50,17 @@ func attributeText(v sqstypes.MessageAttributeValue) string {
 // is neither read nor passed on as a header; a sent-at time that is not a
 // time, or lies more than ClockSkewAllowance ahead, is ignored. Each is
 // logged at WARN on log (nil: not logged).
+//
+// What a copy re-sent to delay it carries beyond the envelope (delay.go)
+// is not read: the poller reads it with decodeCarried.
 func decode(ctx context.Context, log *slog.Logger, msg sqstypes.Message, d *bus.Delivery) {
+	decodeCarried(ctx, log, msg, d)
+}
+
+// decodeCarried is decode, and returns what a copy re-sent by the
+// transport carries beyond the envelope, unchecked: the receiver checks
+// it against its maximum attempts ([Transport.carry]).
+func decodeCarried(ctx context.Context, log *slog.Logger, msg sqstypes.Message, d *bus.Delivery) (c carried) {
 	d.Raw = msg
 	attempt, badCount := receiveCount(msg.Attributes)
 	d.Attempt = attempt
@@ -68,12 +78,12 @@ func decode(ctx context.Context, log *slog.Logger, msg sqstypes.Message, d *bus.
 	}
 	var ignored string // why the sent-at time was ignored
 	if pack, ok := msg.MessageAttributes[AttributeName]; ok {
-		ignored, d.Err = unpack(pack, d)
+		ignored, d.Err = unpack(pack, d, &c)
 	} else {
 		d.Err = unpacked(msg)
 	}
 	if log == nil || !foreign && ignored == "" && badCount == "" {
-		return
+		return c
 	}
 	about := func(attrs ...slog.Attr) []any {
 		out := make([]any, 0, len(attrs)+3)
@@ -99,6 +109,7 @@ func decode(ctx context.Context, log *slog.Logger, msg sqstypes.Message, d *bus.
 		log.WarnContext(ctx, "received message: receive count ignored; this delivery counts as attempt 1",
 			about(slog.String("attribute", receiveCountAttribute), slog.String("reason", badCount))...)
 	}
+	return c
 }
 
 // receiveCount returns the attempt SQS counted (ApproximateReceiveCount;
@@ -162,9 +173,10 @@ func snsNotification(body string) (topic string, ok bool) {
 }
 
 // unpack reads the AttributeName attribute v into d, decoding the body
-// when needed. It returns why the sent-at time was ignored ("" when it
-// was not), and an error when the message cannot be read.
-func unpack(v sqstypes.MessageAttributeValue, d *bus.Delivery) (ignored string, err error) {
+// when needed, and what a re-sent copy carries into c. It returns why the
+// sent-at time was ignored ("" when it was not), and an error when the
+// message cannot be read.
+func unpack(v sqstypes.MessageAttributeValue, d *bus.Delivery, c *carried) (ignored string, err error) {
 	text, err := packText(v)
 	if err != nil {
 		return "", err
@@ -192,6 +204,7 @@ func unpack(v sqstypes.MessageAttributeValue, d *bus.Delivery) (ignored string, 
 	if ignored == "" {
 		ignored = why
 	}
+	*c = carried{prior: m.Prior, due: m.Due, history: m.History}
 	d.Name, d.ContentType = m.Name, m.ContentType
 	d.Attributes = bus.NewAttributes(m.ID, m.Correlation, sent, m.Values, m.Sticky)
 	switch m.Encoding {

@@ -39,3 +39,19 @@ func AddFailure(attrs map[string]sqstypes.MessageAttributeValue, f bus.Failure) 
 
 // SNSNotification exposes the recognition of an SNS envelope.
 func SNSNotification(body string) (topic string, ok bool) { return snsNotification(body) }
+
+// WithHop sets the longest delay of one SQS message, 15 minutes in
+// production, so that tests can exercise delays carried in hops.
+func WithHop(d time.Duration) Option { return func(o *options) { o.hop = d } }
+
+// SendAt exposes the delayed send: env goes to the queue of dest, to be
+// delivered no earlier than due.
+func (t *Transport) SendAt(ctx context.Context, env *bus.Envelope, dest string, due time.Time) error {
+	return t.send(ctx, env, dest, due)
+}
+
+// PublishAt exposes the delayed publish: every subscribed queue delivers
+// env no earlier than due.
+func (t *Transport) PublishAt(ctx context.Context, env *bus.Envelope, due time.Time) error {
+	return t.publish(ctx, env, due)
+}

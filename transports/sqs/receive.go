@@ -26,6 +26,7 @@ type entry struct {
 	msg      sqstypes.Message
 	handle   string
 	deadline time.Time // when its visibility timeout ends; guarded by Transport.mu
+	received time.Time // when it was received: SQS keeps it invisible 12 hours from then at most
 	given    bool      // handed out by Receive
 }
 
@@ -114,27 +115,35 @@ func (t *Transport) buffers(ctx context.Context, instance bool) ([lanes]chan *en
 }
 
 // take hands out the next entry of endpoint or instance (a nil channel is
-// never ready).
+// never ready). A re-sent copy that is not due yet is sent on for the
+// rest of its delay instead (delay.go).
 func (t *Transport) take(ctx context.Context, endpoint, instance chan *entry) (*bus.Delivery, error) {
-	var e *entry
-	select {
-	case e = <-endpoint:
-	case e = <-instance:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-t.closedCh:
-		return nil, bus.ErrClosed
-	}
-	t.mu.Lock()
-	if t.closed { // Close gives it back with everything else it tracks
+	for {
+		var e *entry
+		select {
+		case e = <-endpoint:
+		case e = <-instance:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.closedCh:
+			return nil, bus.ErrClosed
+		}
+		d := &bus.Delivery{Token: e}
+		due := t.carry(ctx, d, decodeCarried(ctx, t.log, e.msg, d))
+		t.mu.Lock()
+		if t.closed { // Close gives it back with everything else it tracks
+			t.mu.Unlock()
+			return nil, bus.ErrClosed
+		}
+		if due.IsZero() {
+			e.given = true
+			t.mu.Unlock()
+			return d, nil
+		}
+		t.untrack(e)
 		t.mu.Unlock()
-		return nil, bus.ErrClosed
+		t.hop(ctx, e, d, due)
 	}
-	e.given = true
-	t.mu.Unlock()
-	d := &bus.Delivery{Token: e}
-	decode(ctx, t.log, e.msg, d)
-	return d, nil
 }
 
 // reserve waits for free slots of lane and reserves up to maxBatch of
@@ -173,7 +182,7 @@ func (t *Transport) poll(url string, lane int) {
 		t.reserved[lane] -= n
 		if err == nil {
 			for _, m := range out.Messages {
-				e := &entry{queue: url, lane: lane, msg: m, handle: aws.ToString(m.ReceiptHandle), deadline: now.Add(t.o.visibility)}
+				e := &entry{queue: url, lane: lane, msg: m, handle: aws.ToString(m.ReceiptHandle), deadline: now.Add(t.o.visibility), received: now}
 				t.tracked[e] = struct{}{}
 				t.held[lane]++
 				t.buf[lane] <- e // never blocks: a lane's tracked messages never exceed its buffer's capacity
@@ -322,11 +331,16 @@ func (t *Transport) settle(d *bus.Delivery, op string) (*entry, error) {
 	if _, ok := t.tracked[e]; !ok || e == nil || !e.given {
 		return nil, fmt.Errorf("sqs: %s %s (id %s): the delivery is not in flight on this transport (settled twice?)", op, d.Name, d.Attributes.MessageID)
 	}
+	t.untrack(e)
+	return e, nil
+}
+
+// untrack stops tracking e, whose settlement begins. Called with t.mu held.
+func (t *Transport) untrack(e *entry) {
 	delete(t.tracked, e)
 	t.held[e.lane]--
 	t.ops.Add(1)
 	t.cond.Broadcast()
-	return e, nil
 }
 
 // Delete deletes d from the queue. Deletes are sent in batches of up to

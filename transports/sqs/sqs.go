@@ -73,6 +73,7 @@ type options struct {
 	sqsOpts        []func(*awssqs.Options)
 	snsOpts        []func(*awssns.Options)
 	deleteFlushers int
+	hop            time.Duration // the longest delay of one message (delay.go); shorter in tests
 }
 
 // WithLogger sets the logger. The default is slog.Default().
@@ -158,6 +159,11 @@ type Transport struct {
 	reserved [lanes]int          // slots reserved by receive requests in progress, per lane
 	buf      [lanes]chan *entry  // received entries not yet handed out, per lane; each holds the lane's capacity
 
+	// maxAttempts is Topology.MaxAttempts, against which a carried prior
+	// attempt count is checked (delay.go); set by Setup before receiving
+	// starts, like the URLs, and read without the lock.
+	maxAttempts int
+
 	pollCtx    context.Context
 	pollCancel context.CancelFunc
 	pollers    sync.WaitGroup
@@ -175,7 +181,7 @@ func New(cfg aws.Config, opts ...Option) *Transport {
 		visibility: 30 * time.Second, wait: DefaultWaitTime,
 		backoffBase: time.Second, backoffMax: 5 * time.Minute,
 		maxSize: DefaultMaxMessageSize, dlqRetention: 14 * 24 * time.Hour,
-		deleteFlushers: 2,
+		deleteFlushers: 2, hop: hopDelay,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -261,6 +267,7 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 		t.mu.Lock()
 		if !t.running {
 			t.capacity = max(topo.Concurrency, 1)
+			t.maxAttempts = max(topo.MaxAttempts, 1)
 		}
 		t.mu.Unlock()
 		return nil
@@ -328,6 +335,7 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 		// the lock, and a second Setup of the same endpoint yields the same.
 		t.endpoint, t.queueURL, t.dlqURL = topo.Endpoint, queueURL, dlqURL
 		t.capacity = max(topo.Concurrency, 1)
+		t.maxAttempts = maxAttempts
 	}
 	t.log.DebugContext(ctx, "topology declared", slog.String("endpoint", topo.Endpoint), slog.String("queue", qname),
 		slog.Int("topics", len(topicARNs)), slog.Int("max_receive_count", maxAttempts))
@@ -587,6 +595,14 @@ func (t *Transport) CountsReceives() bool { return true }
 // "instance-"): a message to an instance queue that no longer exists is
 // dropped with a warning, since no one could ever receive it.
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
+	return t.send(ctx, env, to, time.Time{})
+}
+
+// send puts env on the queue of the endpoint (or queue URL) to, to be
+// delivered no earlier than due (zero: at once). A due time more than 15
+// minutes ahead travels in the "plugbus" attribute, and the message in
+// hops (delay.go).
+func (t *Transport) send(ctx context.Context, env *bus.Envelope, to string, due time.Time) error {
 	if err := t.checkOpen(ctx); err != nil {
 		return err
 	}
@@ -594,6 +610,13 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) erro
 		return fmt.Errorf("sqs: send %s: %w: no destination endpoint", env.Name, bus.ErrNoRoute)
 	}
 	e, err := encode(env, t.o.maxSize)
+	if err != nil {
+		return fmt.Errorf("sqs: send %s: %w", env.Name, err)
+	}
+	delay, err := delayUntil(due, time.Now())
+	if err == nil && delay > t.o.hop {
+		err = e.setDue(env.Name, due, t.o.maxSize)
+	}
 	if err != nil {
 		return fmt.Errorf("sqs: send %s: %w", env.Name, err)
 	}
@@ -605,7 +628,7 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) erro
 			return fmt.Errorf("sqs: send %s: %w", env.Name, err)
 		}
 	}
-	_, err = t.sqs.SendMessage(ctx, &awssqs.SendMessageInput{QueueUrl: &url, MessageBody: &e.body, MessageAttributes: e.sqsAttributes()})
+	_, err = t.sqs.SendMessage(ctx, &awssqs.SendMessageInput{QueueUrl: &url, MessageBody: &e.body, MessageAttributes: e.sqsAttributes(), DelaySeconds: ceilSeconds(min(delay, t.o.hop))})
 	if err != nil {
 		var nq *sqstypes.QueueDoesNotExist
 		if errors.As(err, &nq) && byURL && isInstanceQueueURL(url) {
@@ -630,10 +653,25 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) erro
 // subscribed to it. A message published before any endpoint subscribed
 // reaches no one.
 func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
+	return t.publish(ctx, env, time.Time{})
+}
+
+// publish puts env on the SNS topic of env.Name, for every subscribed
+// queue to deliver no earlier than due (zero: at once). SNS delivers at
+// once: a due time travels in the "plugbus" attribute, and the receiving
+// transports hold the message until it is due (delay.go).
+func (t *Transport) publish(ctx context.Context, env *bus.Envelope, due time.Time) error {
 	if err := t.checkOpen(ctx); err != nil {
 		return err
 	}
 	e, err := encode(env, t.o.maxSize)
+	if err != nil {
+		return fmt.Errorf("sqs: publish %s: %w", env.Name, err)
+	}
+	delay, err := delayUntil(due, time.Now())
+	if err == nil && delay > 0 {
+		err = e.setDue(env.Name, due, t.o.maxSize)
+	}
 	if err != nil {
 		return fmt.Errorf("sqs: publish %s: %w", env.Name, err)
 	}
