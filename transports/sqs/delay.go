@@ -413,3 +413,5 @@ func (e *encoded) setDue(name string, due time.Time, maxSize int) error {
 	}
 	return nil
 }
+
+var _ bus.Delayer = (*Transport)(nil)

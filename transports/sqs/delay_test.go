@@ -20,12 +20,6 @@ import (
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
-// The bus's delay capability, as the contract will name it.
-var _ interface {
-	ReturnAfter(ctx context.Context, d *bus.Delivery, cause error, delay time.Duration) error
-	MaxDelay() time.Duration
-} = (*sqs.Transport)(nil)
-
 var errHandler = errors.New("handler failed")
 
 // openEndpoint returns a transport set up for endpoint on prefix, with
@@ -160,11 +154,16 @@ func TestReturnAfterBeyondOneHopIsCarriedInHops(t *testing.T) {
 	d := receiveWithin(t, tr, 10*time.Second)
 	since := time.Now()
 	const delay = 3500 * time.Millisecond
+	history := bus.RetryHistory{Delayed: 1, FirstFailure: since.Add(-time.Minute).UTC(), LastFailure: since.UTC(), Errors: []string{"e1", "e2"}}
+	d.Retries = history
 	if err := tr.ReturnAfter(ctx, d, errHandler, delay); err != nil {
 		t.Fatal(err)
 	}
 	d = receiveWithin(t, tr, delay+10*time.Second)
 	expectArrival(t, d, "m1", 2, since, delay)
+	if got := d.Retries; got.Delayed != 1 || !got.FirstFailure.Equal(history.FirstFailure) || !got.LastFailure.Equal(history.LastFailure) || !slices.Equal(got.Errors, history.Errors) {
+		t.Errorf("retry history %+v after the hops, want %+v", got, history)
+	}
 	if hops := logs.records(t, "DEBUG", "message not due yet sent on"); len(hops) < 2 {
 		t.Errorf("%d hops for a delay of %s in hops of 1s, want at least 2:\n%s", len(hops), delay, logs)
 	}
@@ -325,6 +324,9 @@ func TestCarriedFieldsOutOfRangeIgnored(t *testing.T) {
 		{"due-text", `"due":"soon"`, 1, "due"},
 		{"due-number", `"due":12`, 1, "due"},
 		{"due-past", `"due":"` + time.Now().Add(-time.Hour).UTC().Format(time.RFC3339) + `"`, 1, ""},
+		{"hist-text", `"hist":"not a history"`, 1, "hist"},
+		{"hist-number", `"hist":12`, 1, "hist"},
+		{"hist-errors", `"hist":"{\"e\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\"]}"`, 1, "hist"},
 	}
 	for _, c := range cases {
 		rawSend(ctx, t, tr, "carried", `{}`, map[string]sqstypes.MessageAttributeValue{
@@ -449,5 +451,45 @@ func TestReturnAfterFallsBackToVisibilityWhenTheCopyIsRefused(t *testing.T) {
 	}
 	if err := tr.Delete(ctx, d); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The dead letter of a delayed copy keeps the retry history in its
+// failure, and not what the copy carried: moved back to its queue, it
+// gets its attempts anew.
+func TestDeadLetterOfADelayedCopyKeepsTheHistoryNotThePriorAttempts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cfg := awsConfig(t)
+	tr := openEndpoint(ctx, t, uniquePrefix(t, cfg), "failed", 5, sqs.WithHop(time.Second))
+	sendJob(ctx, t, tr, "failed", "m1")
+	d := receiveWithin(t, tr, 10*time.Second)
+	d.Retries = bus.RetryHistory{Delayed: 1, Errors: []string{"e1"}}
+	if err := tr.ReturnAfter(ctx, d, errHandler, 1500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	d = receiveWithin(t, tr, 10*time.Second)
+	history := bus.RetryHistory{Delayed: 1, FirstFailure: time.Now().Add(-time.Second).UTC(), LastFailure: time.Now().UTC(), Errors: []string{"e1", "e2"}}
+	if err := tr.Fail(ctx, d, bus.Failure{Reason: "e2", Attempts: d.Attempt, Endpoint: "failed", Time: time.Now(), History: history}); err != nil {
+		t.Fatal(err)
+	}
+	dl := rawReceive(ctx, t, tr, tr.DeadLetterQueueName("failed"))
+	pack := aws.ToString(dl.MessageAttributes[sqs.AttributeName].StringValue)
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(pack), &fields); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"prior", "due", "hist"} {
+		if v, ok := fields[k]; ok {
+			t.Errorf("the dead letter carries %q: %s", k, v)
+		}
+	}
+	letter, err := sqs.DecodeDeadLetter(dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := letter.Failure.History
+	if letter.Failure.Attempts != 2 || got.Delayed != 1 || !slices.Equal(got.Errors, history.Errors) || !got.FirstFailure.Equal(history.FirstFailure) || !got.LastFailure.Equal(history.LastFailure) {
+		t.Errorf("failure %+v, want 2 attempts and history %+v", letter.Failure, history)
 	}
 }
