@@ -56,12 +56,8 @@ type meta struct {
 	Values      map[string]string `json:"attrs,omitempty"`
 	Sticky      map[string]string `json:"sticky,omitempty"`
 	Failure     *failureMeta      `json:"failure,omitempty"`
-	// Prior, Due and History are written on a copy the transport re-sends
-	// to delay it (delay.go); raw, so that a value of the wrong type never
-	// makes the rest unreadable: the receiver checks them itself.
-	Prior   json.RawMessage `json:"prior,omitempty"`
-	Due     json.RawMessage `json:"due,omitempty"`
-	History json.RawMessage `json:"hist,omitempty"`
+	// A copy the transport re-sends to delay it carries more fields,
+	// read apart (delay.go): a dead letter, written from meta, drops them.
 	// Original keeps a "plugbus" attribute that was not valid JSON, when a
 	// message that could not be read is dead-lettered.
 	Original string `json:"original,omitempty"`

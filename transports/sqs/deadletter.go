@@ -78,9 +78,6 @@ func withFailure(attrs map[string]sqstypes.MessageAttributeValue, f bus.Failure)
 		}
 		m.Failure.History = string(history)
 	}
-	// What a delayed copy carried (delay.go) is the failure's now: a dead
-	// letter moved back to its queue gets its attempts anew.
-	m.Prior, m.Due, m.History = nil, nil, nil
 	js, err := json.Marshal(&m)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the failure: %w", err)
@@ -114,8 +111,8 @@ func DecodeDeadLetter(msg sqstypes.Message) (bus.DeadLetter, error) {
 	if m.Failure == nil {
 		// A delayed copy carries the history of its earlier failures: the
 		// best there is.
-		if isSet(m.History) {
-			_ = readHistory(m.History, &dl.Failure.History)
+		if c := readCarried(attributeText(v)); isSet(c.history) {
+			_ = readHistory(c.history, &dl.Failure.History)
 		}
 		return dl, errors.New("sqs: the dead letter carries no failure: it was moved by the redrive policy after its maximum receives (the consumer never settled it: crash or timeout?)")
 	}

@@ -204,7 +204,7 @@ func unpack(v sqstypes.MessageAttributeValue, d *bus.Delivery, c *carried) (igno
 	if ignored == "" {
 		ignored = why
 	}
-	*c = carried{prior: m.Prior, due: m.Due, history: m.History}
+	*c = readCarried(text)
 	d.Name, d.ContentType = m.Name, m.ContentType
 	d.Attributes = bus.NewAttributes(m.ID, m.Correlation, sent, m.Values, m.Sticky)
 	switch m.Encoding {

@@ -72,9 +72,28 @@ const (
 )
 
 // carried is what a copy re-sent by the transport carries beyond the
-// envelope, as read from its "plugbus" attribute: raw JSON, unchecked.
+// envelope, as read from its "plugbus" attribute: raw JSON, unchecked,
+// so that a value of the wrong type never makes the rest unreadable.
 type carried struct {
 	prior, due, history json.RawMessage
+}
+
+// readCarried reads what the "plugbus" attribute text of a received
+// message carries beyond the envelope. Most messages carry nothing: they
+// cost a search for the keys, not a second parse.
+func readCarried(text string) carried {
+	if !strings.Contains(text, `"`+priorKey+`"`) && !strings.Contains(text, `"`+dueKey+`"`) && !strings.Contains(text, `"`+historyKey+`"`) {
+		return carried{}
+	}
+	var fields struct {
+		Prior   json.RawMessage `json:"prior"`
+		Due     json.RawMessage `json:"due"`
+		History json.RawMessage `json:"hist"`
+	}
+	if json.Unmarshal([]byte(text), &fields) != nil {
+		return carried{} // the envelope's own reading reports why
+	}
+	return carried{prior: fields.Prior, due: fields.Due, history: fields.History}
 }
 
 // MaxDelay returns the longest delay [Transport.ReturnAfter] carries: 14

@@ -493,3 +493,52 @@ func TestDeadLetterOfADelayedCopyKeepsTheHistoryNotThePriorAttempts(t *testing.T
 		t.Errorf("failure %+v, want 2 attempts and history %+v", letter.Failure, history)
 	}
 }
+
+// BenchmarkRedeliver measures giving a received message back and
+// receiving it again through the local emulator: Return (a visibility
+// change) against ReturnAfter with no delay (a copy sent, the message
+// deleted).
+func BenchmarkRedeliver(b *testing.B) {
+	for _, settle := range []struct {
+		name string
+		give func(context.Context, *sqs.Transport, *bus.Delivery) error
+	}{
+		{"Return", func(ctx context.Context, tr *sqs.Transport, d *bus.Delivery) error {
+			return tr.Return(ctx, d, errHandler)
+		}},
+		{"ReturnAfter", func(ctx context.Context, tr *sqs.Transport, d *bus.Delivery) error {
+			return tr.ReturnAfter(ctx, d, errHandler, 0)
+		}},
+	} {
+		b.Run(settle.name, func(b *testing.B) {
+			cfg := awsConfig(b)
+			prefix := uniquePrefix(b, cfg)
+			ctx := context.Background()
+			tr := sqs.New(cfg, fastOptions(prefix)...)
+			defer tr.Close(ctx)
+			const maxAttempts = 1000 // SQS's largest maxReceiveCount
+			if err := tr.Setup(ctx, bus.Topology{Endpoint: "bench", MaxAttempts: maxAttempts, Concurrency: 1}); err != nil {
+				b.Fatal(err)
+			}
+			env := benchEnvelope()
+			if err := tr.Send(ctx, env, "bench"); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				d, err := tr.Receive(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if d.Attempt < maxAttempts-1 {
+					err = settle.give(ctx, tr, d)
+				} else if err = tr.Delete(ctx, d); err == nil {
+					err = tr.Send(ctx, env, "bench")
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

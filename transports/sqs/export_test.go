@@ -20,11 +20,12 @@ func Encode(env *bus.Envelope) (sqstypes.Message, error) {
 	return sqstypes.Message{Body: &e.body, MessageAttributes: e.sqsAttributes()}, nil
 }
 
-// Decode exposes the reading of a received message; what it ignores is
-// logged on log (nil: not logged).
+// Decode exposes the reading of a received message, as the poller reads
+// it (what a delayed copy carries is read, not applied); what it ignores
+// is logged on log (nil: not logged).
 func Decode(msg sqstypes.Message, log *slog.Logger) *bus.Delivery {
 	d := &bus.Delivery{}
-	decode(context.Background(), log, msg, d)
+	decodeCarried(context.Background(), log, msg, d)
 	return d
 }
 

@@ -95,6 +95,8 @@ func TestConformance(t *testing.T) {
 	probe := sqs.New(cfg, fastOptions(prefix)...)
 	transporttest.Run(t, newT, transporttest.Features{
 		ReservedHeader: sqs.AttributeName,
+		DelayUnit:      time.Second,     // DelaySeconds and visibility timeouts count whole seconds
+		Timeout:        2 * time.Minute, // the outage test sends for 40 delay units
 		DeadLetters: func(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter {
 			return sqstest.DeadLetters(ctx, t, probe, endpoint, n)
 		},
