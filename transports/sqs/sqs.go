@@ -14,9 +14,10 @@
 // attribute named "plugbus"; headers set by outgoing middleware become
 // native SQS/SNS message attributes, so at most [MaxHeaders] of them fit
 // on one message. A handler's failure returns the message with a growing
-// visibility timeout (exponential back-off with jitter); after the bus's
-// maximum attempts it goes to the dead-letter queue with its failure in
-// the "plugbus" attribute.
+// visibility timeout (exponential back-off with jitter), or, for the
+// bus's delayed retries, re-sends it with a delay ([Transport.ReturnAfter]);
+// after the bus's maximum attempts it goes to the dead-letter queue with
+// its failure in the "plugbus" attribute.
 //
 // Build it from an aws.Config:
 //
