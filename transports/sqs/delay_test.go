@@ -199,6 +199,47 @@ func TestDelayedMessageSurvivesItsConsumer(t *testing.T) {
 	}
 }
 
+// A consumer killed while it holds a copy that is not due yet (between
+// its receive and its hop) costs the message no attempt: the copy comes
+// back after its visibility timeout, the next consumer sends it on, and
+// it arrives after its delay on the next attempt.
+func TestConsumerKilledHoldingACopyNotDueCostsNoAttempt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cfg := awsConfig(t)
+	prefix := uniquePrefix(t, cfg)
+	first := openEndpoint(ctx, t, prefix, "killed", 5, sqs.WithHop(time.Second))
+	sendJob(ctx, t, first, "killed", "m1")
+	d := receiveWithin(t, first, 10*time.Second)
+	since := time.Now()
+	const delay = 4 * time.Second
+	if err := first.ReturnAfter(ctx, d, errHandler, delay); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The killed consumer: it received the copy (after its first hop of a
+	// second) and will never settle it.
+	url, err := first.SQS().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(first.QueueName("killed"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for held := false; !held; {
+		out, err := first.SQS().ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: url.QueueUrl, WaitTimeSeconds: 1, VisibilityTimeout: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = len(out.Messages) == 1
+	}
+	second := openEndpoint(ctx, t, prefix, "killed", 5, sqs.WithHop(time.Second))
+	d = receiveWithin(t, second, delay+10*time.Second)
+	expectArrival(t, d, "m1", 2, since, delay)
+	if err := second.Delete(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // The redrive policy stays a backstop across delays: a delayed copy's
 // receive count starts again, but never exceeds its attempt, so SQS never
 // dead-letters it before the bus's count would; and a copy whose
