@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -213,7 +215,7 @@ func withCarried(attrs map[string]sqstypes.MessageAttributeValue, prior int, due
 	for k, a := range attrs {
 		out[k] = a
 	}
-	out[AttributeName] = sqstypes.MessageAttributeValue{DataType: aws.String(stringType), StringValue: &text}
+	out[AttributeName] = sqstypes.MessageAttributeValue{DataType: v.DataType, StringValue: &text} // a custom label ("String.json") kept
 	return out, nil
 }
 
@@ -247,32 +249,58 @@ func dueJSON(due time.Time) json.RawMessage {
 // setCarried returns the JSON object text with the fields of set set, a
 // nil value removing its field. A key that differs from one of set only
 // in case is removed too: encoding/json would read it into the same
-// field. Every other field is kept.
+// field. Every other field is kept as it is, in its place, duplicates
+// included, so that the copy reads as the message did.
 func setCarried(text string, set map[string]json.RawMessage) (string, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(text), &fields); err != nil {
-		return "", fmt.Errorf("reading the %q attribute: %w", AttributeName, err)
-	}
-	if fields == nil {
+	dec := json.NewDecoder(strings.NewReader(text))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return "", fmt.Errorf("the %q attribute is not a JSON object", AttributeName)
 	}
-	for k := range fields {
-		for key := range set {
-			if strings.EqualFold(k, key) {
-				delete(fields, k)
-			}
+	out := make([]byte, 0, len(text)+64)
+	out = append(out, '{')
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", fmt.Errorf("reading the %q attribute: %w", AttributeName, err)
+		}
+		key, _ := tok.(string) // an object's keys are strings
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return "", fmt.Errorf("reading the %q attribute: %w", AttributeName, err)
+		}
+		if setsKey(set, key) {
+			continue
+		}
+		out = appendField(out, key, value)
+	}
+	if _, err := dec.Token(); err != nil {
+		return "", fmt.Errorf("reading the %q attribute: %w", AttributeName, err)
+	}
+	for _, key := range slices.Sorted(maps.Keys(set)) {
+		if set[key] != nil {
+			out = appendField(out, key, set[key])
 		}
 	}
-	for key, v := range set {
-		if v != nil {
-			fields[key] = v
+	return string(append(out, '}')), nil
+}
+
+// setsKey reports whether key is one of set's keys, in any case.
+func setsKey(set map[string]json.RawMessage, key string) bool {
+	for k := range set {
+		if strings.EqualFold(k, key) {
+			return true
 		}
 	}
-	b, err := json.Marshal(fields)
-	if err != nil {
-		return "", fmt.Errorf("writing the %q attribute: %w", AttributeName, err)
+	return false
+}
+
+// appendField appends "key":value to the JSON object being written in out.
+func appendField(out []byte, key string, value json.RawMessage) []byte {
+	if len(out) > 1 {
+		out = append(out, ',')
 	}
-	return string(b), nil
+	quoted, _ := json.Marshal(key) // a string always marshals
+	return append(append(append(out, quoted...), ':'), value...)
 }
 
 // ceilSeconds returns d in whole seconds, rounded up: a delay is never

@@ -583,3 +583,54 @@ func BenchmarkRedeliver(b *testing.B) {
 		})
 	}
 }
+
+// FuzzCarried feeds the reading of what a delayed copy carries any
+// "plugbus" attribute: nothing panics, the attempt stays from 1 to the
+// maximum (a forged prior attempt count never goes beyond it), a due time
+// is never further ahead than the transport carries, and a copy that
+// ReturnAfter would make of a readable message reads back as the same
+// envelope on the next attempt, with its history.
+func FuzzCarried(f *testing.F) {
+	f.Add(`{"v":1,"name":"test.job","id":"m1","prior":2}`, uint8(5))
+	f.Add(`{"v":1,"name":"test.job","id":"m1","prior":99,"due":"2999-01-01T00:00:00Z"}`, uint8(5))
+	f.Add(`{"v":1,"name":"test.job","id":"m1","PRIOR":"x","due":12,"hist":"{\"d\":1}"}`, uint8(33))
+	f.Add(`{"v":1,"name":"test.job","id":"m1","hist":"{\"e\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\"]}","attrs":{"due":"x"}}`, uint8(1))
+	f.Add(`{"v":1,"name":"test.job","prior":-1,"prior":3}`, uint8(4))
+	f.Add(`[]`, uint8(5))
+	f.Add(`{"v":1,"name":"a","NAME":"b","id":"m1","Prior":1,"prior":2}`, uint8(5))
+	f.Add(`{"v":1, "name" : "test.job" ,"id":"m1","attrs":{"k":"<&>"}} `, uint8(5))
+	f.Fuzz(func(t *testing.T, pack string, most uint8) {
+		maxAttempts := int(most)%40 + 1
+		msg := sqstypes.Message{
+			Body:              aws.String(`{}`),
+			Attributes:        map[string]string{"ApproximateReceiveCount": "1"},
+			MessageAttributes: map[string]sqstypes.MessageAttributeValue{sqs.AttributeName: str(pack)},
+		}
+		now := time.Now()
+		d, due := sqs.Carry(msg, maxAttempts, fuzzLog)
+		if d.Attempt < 1 || d.Attempt > maxAttempts {
+			t.Errorf("attempt %d with at most %d", d.Attempt, maxAttempts)
+		}
+		if !due.IsZero() && (d.Err != nil || !due.After(now) || due.After(time.Now().Add(sqs.MaxDelay+sqs.ClockSkewAllowance))) {
+			t.Errorf("due %v trusted (now %v, error %v)", due, now, d.Err)
+		}
+		if d.Err != nil {
+			return
+		}
+		h := bus.RetryHistory{Delayed: 1, FirstFailure: time.Unix(1, 0).UTC(), LastFailure: time.Unix(2, 0).UTC(), Errors: []string{"e"}}
+		prior := min(d.Attempt, maxAttempts-1)
+		attrs, err := sqs.CopyAttributes(msg.MessageAttributes, prior, time.Time{}, h)
+		if err != nil {
+			t.Fatalf("copying a readable message: %v", err)
+		}
+		copied, copyDue := sqs.Carry(sqstypes.Message{Body: msg.Body, Attributes: msg.Attributes, MessageAttributes: attrs}, maxAttempts, fuzzLog)
+		wantAttempt := 1
+		if prior >= 1 {
+			wantAttempt = prior + 1
+		}
+		if copied.Err != nil || copied.Attempt != wantAttempt || !copyDue.IsZero() || copied.Name != d.Name || copied.Attributes.MessageID != d.Attributes.MessageID ||
+			copied.Retries.Delayed != 1 || !slices.Equal(copied.Retries.Errors, h.Errors) {
+			t.Errorf("copy read back as %q %q attempt %d (want %d), due %v, history %+v, error %v", copied.Name, copied.Attributes.MessageID, copied.Attempt, wantAttempt, copyDue, copied.Retries, copied.Err)
+		}
+	})
+}

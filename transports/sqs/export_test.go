@@ -56,3 +56,22 @@ func (t *Transport) SendAt(ctx context.Context, env *bus.Envelope, dest string, 
 func (t *Transport) PublishAt(ctx context.Context, env *bus.Envelope, due time.Time) error {
 	return t.publish(ctx, env, due)
 }
+
+// Carry exposes how the poller reads a received message: decoded, then
+// with what a delayed copy carries applied, against maxAttempts. It
+// returns the delivery and when it is due (zero: now).
+func Carry(msg sqstypes.Message, maxAttempts int, log *slog.Logger) (*bus.Delivery, time.Time) {
+	t := &Transport{log: log, maxAttempts: maxAttempts} // all that carry reads
+	d := &bus.Delivery{}
+	due := t.carry(context.Background(), d, decodeCarried(context.Background(), log, msg, d))
+	return d, due
+}
+
+// CopyAttributes exposes the attributes ReturnAfter gives the delayed
+// copy of a message with attrs.
+func CopyAttributes(attrs map[string]sqstypes.MessageAttributeValue, prior int, due time.Time, retries bus.RetryHistory) (map[string]sqstypes.MessageAttributeValue, error) {
+	return withCarried(attrs, prior, due, retries)
+}
+
+// MaxDelay is the longest delay of every Transport.
+const MaxDelay = maxDelay
