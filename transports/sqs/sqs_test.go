@@ -88,15 +88,25 @@ func envelope(name, id string) *bus.Envelope {
 	return &bus.Envelope{Name: name, ContentType: "application/json", Body: []byte(`{}`), Attributes: bus.NewAttributes(id, id, time.Now(), nil, nil)}
 }
 
+// conformancePrefixEnv hands the conformance suite's prefix to the child
+// process its kill -9 test starts, which consumes from the same queues
+// (and is killed before any cleanup).
+const conformancePrefixEnv = "PLUGBUS_SQS_CONFORMANCE_PREFIX"
+
 func TestConformance(t *testing.T) {
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := os.Getenv(conformancePrefixEnv)
+	if prefix == "" {
+		prefix = uniquePrefix(t, cfg)
+		t.Setenv(conformancePrefixEnv, prefix)
+	}
 	newT := func(testing.TB) bus.Transport { return sqs.New(cfg, fastOptions(prefix)...) }
 	probe := sqs.New(cfg, fastOptions(prefix)...)
 	transporttest.Run(t, newT, transporttest.Features{
 		ReservedHeader: sqs.AttributeName,
 		DelayUnit:      time.Second,     // DelaySeconds and visibility timeouts count whole seconds
 		Timeout:        2 * time.Minute, // the outage test sends for 40 delay units
+		DurableDelays:  true,            // a delayed copy waits in SQS
 		DeadLetters: func(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter {
 			return sqstest.DeadLetters(ctx, t, probe, endpoint, n)
 		},
