@@ -104,9 +104,9 @@ func TestConformance(t *testing.T) {
 	probe := sqs.New(cfg, fastOptions(prefix)...)
 	transporttest.Run(t, newT, transporttest.Features{
 		ReservedHeader: sqs.AttributeName,
-		DelayUnit:      time.Second,     // DelaySeconds and visibility timeouts count whole seconds
-		Timeout:        2 * time.Minute, // the outage test sends for 40 delay units
-		DurableDelays:  true,            // a delayed copy waits in SQS
+		DelayUnit:      500 * time.Millisecond, // DelaySeconds counts whole seconds: a delay is rounded up, never carried early
+		Timeout:        2 * time.Minute,        // the outage test sends for 40 delay units
+		DurableDelays:  true,                   // a delayed copy waits in SQS
 		DeadLetters: func(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter {
 			return sqstest.DeadLetters(ctx, t, probe, endpoint, n)
 		},
