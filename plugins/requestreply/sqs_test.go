@@ -26,6 +26,6 @@ func TestSQS(t *testing.T) {
 	quiet := slog.New(slog.DiscardHandler)
 	runScenarios(t, func(testing.TB) bus.Transport {
 		return sqs.New(cfg, sqs.WithPrefix(prefix), sqs.WithLogger(quiet), sqs.WithWaitTime(time.Second),
-			sqs.WithVisibilityTimeout(5*time.Second), sqs.WithRetryBackoff(0, 0))
+			sqs.WithVisibilityTimeout(5*time.Second))
 	})
 }

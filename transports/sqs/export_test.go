@@ -29,9 +29,6 @@ func Decode(msg sqstypes.Message, log *slog.Logger) *bus.Delivery {
 	return d
 }
 
-// Backoff exposes the retry back-off of t.
-func (t *Transport) Backoff(attempt int) time.Duration { return t.backoff(attempt) }
-
 // AddFailure exposes how a failure is added to the attributes of a message
 // being dead-lettered.
 func AddFailure(attrs map[string]sqstypes.MessageAttributeValue, f bus.Failure) (map[string]sqstypes.MessageAttributeValue, error) {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/transports/sqs"
-	"github.com/plugbus/plugbus/transports/transporttest"
 )
 
 type orderPlaced struct {
@@ -338,23 +337,4 @@ func TestResourceNames(t *testing.T) {
 	if len(tr.DeadLetterQueueName(strings.Repeat("q", 200))) > 80 {
 		t.Error("long dead-letter queue name exceeds 80 characters")
 	}
-}
-
-func TestBackoff(t *testing.T) {
-	tr := sqs.New(aws.Config{Region: "us-east-1"}, sqs.WithRetryBackoff(time.Second, 10*time.Second))
-	defer tr.Close(context.Background())
-	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 5: 10 * time.Second, 60: 10 * time.Second} {
-		for range 50 {
-			got := tr.Backoff(attempt)
-			if got < want/2 || got > want {
-				t.Fatalf("Backoff(%d) = %v, want in [%v, %v]", attempt, got, want/2, want)
-			}
-		}
-	}
-	none := sqs.New(aws.Config{Region: "us-east-1"}, sqs.WithRetryBackoff(0, 0))
-	defer none.Close(context.Background())
-	if got := none.Backoff(3); got != 0 {
-		t.Fatalf("Backoff without a base = %v", got)
-	}
-	_ = transporttest.Name
 }

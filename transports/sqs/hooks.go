@@ -19,7 +19,6 @@ import (
 
 func init() {
 	sqshook.Decode = decode
-	sqshook.Backoff = func(t bus.Transport, attempt int) time.Duration { return t.(*Transport).backoff(attempt) }
 	sqshook.ChangeVisibility = func(ctx context.Context, t bus.Transport, queue, receiptHandle string, delay time.Duration) error {
 		return t.(*Transport).changeVisibility(ctx, queue, receiptHandle, delay)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -164,7 +163,7 @@ func (t *Transport) reserve(lane int) int {
 
 // poll receives messages of the queue at url while the transport is open.
 func (t *Transport) poll(url string, lane int) {
-	backoff := time.Duration(0)
+	failures := 0 // receives failed in a row
 	for {
 		n := t.reserve(lane)
 		if n == 0 {
@@ -192,13 +191,14 @@ func (t *Transport) poll(url string, lane int) {
 		closed := t.closed
 		t.mu.Unlock()
 		if err == nil {
-			backoff = 0
+			failures = 0
 			continue
 		}
 		if closed || t.pollCtx.Err() != nil {
 			return
 		}
-		backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+		failures++
+		backoff := bus.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(failures)
 		t.log.Warn("receiving from SQS failed; retrying", slog.String("queue_url", url), slog.Any("error", err), slog.Duration("backoff", backoff),
 			slog.Time("retry_at", time.Now().Add(backoff)))
 		timer := time.NewTimer(backoff)
@@ -426,42 +426,26 @@ func (t *Transport) deleteQueueBatch(batch []*deleteReq) {
 	}
 }
 
-// backoff returns the visibility delay before the attempt after attempt.
-func (t *Transport) backoff(attempt int) time.Duration {
-	base, ceiling := t.o.backoffBase, t.o.backoffMax
-	if base <= 0 || ceiling <= 0 {
-		return 0
-	}
-	d := base << min(max(attempt-1, 0), 30)
-	if d <= 0 || d > ceiling {
-		d = ceiling
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
-}
-
-// Return gives d back to the queue: it becomes visible again after the
-// retry back-off ([WithRetryBackoff]), and its next delivery has the
-// attempt count SQS keeps (ApproximateReceiveCount).
+// Return gives d back to the queue at once (its visibility timeout set to
+// zero), and its next delivery has the attempt count SQS keeps
+// (ApproximateReceiveCount). A retry after a delay is [Transport.ReturnAfter]:
+// the bus's retry policy decides which (bus.RetryPolicy).
 func (t *Transport) Return(ctx context.Context, d *bus.Delivery, cause error) error {
 	e, err := t.settle(d, "return")
 	if err != nil {
 		return err
 	}
 	defer t.ops.Done()
-	delay := t.backoff(d.Attempt)
-	secs := int32((delay + time.Second/2) / time.Second)
 	t.hbMu.RLock()
 	_, err = t.sqs.ChangeMessageVisibility(context.WithoutCancel(ctx), &awssqs.ChangeMessageVisibilityInput{
-		QueueUrl: &e.queue, ReceiptHandle: &e.handle, VisibilityTimeout: secs,
+		QueueUrl: &e.queue, ReceiptHandle: &e.handle, VisibilityTimeout: 0,
 	})
 	t.hbMu.RUnlock()
 	if err != nil {
 		return fmt.Errorf("sqs: return %s (id %s): changing its visibility failed; it will be delivered again after the visibility timeout: %w", d.Name, d.Attributes.MessageID, err)
 	}
 	if t.log.Enabled(ctx, slog.LevelDebug) {
-		t.log.DebugContext(ctx, "message returned", slog.String("message_id", d.Attributes.MessageID), slog.Int("attempt", d.Attempt),
-			slog.Duration("delay", time.Duration(secs)*time.Second), slog.Any("cause", cause))
+		t.log.DebugContext(ctx, "message returned", slog.String("message_id", d.Attributes.MessageID), slog.Int("attempt", d.Attempt), slog.Any("cause", cause))
 	}
 	return nil
 }

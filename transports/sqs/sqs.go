@@ -67,8 +67,6 @@ type options struct {
 	prefix         string
 	visibility     time.Duration
 	wait           time.Duration
-	backoffBase    time.Duration
-	backoffMax     time.Duration
 	maxSize        int
 	dlqRetention   time.Duration
 	sqsOpts        []func(*awssqs.Options)
@@ -105,14 +103,6 @@ const DefaultWaitTime = bus.StopGrace - time.Second
 // SQS handed to a cancelled request stay invisible until their visibility
 // timeout, and that receive counts toward their attempts.
 func WithWaitTime(d time.Duration) Option { return func(o *options) { o.wait = d } }
-
-// WithRetryBackoff sets the back-off of a returned message: before attempt
-// n+1 it stays invisible for base·2^(n-1), capped at max, of which a random
-// half is jitter; rounded to whole seconds (SQS's unit). The defaults are
-// 1s and 5 minutes; base 0 redelivers at once. max is at most 12 hours.
-func WithRetryBackoff(base, max time.Duration) Option {
-	return func(o *options) { o.backoffBase, o.backoffMax = base, max }
-}
 
 // WithMaxMessageSize sets the largest message, body and attributes
 // together, that Send and Publish accept. The default is 256 KiB, what
@@ -180,7 +170,6 @@ type Transport struct {
 func New(cfg aws.Config, opts ...Option) *Transport {
 	o := options{
 		visibility: 30 * time.Second, wait: DefaultWaitTime,
-		backoffBase: time.Second, backoffMax: 5 * time.Minute,
 		maxSize: DefaultMaxMessageSize, dlqRetention: 14 * 24 * time.Hour,
 		deleteFlushers: 2, hop: hopDelay,
 	}
@@ -194,7 +183,6 @@ func New(cfg aws.Config, opts ...Option) *Transport {
 	}
 	o.visibility = clampSeconds(o.visibility, time.Second, 12*time.Hour)
 	o.wait = clampSeconds(o.wait, time.Second, 20*time.Second)
-	o.backoffMax = clampSeconds(o.backoffMax, 0, 12*time.Hour)
 	o.dlqRetention = clampSeconds(o.dlqRetention, time.Minute, 14*24*time.Hour)
 	if o.maxSize <= 0 {
 		o.maxSize = DefaultMaxMessageSize

@@ -49,7 +49,6 @@ func fastOptions(prefix string, extra ...sqs.Option) []sqs.Option {
 		sqs.WithPrefix(prefix),
 		sqs.WithWaitTime(time.Second),
 		sqs.WithVisibilityTimeout(5 * time.Second),
-		sqs.WithRetryBackoff(0, 0),
 	}, extra...)
 }
 

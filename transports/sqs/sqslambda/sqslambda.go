@@ -25,6 +25,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/transports/sqs"
@@ -41,12 +42,20 @@ type Option func(*options)
 type options struct {
 	maxAttempts int
 	logger      *slog.Logger
+	backoff     bus.Backoff
 }
 
 // WithMaxAttempts sets the attempt at which a failing record is
 // dead-lettered instead of retried; use the bus's bus.WithMaxAttempts
 // value and the queue's maxReceiveCount. The default is 5, the bus's.
 func WithMaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n } }
+
+// WithBackoff sets how long a failed record stays invisible before Lambda
+// receives it again: its n-th failure waits backoff.Delay(n). The
+// default is bus.Backoff{Initial: time.Second, Max: 5 * time.Minute};
+// delays are rounded to whole seconds, at most 12 hours. A zero
+// bus.Backoff leaves a failed record to the queue's visibility timeout.
+func WithBackoff(backoff bus.Backoff) Option { return func(o *options) { o.backoff = backoff } }
 
 // WithLogger sets the logger. The default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
@@ -61,12 +70,11 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // that cannot be decoded, or that failed on its last attempt, is sent to
 // the endpoint's dead-letter queue with its failure and reported as
 // handled; otherwise it is reported as failed and the queue's redrive
-// policy dead-letters it. A failed record is made visible again after the
-// transport's retry back-off (sqs.WithRetryBackoff) rather than the
-// queue's visibility timeout. Records left when ctx ends are reported as
+// policy dead-letters it. A failed record is made visible again after a
+// back-off ([WithBackoff]) rather than the queue's visibility timeout. Records left when ctx ends are reported as
 // failed.
 func NewHandler(b *bus.Bus, opts ...Option) Handler {
-	o := options{maxAttempts: 5}
+	o := options{maxAttempts: 5, backoff: bus.Backoff{Initial: time.Second, Max: 5 * time.Minute}}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -80,7 +88,7 @@ func NewHandler(b *bus.Bus, opts ...Option) Handler {
 	return func(ctx context.Context, ev Event) (BatchResponse, error) {
 		var resp BatchResponse
 		for _, rec := range ev.Records {
-			if ctx.Err() != nil || !deliver(ctx, b, tr, o.maxAttempts, log, rec) {
+			if ctx.Err() != nil || !deliver(ctx, b, tr, o, log, rec) {
 				resp.BatchItemFailures = append(resp.BatchItemFailures, BatchItemFailure{ItemIdentifier: rec.MessageID})
 			}
 		}
@@ -89,7 +97,7 @@ func NewHandler(b *bus.Bus, opts ...Option) Handler {
 }
 
 // deliver runs one record and reports whether Lambda may delete it.
-func deliver(ctx context.Context, b *bus.Bus, tr *sqs.Transport, maxAttempts int, log *slog.Logger, rec Record) bool {
+func deliver(ctx context.Context, b *bus.Bus, tr *sqs.Transport, o options, log *slog.Logger, rec Record) bool {
 	msg := rec.Message()
 	d := &bus.Delivery{}
 	sqshook.Decode(ctx, log, msg, d)
@@ -99,11 +107,11 @@ func deliver(ctx context.Context, b *bus.Bus, tr *sqs.Transport, maxAttempts int
 	}
 	attrs := []any{slog.String("sqs_message_id", rec.MessageID), slog.String("message_name", d.Name),
 		slog.String("message_id", d.Attributes.MessageID), slog.Int("attempt", d.Attempt), slog.Any("error", err)}
-	final := bus.IsPermanent(err) || d.Attempt >= maxAttempts
+	final := bus.IsPermanent(err) || d.Attempt >= o.maxAttempts
 	if !final || errors.Is(err, bus.ErrClosed) {
 		log.WarnContext(ctx, "record failed; Lambda will retry it", attrs...)
 		if tr != nil {
-			retryLater(ctx, tr, rec, d.Attempt, log)
+			retryLater(ctx, tr, rec, o.backoff.Delay(d.Attempt), log)
 		}
 		return false
 	}
@@ -120,10 +128,9 @@ func deliver(ctx context.Context, b *bus.Bus, tr *sqs.Transport, maxAttempts int
 	return true
 }
 
-// retryLater applies the transport's retry back-off to a failed record,
-// which would otherwise come back after the queue's visibility timeout.
-func retryLater(ctx context.Context, tr *sqs.Transport, rec Record, attempt int, log *slog.Logger) {
-	delay := sqshook.Backoff(tr, attempt)
+// retryLater makes a failed record visible again after delay, rather than
+// after the queue's visibility timeout.
+func retryLater(ctx context.Context, tr *sqs.Transport, rec Record, delay time.Duration, log *slog.Logger) {
 	if delay <= 0 || rec.ReceiptHandle == "" {
 		return
 	}

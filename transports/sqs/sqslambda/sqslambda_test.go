@@ -177,7 +177,7 @@ func TestHandlerBacksOffFailedRecords(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	// Queue visibility timeout 20s; back-off 1s.
-	tr := sqs.New(cfg, fastOptions(prefix, sqs.WithVisibilityTimeout(20*time.Second), sqs.WithRetryBackoff(time.Second, time.Second))...)
+	tr := sqs.New(cfg, fastOptions(prefix, sqs.WithVisibilityTimeout(20*time.Second))...)
 	defer tr.Close(context.Background())
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "retrying", MaxAttempts: 5, Concurrency: 1}); err != nil {
 		t.Fatal(err)
@@ -196,7 +196,7 @@ func TestHandlerBacksOffFailedRecords(t *testing.T) {
 	}
 	ev := lambdaEvent(ctx, t, tr.SQS(), *url.QueueUrl, 1)
 	ev.Records[0].EventSourceARN = "arn:aws:sqs:us-east-1:000000000000:" + tr.QueueName("retrying")
-	resp, err := sqslambda.NewHandler(b)(ctx, ev)
+	resp, err := sqslambda.NewHandler(b, sqslambda.WithBackoff(bus.Backoff{Initial: time.Second, Max: time.Second}))(ctx, ev)
 	if err != nil || len(resp.BatchItemFailures) != 1 {
 		t.Fatalf("failures %v, err %v", resp.BatchItemFailures, err)
 	}

@@ -23,10 +23,6 @@ var (
 	// ignores is logged on log (nil: not logged).
 	Decode func(ctx context.Context, log *slog.Logger, msg sqstypes.Message, d *bus.Delivery)
 
-	// Backoff returns the retry back-off of t (an *sqs.Transport) after
-	// attempt: how long its Return keeps a failed message invisible.
-	Backoff func(t bus.Transport, attempt int) time.Duration
-
 	// ChangeVisibility makes the message with receiptHandle, received from
 	// the queue named queue, visible again after delay, through t (an
 	// *sqs.Transport). Once the queue is known, the change is made even if
