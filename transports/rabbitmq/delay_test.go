@@ -151,7 +151,9 @@ func TestReturnAfterIsNotShortenedByTheMessagesExpiration(t *testing.T) {
 // queue, where only the head expires). Scaled: 10 minutes and 300 ms.
 func TestLongDelayDoesNotHoldBackAShortOne(t *testing.T) {
 	e := newEnv(t)
-	tr := e.transport(t)
+	// Prefetch 2 for the two originals; then, while the short one is
+	// received, the long one would stay ready in the queue had it come.
+	tr := e.transport(t, rabbitmq.WithPrefetch(2))
 	ctx := testContext(t, time.Minute)
 	setUp(ctx, t, tr, e.endpoint)
 	name := transporttest.Name(delayTestName)
@@ -172,11 +174,11 @@ func TestLongDelayDoesNotHoldBackAShortOne(t *testing.T) {
 	if got.d.Attributes.MessageID != "short" {
 		t.Fatalf("received %s first, want the message delayed 300ms", got.d.Attributes.MessageID)
 	}
-	if err := tr.Delete(ctx, got.d); err != nil {
-		t.Fatal(err)
-	}
 	if n := e.adm.depth(t, e.endpoint); n != 0 {
 		t.Errorf("%d messages in the endpoint queue, want none: the long delay is still waiting", n)
+	}
+	if err := tr.Delete(ctx, got.d); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("the 300ms delay arrived %v after it was due", got.at.Sub(due))
 }
@@ -252,42 +254,60 @@ func TestDelayedMessagesArriveInOrderOfDueTime(t *testing.T) {
 
 // A delayed publish is routed by its name when its delay ends: each
 // endpoint that handles the name then gets one copy, also one that
-// subscribed during the delay.
+// subscribed during the delay. Endpoints on another events exchange
+// (another environment on the vhost) get none, also when the exchange
+// and message names, joined by a dot, read the same.
 func TestDelayedPublishReachesEachSubscriberOnceWhenDue(t *testing.T) {
 	e := newEnv(t)
 	ctx := testContext(t, time.Minute)
-	name := transporttest.Name(delayTestName)
+	base := transporttest.Name("plugbus-test")
+	exchange, name := base+".x", transporttest.Name(delayTestName)
+	t.Cleanup(func() { e.adm.deleteExchange(t, base); e.adm.deleteExchange(t, exchange) })
 	var subscribers []*rabbitmq.Transport
 	var endpoints []string
 	subscribe := func() {
 		endpoint := transporttest.Name("rmq-delay-sub")
-		tr := e.transport(t)
+		// Prefetch 1: a second copy would stay ready in the queue while
+		// the first is received.
+		tr := open(t, e.url, e.adm, rabbitmq.WithExchange(exchange), rabbitmq.WithPrefetch(1))
 		setUp(ctx, t, tr, endpoint, name)
 		subscribers, endpoints = append(subscribers, tr), append(endpoints, endpoint)
 	}
 	for range 3 {
 		subscribe()
 	}
-	publisher := e.transport(t)
+	// Not consuming: whatever reaches it stays ready in its queue.
+	elsewhere := transporttest.Name("rmq-delay-elsewhere")
+	other := open(t, e.url, e.adm, rabbitmq.WithExchange(base))
+	setUp(ctx, t, other, elsewhere, "x."+name)
+	if err := other.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	publisher := open(t, e.url, e.adm, rabbitmq.WithExchange(exchange))
 	const delay = 400 * time.Millisecond
 	due := time.Now().Add(delay)
 	if err := publisher.EmitAfter(ctx, message(name, "event-1"), "", delay); err != nil {
 		t.Fatalf("delayed publish: %v", err)
 	}
 	subscribe() // during the delay
+	var got []arrival
 	for i, tr := range subscribers {
-		got := receiveBy(ctx, t, tr, due.Add(5*time.Second), "the delayed publish at "+endpoints[i])
-		notBefore(t, got, due)
-		if got.d.Attributes.MessageID != "event-1" || got.d.Attempt != 1 {
-			t.Errorf("%s received %s attempt %d, want event-1 attempt 1", endpoints[i], got.d.Attributes.MessageID, got.d.Attempt)
+		a := receiveBy(ctx, t, tr, due.Add(5*time.Second), "the delayed publish at "+endpoints[i])
+		notBefore(t, a, due)
+		if a.d.Attributes.MessageID != "event-1" || a.d.Attempt != 1 {
+			t.Errorf("%s received %s attempt %d, want event-1 attempt 1", endpoints[i], a.d.Attributes.MessageID, a.d.Attempt)
 		}
-		if err := tr.Delete(ctx, got.d); err != nil {
-			t.Fatal(err)
+		got = append(got, a)
+	}
+	// Every copy was routed when the delay ended, at once.
+	for _, endpoint := range append(endpoints, elsewhere) {
+		if n := e.adm.depth(t, endpoint); n != 0 {
+			t.Errorf("%s has %d more copies, want none", endpoint, n)
 		}
 	}
-	for _, endpoint := range endpoints {
-		if n := e.adm.depth(t, endpoint); n != 0 {
-			t.Errorf("%s has %d more copies, want one in all", endpoint, n)
+	for i, a := range got {
+		if err := subscribers[i].Delete(ctx, a.d); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
@@ -298,7 +318,9 @@ func TestDelayedSendReachesOnlyItsQueueWhateverItsName(t *testing.T) {
 	e := newEnv(t)
 	ctx := testContext(t, time.Minute)
 	base := transporttest.Name("rmq-delay")
-	wild, plain := e.transport(t), e.transport(t)
+	// Prefetch 1: a message routed to the wrong queue as well would stay
+	// ready in it while the right one is received.
+	wild, plain := e.transport(t, rabbitmq.WithPrefetch(1)), e.transport(t, rabbitmq.WithPrefetch(1))
 	setUp(ctx, t, wild, base+".#")
 	setUp(ctx, t, plain, base+".a%2E*")
 	const delay = 50 * time.Millisecond
@@ -309,22 +331,26 @@ func TestDelayedSendReachesOnlyItsQueueWhateverItsName(t *testing.T) {
 	if err := plain.EmitAfter(ctx, message(transporttest.Name(delayTestName), "to-wild"), base+".#", delay); err != nil {
 		t.Fatal(err)
 	}
+	var got []arrival
 	for _, c := range []struct {
 		tr *rabbitmq.Transport
 		id string
 	}{{plain, "to-plain"}, {wild, "to-wild"}} {
-		got := receiveBy(ctx, t, c.tr, due.Add(5*time.Second), c.id)
-		notBefore(t, got, due)
-		if got.d.Attributes.MessageID != c.id {
-			t.Errorf("received %s, want %s", got.d.Attributes.MessageID, c.id)
+		a := receiveBy(ctx, t, c.tr, due.Add(5*time.Second), c.id)
+		notBefore(t, a, due)
+		if a.d.Attributes.MessageID != c.id {
+			t.Errorf("received %s, want %s", a.d.Attributes.MessageID, c.id)
 		}
-		if err := c.tr.Delete(ctx, got.d); err != nil {
-			t.Fatal(err)
-		}
+		got = append(got, a)
 	}
 	for _, q := range []string{base + ".#", base + ".a%2E*"} {
 		if n := e.adm.depth(t, q); n != 0 {
 			t.Errorf("%s has %d more messages, want none", q, n)
+		}
+	}
+	for i, tr := range []*rabbitmq.Transport{plain, wild} {
+		if err := tr.Delete(ctx, got[i].d); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
@@ -511,16 +537,21 @@ func TestDelayedMessagesSurviveABrokerRestart(t *testing.T) {
 
 	// Delay queues and exchanges deleted behind the transport's back are
 	// declared again by the next delay that needs them.
+	deleteQueue := func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(rabbitmq.DelayPrefix+"03", false, false, false)
+		return err
+	}
+	deleteExchange := func(ch *amqp.Channel) error { return ch.ExchangeDelete(rabbitmq.DelayPrefix+"05", false, false) }
 	for _, c := range []struct {
 		what   string
 		delete func(ch *amqp.Channel) error
 		delay  time.Duration // its highest level is the one deleted
 		emit   bool          // through EmitAfter rather than ReturnAfter
 	}{
-		{"a level queue", func(ch *amqp.Channel) error { _, err := ch.QueueDelete(rabbitmq.DelayPrefix+"03", false, false, false); return err }, 75 * time.Millisecond, false},
-		{"a level exchange", func(ch *amqp.Channel) error { return ch.ExchangeDelete(rabbitmq.DelayPrefix+"05", false, false) }, 400 * time.Millisecond, false},
-		{"a level queue", func(ch *amqp.Channel) error { _, err := ch.QueueDelete(rabbitmq.DelayPrefix+"03", false, false, false); return err }, 75 * time.Millisecond, true},
-		{"a level exchange", func(ch *amqp.Channel) error { return ch.ExchangeDelete(rabbitmq.DelayPrefix+"05", false, false) }, 400 * time.Millisecond, true},
+		{"a level queue", deleteQueue, 75 * time.Millisecond, false},
+		{"a level exchange", deleteExchange, 400 * time.Millisecond, false},
+		{"a level queue", deleteQueue, 75 * time.Millisecond, true},
+		{"a level exchange", deleteExchange, 400 * time.Millisecond, true},
 	} {
 		e.adm.do(t, c.delete)
 		var due time.Time
