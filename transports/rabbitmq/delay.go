@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -224,12 +223,16 @@ func delayedRoute(delay time.Duration, tail ...string) (route, error) {
 }
 
 // delayLevel returns the name of the exchange and the queue of a level.
-func delayLevel(level int) string {
-	if level < 10 {
-		return DelayPrefix + "0" + strconv.Itoa(level)
+func delayLevel(level int) string { return delayLevelNames[level] }
+
+// delayLevelNames are the names of the levels, DelayPrefix and two
+// digits, made once: a delay costs no allocation for them.
+var delayLevelNames = func() (names [delayLevels]string) {
+	for level := range names {
+		names[level] = fmt.Sprintf("%s%02d", DelayPrefix, level)
 	}
-	return DelayPrefix + strconv.Itoa(level)
-}
+	return names
+}()
 
 // escapeWord makes s one literal part of a routing key or binding pattern:
 // '%', '*' and '#' (and '.', with dots, so that s is one word) become %XX.
