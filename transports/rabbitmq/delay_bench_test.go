@@ -28,7 +28,9 @@ func BenchmarkReturnAfter(b *testing.B) {
 		name string
 		give func(ctx context.Context, tr *rabbitmq.Transport, d *bus.Delivery) error
 	}{
-		{"Return", func(ctx context.Context, tr *rabbitmq.Transport, d *bus.Delivery) error { return tr.Return(ctx, d, failed) }},
+		{"Return", func(ctx context.Context, tr *rabbitmq.Transport, d *bus.Delivery) error {
+			return tr.Return(ctx, d, failed)
+		}},
 		{"ReturnAfter", func(ctx context.Context, tr *rabbitmq.Transport, d *bus.Delivery) error {
 			return tr.ReturnAfter(ctx, d, failed, 10*time.Millisecond)
 		}},
