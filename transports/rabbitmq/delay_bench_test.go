@@ -47,7 +47,7 @@ func BenchmarkReturnAfter(b *testing.B) {
 				b.Fatal(err)
 			}
 			for i := range inFlight {
-				if err := tr.Send(ctx, message("bench.order", "m-"+strconv.Itoa(i)), bus.SendOptions{Destination: endpoint}); err != nil {
+				if err := tr.Send(ctx, message(delayTestName+"-bench", "m-"+strconv.Itoa(i)), bus.SendOptions{Destination: endpoint}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -62,6 +62,18 @@ func BenchmarkReturnAfter(b *testing.B) {
 					b.Fatal(err)
 				}
 				tr.ReleaseDelivery(d)
+			}
+			b.StopTimer()
+			// Every message is either received or on its way back: take
+			// them all, so that no delayed copy outlives the endpoint queue.
+			for range inFlight {
+				d, err := tr.Receive(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := tr.Delete(ctx, d); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}
