@@ -83,9 +83,9 @@ const maxDelay = (1<<delayLevels-1)*delayUnit - delayClockMargin
 // broker's confirmation and then acknowledges d. The copy also leaves out
 // the broker's dead-lettering headers (x-death, x-first-death-*,
 // x-last-death-*), with which the broker would take its passage through a
-// delay queue it already went through for a dead-letter cycle and drop
-// it, and the expiration property, which would expire it in a delay queue
-// before its time.
+// delay queue it already went through for a dead-letter cycle and keep it
+// there for good, and the expiration property, which would expire it in a
+// delay queue before its time.
 //
 // The delay is rounded up to the next 10 ms (after adding 1 ms); each delay
 // queue the message waits in adds a few milliseconds on a healthy broker.
@@ -198,8 +198,8 @@ func delayedRoute(delay time.Duration, tail ...string) (route, error) {
 		n += 1 + len(w)
 	}
 	if n > maxShortString {
-		return r, fmt.Errorf("its delay routing key would be %d bytes, over AMQP's %d: the delay bits take %d, leaving %d for the queue or the events exchange and message name; use shorter names",
-			n, maxShortString, 2*delayLevels, maxShortString-2*delayLevels)
+		return r, fmt.Errorf("its delay routing key would be %d bytes, over AMQP's %d, of which the delay bits take %d: use a shorter queue name, or a shorter message and events exchange name",
+			n, maxShortString, 2*delayLevels)
 	}
 	b.Grow(n)
 	top := 0
@@ -259,7 +259,10 @@ func escapeWord(s string, dots bool) string {
 // headers of a copy about to enter the delay queues again. The broker
 // reads x-death to detect dead-letter cycles: a message that went through
 // a level queue and is dead-lettered into it again, with no rejection in
-// between, is dropped.
+// between, is dropped by at-most-once dead-lettering and, by the
+// at-least-once dead-lettering of the delay queues, kept in the queue it
+// leaves for good (logged once by the broker: "Dead-letter queues cycle
+// detected").
 func forgetDeaths(h amqp.Table) {
 	for k := range h {
 		if k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {

@@ -97,8 +97,10 @@ func TestReturnAfterDeliversTheCopyAfterItsDelayWithItsAttemptRaised(t *testing.
 
 // A message that waited in some delay queues, delayed again by the same
 // amount, waits in the same queues again. The broker records each
-// dead-lettering in the x-death header and drops a message dead-lettered
-// into a queue its x-death names (a "cycle"): the copy must arrive.
+// dead-lettering in the x-death header, and takes a message dead-lettered
+// into a queue its x-death names for a "cycle": at-least-once
+// dead-lettering then keeps it in the queue it leaves, for good. The copy
+// must arrive.
 func TestReturnAfterThroughTheSameDelayQueuesAgainArrives(t *testing.T) {
 	e := newEnv(t)
 	tr := e.transport(t)
