@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -239,15 +240,19 @@ var delayLevelNames = func() (names [delayLevels]string) {
 // A word "*" or "#" in a binding pattern would be a wildcard; escaped, a
 // queue name routes to that queue alone.
 func escapeWord(s string, dots bool) string {
-	if !strings.ContainsAny(s, "%*#.") {
+	escaped := func(c byte) bool { return c == '%' || c == '*' || c == '#' || c == '.' && dots }
+	if !strings.ContainsFunc(s, func(r rune) bool { return r < utf8.RuneSelf && escaped(byte(r)) }) {
 		return s
 	}
+	const hex = "0123456789ABCDEF"
 	var b strings.Builder
+	b.Grow(len(s) + 8)
 	for i := range len(s) {
-		switch c := s[i]; {
-		case c == '%', c == '*', c == '#', c == '.' && dots:
-			fmt.Fprintf(&b, "%%%02X", c)
-		default:
+		if c := s[i]; escaped(c) {
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		} else {
 			b.WriteByte(c)
 		}
 	}
