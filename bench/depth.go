@@ -89,9 +89,9 @@ func plugbusDeliver(layers int, stage bus.Stage) (func() error, error) {
 // dropTransport accepts every message and drops it.
 type dropTransport struct{}
 
-func (dropTransport) Setup(context.Context, bus.Topology) error                     { return nil }
-func (dropTransport) Send(context.Context, *bus.Envelope, bus.SendOptions) error    { return nil }
-func (dropTransport) Publish(context.Context, *bus.Envelope, bus.SendOptions) error { return nil }
+func (dropTransport) Setup(context.Context, bus.Topology) error         { return nil }
+func (dropTransport) Send(context.Context, *bus.Envelope, string) error { return nil }
+func (dropTransport) Publish(context.Context, *bus.Envelope) error      { return nil }
 func (dropTransport) Receive(ctx context.Context) (*bus.Delivery, error) {
 	<-ctx.Done()
 	return nil, ctx.Err()

@@ -100,9 +100,9 @@ func BenchmarkIncomingChain(b *testing.B) {
 // outgoing pipeline's cost.
 type nullTransport struct{ bus.Transport }
 
-func (nullTransport) Send(context.Context, *bus.Envelope, bus.SendOptions) error    { return nil }
-func (nullTransport) Publish(context.Context, *bus.Envelope, bus.SendOptions) error { return nil }
-func (nullTransport) Close(context.Context) error                                   { return nil }
+func (nullTransport) Send(context.Context, *bus.Envelope, string) error { return nil }
+func (nullTransport) Publish(context.Context, *bus.Envelope) error      { return nil }
+func (nullTransport) Close(context.Context) error                       { return nil }
 
 // BenchmarkOutgoingChain measures Publish with N no-op outgoing layers to a
 // transport that does nothing.

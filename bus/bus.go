@@ -31,12 +31,16 @@ type Bus struct {
 	logger             *slog.Logger
 	serializer         Serializer
 	contentType        string
-	maxAttempts        int
+	retry              RetryPolicy
+	retryFor           map[string]RetryPolicy // WithRetryFor, by message name
+	maxAttempts        int                    // the most any policy delivers a message: Topology.MaxAttempts
+	delayer            Delayer                // the transport, when it carries delays
 	concurrency        int
 	handlers           map[string][]*handler // by message name
 	handledNames       []string              // the keys of handlers, sorted
 	routes             map[string]string
 	unhandled          UnhandledPolicy
+	permanent          []func(error) bool // classifiers (WithPermanentErrors)
 	middleware         []Middleware
 	needsInstanceQueue bool
 
@@ -65,7 +69,7 @@ type Bus struct {
 // New builds a bus from options, applied once: nothing can be registered on
 // a bus afterwards. Each plugin is instantiated here, in order.
 func New(opts ...Option) (*Bus, error) {
-	c := config{concurrency: 8, maxAttempts: 5, serializer: JSON{}}
+	c := config{concurrency: 8, retry: DefaultRetryPolicy(), serializer: JSON{}}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -84,28 +88,31 @@ func New(opts ...Option) (*Bus, error) {
 		return nil, errors.New("bus: a bus with handlers needs an endpoint: add bus.WithEndpoint(name)")
 	}
 	if c.transport == nil {
-		c.transport = NewMemoryTransport(NewMemoryBroker())
+		c.transport = newMemTransport(newMemBroker())
 	}
 	b := &Bus{
 		name: c.name, endpoint: c.endpoint, t: c.transport,
 		logger:      c.logger.With(slog.String("bus", c.name)),
 		serializer:  c.serializer,
 		contentType: c.serializer.ContentType(),
-		maxAttempts: c.maxAttempts, concurrency: c.concurrency,
+		retry:       c.retry, retryFor: c.retryFor, concurrency: c.concurrency,
 		handlers: make(map[string][]*handler),
 		routes:   c.routes, unhandled: c.unhandled,
+		permanent: c.permanent,
 	}
 	b.headerValidator, _ = c.transport.(HeaderValidator)
 	b.releaser, _ = c.transport.(DeliveryReleaser)
 	if ec, ok := c.transport.(EnvelopeCopier); ok {
 		b.lendEnvelopes = ec.CopiesEnvelopes()
 	}
+	b.delayer, _ = c.transport.(Delayer)
 	if rc, ok := c.transport.(ReceiveCounter); ok {
 		b.countsReceives = rc.CountsReceives()
 	}
 	if err := b.registerHandlers(c.handlers); err != nil {
 		return nil, err
 	}
+	b.maxAttempts = b.mostAttempts()
 	if err := b.instantiatePlugins(c.plugins); err != nil {
 		return nil, err
 	}
@@ -121,6 +128,11 @@ func New(opts ...Option) (*Bus, error) {
 // name.
 func (b *Bus) registerHandlers(handlers []*handler) error {
 	for _, h := range handlers {
+		if h.retry != nil {
+			if err := h.retry.validate(); err != nil {
+				return fmt.Errorf("bus: HandlerRetry of handler %s of %s: %w", h.name, h.msgName, err)
+			}
+		}
 		for _, other := range b.handlers[h.msgName] {
 			if other.goType != h.goType {
 				return fmt.Errorf("bus: message name %q is the MessageName of both %s and %s: one name must decode into one Go type (the body would be decoded into both, and the fields one type lacks left zero); give one type its own MessageName, or handle both with the same type", h.msgName, other.typeName, h.typeName)

@@ -6,8 +6,8 @@
 //	b, err := bus.New(
 //		bus.WithEndpoint("shipping"),
 //		bus.WithHandler(func(ctx context.Context, m PaymentTaken, a bus.Attributes) error {
-//			b, _, _ := bus.MessageContext(ctx) // the bus handling this message
-//			return b.Publish(ctx, OrderShipped{OrderID: m.OrderID}) // sent when this handler succeeds
+//			shipping, _, _ := bus.MessageContext(ctx) // the bus handling this message
+//			return shipping.Publish(ctx, OrderShipped{OrderID: m.OrderID}) // sent when this handler succeeds
 //		}),
 //		bus.WithMiddleware(otel.New(), logging),
 //	)
@@ -54,15 +54,25 @@
 //
 // # Failures
 //
-// A message returned for retry comes back with its attempt raised; after
-// [WithMaxAttempts] deliveries it goes to the endpoint's dead-letter queue
-// with its [Failure]. A message that cannot be decoded is dead-lettered at
-// once. So is a message whose name none of the bus's handlers handles,
-// once its incoming middleware passed it on (a [*NoHandlerError] naming
-// the message and the endpoint, logged at WARN); [WithUnhandled] with
+// A failed message is retried as its retry policy says ([RetryPolicy]):
+// at once, then in delayed rounds; it comes back with its attempt raised,
+// and once the policy is used up it goes to the endpoint's dead-letter
+// queue with its [Failure]. A permanent failure, which no retry can fix,
+// is dead-lettered at once, on its first attempt, with a reason that says
+// so ([IsPermanent]): an error marked with [Permanent] by a handler or a
+// middleware (also in another process), one a classifier of the bus marks
+// ([WithPermanentErrors]), and a message that cannot be decoded. So is a
+// message whose name none of the bus's handlers handles, once its
+// incoming middleware passed it on (a [*NoHandlerError] naming the
+// message and the endpoint, logged at WARN); [WithUnhandled] with
 // [UnhandledDiscard] deletes such messages instead, logged at INFO and
 // visible to middleware through [Incoming.Unhandled]. Panics in handlers
 // and middleware are recovered as [*PanicError]. Nothing is lost silently.
+//
+// Whatever waits before trying again (a delayed retry round, a plugin
+// restart, the outbox relay, a store's retry of a message the transport
+// refused) waits a [Backoff]: exponential, with full jitter, set by an
+// option spelled WithBackoff in the packages outside bus.
 //
 // Registration mistakes fail [New] with an error saying what to change:
 // two Go types with one message name, one message routed to two
@@ -75,4 +85,33 @@
 // in New, with [PluginInfo]. A [Middleware] value is itself a plugin.
 // Nothing is package-level: two buses in one process never see each
 // other's middleware or context.
+//
+// # Writing a transport
+//
+// A transport connects a bus to a broker. It implements [Transport]: the
+// bus gives it a [Topology] to declare at Start, hands it each [Envelope]
+// to Send (to an endpoint) or Publish, and receives each
+// [Delivery] from it, settled with exactly one of Delete, Return or Fail
+// (with a [Failure]); the transport reads each message it dead-lettered
+// back as a [DeadLetter]. It refuses what it cannot carry with the core's
+// errors ([ErrClosed], [ErrNoRoute], [*HeaderReservedError],
+// [*MessageTooLargeError]). Whatever more it offers is an optional
+// interface, checked at run time by the code that uses it:
+//
+//	interface             what the transport offers                            used by
+//	HeaderValidator       refuses a header at send, before any outbox          the bus, at Send and Publish
+//	EnvelopeCopier        keeps no pointer to a sent envelope                  the bus, to reuse envelopes
+//	DeliveryReleaser      reuses a delivery once the bus is done with it       the bus, after settling
+//	ReceiveCounter        its broker counts receives and dead-letters          the bus, at Stop on a last attempt
+//	Connector             holds a connection; Connect waits for it             the bus, at Start of a send-only bus
+//	Delayer               delivers a returned message after a delay            the bus, for delayed retries (RetryPolicy)
+//	InstanceQueuer        a queue of this bus instance alone                   New, for middleware such as requestreply
+//	InstanceReceiver      receives from the instance queue alone               the bus, for replies while handlers wait
+//	MessagingSystemNamer  names its messaging system                           plugins/otel (messaging.system)
+//
+// Package transports/transporttest is the conformance suite every
+// transport passes. The memory transport (transports/memory, implemented
+// in this package's memory.go so that it can be New's default) is the
+// smallest complete one. A new transport lives in a package of its own
+// under transports/; docs/transports/contract.md explains each piece.
 package bus

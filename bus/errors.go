@@ -17,6 +17,8 @@ var (
 	ErrNextMisused = errors.New("bus: next called twice or after its middleware returned")
 	// ErrHeaderReserved is matched by [*HeaderReservedError].
 	ErrHeaderReserved = errors.New("bus: header name reserved by the transport")
+	// ErrMessageTooLarge is matched by [*MessageTooLargeError].
+	ErrMessageTooLarge = errors.New("bus: message too large for the transport")
 	// ErrHandlerDispatchRejected is matched by [*HandlerDispatchRejectedError].
 	ErrHandlerDispatchRejected = errors.New("bus: handler dispatch rejected")
 	// ErrDecode is matched by [*DecodeError].
@@ -71,6 +73,31 @@ func (e *HeaderReservedError) Error() string {
 
 // Is reports whether target is ErrHeaderReserved.
 func (e *HeaderReservedError) Is(target error) bool { return target == ErrHeaderReserved }
+
+// MessageTooLargeError is returned by a transport's Send or Publish for a
+// message larger than the transport accepts (its WithMaxMessageSize
+// option, set to what the broker takes). Nothing was sent.
+type MessageTooLargeError struct {
+	// Transport names the transport: "rabbitmq", "sqs".
+	Transport string
+	// Message is the message name.
+	Message string
+	// Size is the message's size as the transport measures it against
+	// Limit, in bytes: the body on RabbitMQ; on SQS the encoded body with
+	// the names, types and values of its message attributes.
+	Size int
+	// Limit is the largest size the transport accepts, in bytes.
+	Limit int
+}
+
+// Error implements error.
+func (e *MessageTooLargeError) Error() string {
+	return fmt.Sprintf("bus: message %s is %d bytes as the %s transport measures it, over its %d-byte limit; send large payloads by reference (store them elsewhere, for example in S3, and send their address), or raise the transport's WithMaxMessageSize as far as the broker accepts",
+		e.Message, e.Size, e.Transport, e.Limit)
+}
+
+// Is reports whether target is ErrMessageTooLarge.
+func (e *MessageTooLargeError) Is(target error) bool { return target == ErrMessageTooLarge }
 
 // HandlerFailure is one handler's failure within a dispatch.
 type HandlerFailure struct {
@@ -136,9 +163,9 @@ func (e *DecodeError) Unwrap() error { return e.Err }
 // NoHandlerError reports a received message whose name no handler of the
 // bus handles and that no incoming middleware handled either (a reply
 // resolved by request/reply, a message a filter stopped). Like a
-// [*DecodeError] it is poison ([IsPoison]): the message is dead-lettered at
-// once, with this error as the reason — unless the bus discards such
-// messages ([WithUnhandled]).
+// [*DecodeError] it is permanent ([IsPermanent]): the message is
+// dead-lettered at once, with this error as the reason — unless the bus
+// discards such messages ([WithUnhandled]).
 type NoHandlerError struct {
 	// Message is the message's name as received. It may be any bytes,
 	// including invalid UTF-8: Error quotes it.
@@ -177,37 +204,6 @@ func (e *PanicError) Is(target error) bool { return target == ErrPanic }
 func (e *PanicError) Unwrap() error {
 	if err, ok := e.Value.(error); ok {
 		return err
-	}
-	return nil
-}
-
-// IsPoison reports whether err says the message can never be processed,
-// as opposed to a handler's failure that a retry may fix: the bus could
-// not decode it (a [*DecodeError]), or no handler handles its name (a
-// [*NoHandlerError]). It looks for either error from the bus itself,
-// possibly wrapped by middleware, but not one a handler returned (a
-// handler's error inside a HandlerDispatchRejectedError is retried like
-// any other).
-func IsPoison(err error) bool { return poisonCause(err) != nil }
-
-// poisonCause returns the *DecodeError or *NoHandlerError of the bus that
-// makes err poison, or nil.
-func poisonCause(err error) error {
-	for err != nil {
-		switch e := err.(type) {
-		case *DecodeError, *NoHandlerError:
-			return e
-		case *HandlerDispatchRejectedError:
-			return nil
-		case interface{ Unwrap() []error }:
-			for _, inner := range e.Unwrap() {
-				if p := poisonCause(inner); p != nil {
-					return p
-				}
-			}
-			return nil
-		}
-		err = errors.Unwrap(err)
 	}
 	return nil
 }

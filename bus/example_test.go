@@ -196,7 +196,7 @@ func ExampleWithUnhandled() {
 		watch := bus.Middleware{Name: "watch", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
 			defer close(done)
 			err := next(ctx)
-			fmt.Printf("%s: %s, unhandled %t, poison %t\n", policy, in.Name(), in.Unhandled(), bus.IsPoison(err))
+			fmt.Printf("%s: %s, unhandled %t, permanent %t\n", policy, in.Name(), in.Unhandled(), bus.IsPermanent(err))
 			return err
 		}}
 		b, _ := bus.New(bus.WithEndpoint("orders"), bus.WithLogger(discard()), bus.WithUnhandled(policy), bus.WithMiddleware(watch),
@@ -204,6 +204,6 @@ func ExampleWithUnhandled() {
 		run(b, ChargeCard{OrderID: "o-1"}, []bus.SendOption{bus.To("orders")}, done)
 	}
 	// Output:
-	// dead-letter: billing.charge_card, unhandled true, poison true
-	// discard: billing.charge_card, unhandled true, poison false
+	// dead-letter: billing.charge_card, unhandled true, permanent true
+	// discard: billing.charge_card, unhandled true, permanent false
 }

@@ -55,11 +55,11 @@ func TestUndecodableMessageDeadLettersAtOnce(t *testing.T) {
 	raw := memory.New(memory.WithBroker(e.broker))
 	poison := &bus.Envelope{Name: "shop.order_placed", ContentType: "application/json", Body: []byte(`{"id": 42`),
 		Attributes: bus.NewAttributes("m-poison", "c", fixedTime(), nil, nil)}
-	if err := raw.Send(t.Context(), poison, bus.SendOptions{Destination: "ep"}); err != nil {
+	if err := raw.Send(t.Context(), poison, "ep"); err != nil {
 		t.Fatal(err)
 	}
 	noName := &bus.Envelope{Body: []byte(`{}`), Attributes: bus.NewAttributes("m-noname", "c", fixedTime(), nil, nil)}
-	if err := raw.Send(t.Context(), noName, bus.SendOptions{Destination: "ep"}); err != nil {
+	if err := raw.Send(t.Context(), noName, "ep"); err != nil {
 		t.Fatal(err)
 	}
 	s := e.expect(bustest.DeadLettered)

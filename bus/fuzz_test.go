@@ -133,10 +133,10 @@ func newFeedTransport() *feedTransport {
 }
 
 func (*feedTransport) Setup(context.Context, bus.Topology) error { return nil }
-func (*feedTransport) Send(context.Context, *bus.Envelope, bus.SendOptions) error {
+func (*feedTransport) Send(context.Context, *bus.Envelope, string) error {
 	return errors.New("fuzz: nothing is sent")
 }
-func (*feedTransport) Publish(context.Context, *bus.Envelope, bus.SendOptions) error {
+func (*feedTransport) Publish(context.Context, *bus.Envelope) error {
 	return errors.New("fuzz: nothing is published")
 }
 func (*feedTransport) Close(context.Context) error { return nil }
@@ -337,7 +337,7 @@ func FuzzDeliver(f *testing.F) {
 		msg, _, decodeErr := decodeLikeTheBus(name, body)
 		if decodeErr != nil {
 			var de *bus.DecodeError
-			if !errors.As(err, &de) || !bus.IsPoison(err) {
+			if !errors.As(err, &de) || !bus.IsPermanent(err) {
 				t.Fatalf("Deliver of an undecodable body: %v, want a poison *bus.DecodeError", err)
 			}
 			if len(orders)+len(refunds) > 0 {
@@ -346,7 +346,7 @@ func FuzzDeliver(f *testing.F) {
 			return
 		}
 		if o, ok := msg.(fuzzOrder); ok && (o.ID == "fail" || o.ID == "panic") {
-			if !errors.Is(err, bus.ErrHandlerDispatchRejected) || bus.IsPoison(err) {
+			if !errors.Is(err, bus.ErrHandlerDispatchRejected) || bus.IsPermanent(err) {
 				t.Fatalf("Deliver with a failing handler: %v, want a retryable *bus.HandlerDispatchRejectedError", err)
 			}
 		} else if err != nil {

@@ -21,6 +21,7 @@ type handler struct {
 	// asReceived turns what decode returned into what the handler
 	// receives, for Handling.Message; nil when they are the same.
 	asReceived func(any) Message
+	retry      *RetryPolicy // HandlerRetry; nil: the message's or the bus's
 }
 
 // HandlerOption configures one handler.
@@ -130,7 +131,8 @@ func funcName(fn any) string {
 type Outbound struct {
 	Kind     Kind
 	Envelope *Envelope
-	Options  SendOptions
+	// Destination is the endpoint of a send; empty for a publish.
+	Destination string
 }
 
 // Outbox receives the messages a handler sends. The default outbox buffers

@@ -60,6 +60,9 @@ func (b *Bus) Start(ctx context.Context) error {
 		// handler may be the one waiting for them.
 		b.instanceReceiver.Go(func() { b.receiveLoop(instanceCtx, handlerCtx, ir.ReceiveInstance) })
 	}
+	if receives && b.delayer == nil && b.delaysRetries() {
+		b.logger.WarnContext(ctx, "the transport cannot delay a message (it does not implement bus.Delayer): delayed retries happen at once; set a RetryPolicy without delayed rounds to silence this", slog.String("transport", fmt.Sprintf("%T", b.t)))
+	}
 	b.logger.InfoContext(ctx, "bus started", slog.String("endpoint", b.endpoint), slog.Int("concurrency", b.concurrency))
 	return nil
 }

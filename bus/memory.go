@@ -2,42 +2,52 @@ package bus
 
 import (
 	"cmp"
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/plugbus/plugbus/internal/memorybackend"
 )
 
-// MemoryBroker is an in-process broker: endpoint queues, subscriptions of
-// endpoints to message names, and dead-letter queues. Transports made from
-// one broker talk to each other, so two buses in one process can exchange
-// messages through it. Nothing survives the process.
-//
-// Most code uses it through package transports/memory; it lives here so
-// that it can be the default transport of [New].
-type MemoryBroker struct {
+// This file is the in-process transport. Its public home, with its
+// documentation, is package transports/memory, which reaches it through
+// internal/memorybackend; it lives here, unexported, so that it can be the
+// default transport of [New] (bus cannot import transports/memory, which
+// imports bus).
+
+func init() {
+	memorybackend.NewBroker = func() any { return newMemBroker() }
+	memorybackend.NewTransport = func(broker any) any { return newMemTransport(broker.(*memBroker)) }
+}
+
+// memBroker holds the endpoint queues, the subscriptions of endpoints to
+// message names, and the dead-letter queues of the transports made from it.
+type memBroker struct {
 	mu     sync.Mutex
 	queues map[string]*memQueue
 	subs   map[string]map[string]struct{} // message name → endpoints
 	dead   map[string][]DeadLetter
 	gone   map[string]struct{} // instance queues of closed transports
+
+	// Delayed items wait in a heap by due time; one timer, set for the
+	// earliest, puts the due ones back into their queues. No goroutine
+	// waits while nothing is due.
+	delayMu sync.Mutex
+	delayed memDelayHeap
+	timer   *time.Timer
 }
 
-// DeadLetter is a message in a memory dead-letter queue.
-type DeadLetter struct {
-	Envelope Envelope
-	Failure  Failure
+func newMemBroker() *memBroker {
+	return &memBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]DeadLetter{}, gone: map[string]struct{}{}}
 }
 
-// NewMemoryBroker returns an empty broker.
-func NewMemoryBroker() *MemoryBroker {
-	return &MemoryBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]DeadLetter{}, gone: map[string]struct{}{}}
-}
-
-func (br *MemoryBroker) queue(endpoint string) *memQueue {
+func (br *memBroker) queue(endpoint string) *memQueue {
 	br.mu.Lock()
 	defer br.mu.Unlock()
 	return br.queueLocked(endpoint)
@@ -45,7 +55,7 @@ func (br *MemoryBroker) queue(endpoint string) *memQueue {
 
 // sendQueue is queue for a send: gone reports (with no queue) the instance
 // queue of a closed transport, whose messages are dropped.
-func (br *MemoryBroker) sendQueue(endpoint string) (q *memQueue, gone bool) {
+func (br *memBroker) sendQueue(endpoint string) (q *memQueue, gone bool) {
 	br.mu.Lock()
 	defer br.mu.Unlock()
 	if _, gone := br.gone[endpoint]; gone {
@@ -54,7 +64,7 @@ func (br *MemoryBroker) sendQueue(endpoint string) (q *memQueue, gone bool) {
 	return br.queueLocked(endpoint), false
 }
 
-func (br *MemoryBroker) queueLocked(endpoint string) *memQueue {
+func (br *memBroker) queueLocked(endpoint string) *memQueue {
 	q := br.queues[endpoint]
 	if q == nil {
 		q = &memQueue{signal: make(chan struct{}, 1)}
@@ -64,7 +74,7 @@ func (br *MemoryBroker) queueLocked(endpoint string) *memQueue {
 }
 
 // DeadLetters returns the messages dead-lettered by endpoint, oldest first.
-func (br *MemoryBroker) DeadLetters(endpoint string) []DeadLetter {
+func (br *memBroker) DeadLetters(endpoint string) []DeadLetter {
 	br.mu.Lock()
 	defer br.mu.Unlock()
 	return slices.Clone(br.dead[endpoint])
@@ -72,7 +82,7 @@ func (br *MemoryBroker) DeadLetters(endpoint string) []DeadLetter {
 
 // Depth returns how many messages wait in endpoint's queue, not counting
 // those in flight.
-func (br *MemoryBroker) Depth(endpoint string) int {
+func (br *memBroker) Depth(endpoint string) int {
 	q := br.queue(endpoint)
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -82,8 +92,10 @@ func (br *MemoryBroker) Depth(endpoint string) int {
 type memItem struct {
 	env     Envelope
 	attempt int
+	retries RetryHistory
 	q       *memQueue // where it came from
 	seq     uint64    // receive order, to put in-flight items back in order
+	due     time.Time // when a delayed item goes back to q
 }
 
 // memQueue is an unbounded FIFO with a one-token wake-up signal passed on
@@ -160,13 +172,10 @@ func (q *memQueue) wake() {
 	}
 }
 
-// MemoryTransport is a [Transport] over a [MemoryBroker]. It is
-// at-least-once: a delivery stays in flight until it is deleted, returned
-// (redelivered with its attempt count raised) or failed (dead-lettered with
-// its failure); closing the transport puts what is in flight back at the
-// head of the queue. One receiver sees its queue in order.
-type MemoryTransport struct {
-	broker *MemoryBroker
+// memTransport is a [Transport] over a memBroker; transports/memory
+// documents its behaviour.
+type memTransport struct {
+	broker *memBroker
 
 	mu       sync.Mutex
 	endpoint string
@@ -179,17 +188,13 @@ type MemoryTransport struct {
 	isClosed bool
 }
 
-// NewMemoryTransport returns a transport on broker.
-func NewMemoryTransport(broker *MemoryBroker) *MemoryTransport {
-	return &MemoryTransport{broker: broker, inflight: map[*memItem]struct{}{}, closed: make(chan struct{})}
+func newMemTransport(broker *memBroker) *memTransport {
+	return &memTransport{broker: broker, inflight: map[*memItem]struct{}{}, closed: make(chan struct{})}
 }
-
-// Broker returns the transport's broker.
-func (t *MemoryTransport) Broker() *MemoryBroker { return t.broker }
 
 // Setup binds the transport to the endpoint's queue and subscribes it to
 // the published messages it handles.
-func (t *MemoryTransport) Setup(_ context.Context, topo Topology) error {
+func (t *memTransport) Setup(_ context.Context, topo Topology) error {
 	if topo.Endpoint == "" && !topo.Instance {
 		return errors.New("memory: Setup: empty endpoint")
 	}
@@ -224,7 +229,7 @@ func (t *MemoryTransport) Setup(_ context.Context, topo Topology) error {
 	return nil
 }
 
-func (t *MemoryTransport) check(ctx context.Context) error {
+func (t *memTransport) check(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -246,17 +251,17 @@ func copyEnvelope(env *Envelope) Envelope {
 
 // CopiesEnvelopes implements [EnvelopeCopier]: Send and Publish queue a
 // copy of the envelope.
-func (t *MemoryTransport) CopiesEnvelopes() bool { return true }
+func (t *memTransport) CopiesEnvelopes() bool { return true }
 
-// Send puts env on the queue of opts.Destination.
-func (t *MemoryTransport) Send(ctx context.Context, env *Envelope, opts SendOptions) error {
+// Send puts env on the queue of the endpoint named to.
+func (t *memTransport) Send(ctx context.Context, env *Envelope, to string) error {
 	if err := t.check(ctx); err != nil {
 		return err
 	}
-	if opts.Destination == "" {
+	if to == "" {
 		return fmt.Errorf("memory: send %s: %w: no destination", env.Name, ErrNoRoute)
 	}
-	q, gone := t.broker.sendQueue(opts.Destination)
+	q, gone := t.broker.sendQueue(to)
 	if gone {
 		return nil // the instance that asked is gone: like RabbitMQ and SQS, drop it
 	}
@@ -265,7 +270,7 @@ func (t *MemoryTransport) Send(ctx context.Context, env *Envelope, opts SendOpti
 }
 
 // Publish puts env on the queue of every endpoint subscribed to env.Name.
-func (t *MemoryTransport) Publish(ctx context.Context, env *Envelope, _ SendOptions) error {
+func (t *memTransport) Publish(ctx context.Context, env *Envelope) error {
 	if err := t.check(ctx); err != nil {
 		return err
 	}
@@ -285,7 +290,7 @@ func (t *MemoryTransport) Publish(ctx context.Context, env *Envelope, _ SendOpti
 
 // InstanceAddress returns the destination of this transport's own queue,
 // made by Setup with Topology.Instance.
-func (t *MemoryTransport) InstanceAddress() string {
+func (t *memTransport) InstanceAddress() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.iaddr
@@ -293,7 +298,7 @@ func (t *MemoryTransport) InstanceAddress() string {
 
 // Receive takes the next message of the endpoint's queue or of the
 // instance's queue.
-func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
+func (t *memTransport) Receive(ctx context.Context) (*Delivery, error) {
 	t.mu.Lock()
 	q, iq := t.q, t.iq
 	t.mu.Unlock()
@@ -301,7 +306,7 @@ func (t *MemoryTransport) Receive(ctx context.Context) (*Delivery, error) {
 }
 
 // ReceiveInstance takes the next message of the instance's queue.
-func (t *MemoryTransport) ReceiveInstance(ctx context.Context) (*Delivery, error) {
+func (t *memTransport) ReceiveInstance(ctx context.Context) (*Delivery, error) {
 	t.mu.Lock()
 	iq := t.iq
 	t.mu.Unlock()
@@ -311,7 +316,7 @@ func (t *MemoryTransport) ReceiveInstance(ctx context.Context) (*Delivery, error
 	return t.receive(ctx, nil, iq)
 }
 
-func (t *MemoryTransport) receive(ctx context.Context, q, iq *memQueue) (*Delivery, error) {
+func (t *memTransport) receive(ctx context.Context, q, iq *memQueue) (*Delivery, error) {
 	if q == nil && iq == nil {
 		return nil, errors.New("memory: Receive before Setup")
 	}
@@ -352,7 +357,7 @@ func (t *MemoryTransport) receive(ctx context.Context, q, iq *memQueue) (*Delive
 			it.seq = t.seq
 			t.inflight[it] = struct{}{}
 			t.mu.Unlock()
-			return &Delivery{Envelope: it.env, Attempt: it.attempt, Raw: it, Token: it}, nil
+			return &Delivery{Envelope: it.env, Attempt: it.attempt, Retries: it.retries, Raw: it, Token: it}, nil
 		}
 		select {
 		case <-qsig:
@@ -366,7 +371,7 @@ func (t *MemoryTransport) receive(ctx context.Context, q, iq *memQueue) (*Delive
 }
 
 // settle removes d from the in-flight set.
-func (t *MemoryTransport) settle(d *Delivery) (*memItem, error) {
+func (t *memTransport) settle(d *Delivery) (*memItem, error) {
 	it, _ := d.Token.(*memItem)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -381,23 +386,101 @@ func (t *MemoryTransport) settle(d *Delivery) (*memItem, error) {
 }
 
 // Delete acknowledges d.
-func (t *MemoryTransport) Delete(_ context.Context, d *Delivery) error {
+func (t *memTransport) Delete(_ context.Context, d *Delivery) error {
 	_, err := t.settle(d)
 	return err
 }
 
 // Return puts d back at the tail of the queue with its attempt raised.
-func (t *MemoryTransport) Return(_ context.Context, d *Delivery, _ error) error {
+func (t *memTransport) Return(_ context.Context, d *Delivery, _ error) error {
 	it, err := t.settle(d)
 	if err != nil {
 		return err
 	}
-	it.q.push(&memItem{env: it.env, attempt: it.attempt + 1, q: it.q}, false)
+	it.q.push(&memItem{env: it.env, attempt: it.attempt + 1, retries: d.Retries, q: it.q}, false)
 	return nil
 }
 
+// ReturnAfter gives d back to its queue with its attempt raised, no
+// earlier than delay from now. The delay is a timer of the broker: it
+// does not survive the process.
+func (t *memTransport) ReturnAfter(_ context.Context, d *Delivery, _ error, delay time.Duration) error {
+	it, err := t.settle(d)
+	if err != nil {
+		return err
+	}
+	next := &memItem{env: it.env, attempt: it.attempt + 1, retries: d.Retries, q: it.q}
+	if delay <= 0 {
+		it.q.push(next, false)
+		return nil
+	}
+	t.broker.delay(next, time.Now().Add(delay))
+	return nil
+}
+
+// MaxDelay is the longest time.Duration: a timer carries any delay.
+func (t *memTransport) MaxDelay() time.Duration { return math.MaxInt64 }
+
+// delay puts it into the heap until due, setting the timer when it is
+// the earliest.
+func (br *memBroker) delay(it *memItem, due time.Time) {
+	it.due = due
+	br.delayMu.Lock()
+	defer br.delayMu.Unlock()
+	heap.Push(&br.delayed, it)
+	if br.delayed[0] != it {
+		return // the timer is set for an earlier item
+	}
+	if br.timer == nil {
+		br.timer = time.AfterFunc(time.Until(due), br.releaseDue)
+	} else {
+		br.timer.Reset(time.Until(due))
+	}
+}
+
+// releaseDue puts every due item back into its queue and sets the timer
+// for the next.
+func (br *memBroker) releaseDue() {
+	br.delayMu.Lock()
+	now := time.Now()
+	var due []*memItem
+	for len(br.delayed) > 0 && !br.delayed[0].due.After(now) {
+		due = append(due, heap.Pop(&br.delayed).(*memItem))
+	}
+	if len(br.delayed) > 0 {
+		br.timer.Reset(time.Until(br.delayed[0].due))
+	}
+	br.delayMu.Unlock()
+	for _, it := range due {
+		it.due = time.Time{}
+		it.q.push(it, false)
+	}
+}
+
+// Delayed returns how many delayed messages wait in the broker.
+func (br *memBroker) Delayed() int {
+	br.delayMu.Lock()
+	defer br.delayMu.Unlock()
+	return len(br.delayed)
+}
+
+// memDelayHeap orders delayed items by due time (container/heap).
+type memDelayHeap []*memItem
+
+func (h memDelayHeap) Len() int           { return len(h) }
+func (h memDelayHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h memDelayHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *memDelayHeap) Push(x any)        { *h = append(*h, x.(*memItem)) }
+func (h *memDelayHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return it
+}
+
 // Fail moves d to the endpoint's dead-letter queue.
-func (t *MemoryTransport) Fail(_ context.Context, d *Delivery, f Failure) error {
+func (t *memTransport) Fail(_ context.Context, d *Delivery, f Failure) error {
 	it, err := t.settle(d)
 	if err != nil {
 		return err
@@ -417,7 +500,7 @@ func (t *MemoryTransport) Fail(_ context.Context, d *Delivery, f Failure) error 
 
 // Close stops receiving and puts deliveries still in flight back at the
 // head of the queue.
-func (t *MemoryTransport) Close(context.Context) error {
+func (t *memTransport) Close(context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.isClosed {
@@ -452,8 +535,8 @@ func (t *MemoryTransport) Close(context.Context) error {
 }
 
 var (
-	_ Transport        = (*MemoryTransport)(nil)
-	_ InstanceQueuer   = (*MemoryTransport)(nil)
-	_ InstanceReceiver = (*MemoryTransport)(nil)
-	_ EnvelopeCopier   = (*MemoryTransport)(nil)
+	_ Transport        = (*memTransport)(nil)
+	_ InstanceQueuer   = (*memTransport)(nil)
+	_ InstanceReceiver = (*memTransport)(nil)
+	_ EnvelopeCopier   = (*memTransport)(nil)
 )

@@ -9,8 +9,8 @@ import (
 // popping (its context ended) must pass the token on, or a message waits
 // while other receivers of the endpoint sleep.
 func TestMemoryReceiverLeavingPassesTheWakeUpOn(t *testing.T) {
-	broker := NewMemoryBroker()
-	tr := NewMemoryTransport(broker)
+	broker := newMemBroker()
+	tr := newMemTransport(broker)
 	if err := tr.Setup(context.Background(), Topology{Endpoint: "ep"}); err != nil {
 		t.Fatal(err)
 	}
@@ -31,16 +31,16 @@ func TestMemoryReceiverLeavingPassesTheWakeUpOn(t *testing.T) {
 // A receiver woken by the endpoint queue's token takes from the instance
 // queue first: it must pass the endpoint's token on.
 func TestMemoryReceiverTakingAnInstanceMessagePassesTheWakeUpOn(t *testing.T) {
-	broker := NewMemoryBroker()
-	tr := NewMemoryTransport(broker)
+	broker := newMemBroker()
+	tr := newMemTransport(broker)
 	if err := tr.Setup(context.Background(), Topology{Endpoint: "ep", Instance: true}); err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close(context.Background())
-	if err := tr.Send(context.Background(), &Envelope{Name: "a"}, SendOptions{Destination: "ep"}); err != nil {
+	if err := tr.Send(context.Background(), &Envelope{Name: "a"}, "ep"); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(context.Background(), &Envelope{Name: "b"}, SendOptions{Destination: tr.InstanceAddress()}); err != nil {
+	if err := tr.Send(context.Background(), &Envelope{Name: "b"}, tr.InstanceAddress()); err != nil {
 		t.Fatal(err)
 	}
 	<-tr.q.signal // this receiver took the endpoint queue's token …

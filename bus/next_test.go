@@ -170,11 +170,11 @@ func TestNextCalledAfterReturnOnAnotherGoroutine(t *testing.T) {
 // id "first".
 type refusingFirst struct{ *bustest.Transport }
 
-func (r refusingFirst) Send(ctx context.Context, env *bus.Envelope, o bus.SendOptions) error {
+func (r refusingFirst) Send(ctx context.Context, env *bus.Envelope, to string) error {
 	if env.Attributes.MessageID == "first" {
 		return errors.New("refused")
 	}
-	return r.Transport.Send(ctx, env, o)
+	return r.Transport.Send(ctx, env, to)
 }
 
 // A next kept after it failed (a middleware that would retry in the

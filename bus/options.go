@@ -18,9 +18,11 @@ type config struct {
 	concurrency int
 	logger      *slog.Logger
 	serializer  Serializer
-	maxAttempts int
+	retry       RetryPolicy
+	retryFor    map[string]RetryPolicy // by message name
 	routes      map[string]string
 	unhandled   UnhandledPolicy
+	permanent   []func(error) bool
 }
 
 // WithTransport sets the transport. The default is an in-memory transport
@@ -99,14 +101,15 @@ func WithSerializer(s Serializer) Option {
 	}
 }
 
-// WithMaxAttempts sets how many times a message is delivered before it is
-// dead-lettered. The default is 5.
+// WithMaxAttempts delivers a failing message n times in all, at once, and
+// then dead-letters it: it is WithRetry(RetryPolicy{Immediate: n - 1}),
+// with no delayed retries. The default is [DefaultRetryPolicy].
 func WithMaxAttempts(n int) Option {
 	return func(c *config) error {
 		if n < 1 {
 			return fmt.Errorf("bus: WithMaxAttempts(%d): must be at least 1", n)
 		}
-		c.maxAttempts = n
+		c.retry = RetryPolicy{Immediate: n - 1}
 		return nil
 	}
 }

@@ -157,7 +157,7 @@ func TestContextWithOutboxTakesTheMessagesOfItsBusOnly(t *testing.T) {
 	if err := b.Send(ctx, chargeCard{OrderID: "1"}, bus.WithMessageID("m-1")); err != nil {
 		t.Fatal(err)
 	}
-	if len(box) != 1 || box[0].Envelope.Attributes.MessageID != "m-1" || box[0].Options.Destination != "ep" || box[0].Kind != bus.KindSend {
+	if len(box) != 1 || box[0].Envelope.Attributes.MessageID != "m-1" || box[0].Destination != "ep" || box[0].Kind != bus.KindSend {
 		t.Fatalf("outbox got %+v", box)
 	}
 	other, _ := bus.New(bus.WithLogger(discard()), bus.WithRoute("ep", chargeCard{}))
@@ -224,7 +224,7 @@ func TestUseOutboxMovesWhatWasAlreadySent(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.expect(bustest.Deleted)
-	if len(box) != 1 || box[0].Envelope.Name != "shop.charge_card" || box[0].Options.Destination != "elsewhere" {
+	if len(box) != 1 || box[0].Envelope.Name != "shop.charge_card" || box[0].Destination != "elsewhere" {
 		t.Fatalf("outbox got %+v", box)
 	}
 	if got := e.chargesSentTo("elsewhere"); len(got) != 0 {

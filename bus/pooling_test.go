@@ -173,7 +173,7 @@ type keepingTransport struct {
 	ids  []string // message ids as they were during Send
 }
 
-func (k *keepingTransport) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (k *keepingTransport) Send(_ context.Context, env *bus.Envelope, _ string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.envs = append(k.envs, env)
@@ -310,7 +310,7 @@ type slowCopier struct {
 
 func (*slowCopier) CopiesEnvelopes() bool { return true }
 
-func (s *slowCopier) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (s *slowCopier) Send(_ context.Context, env *bus.Envelope, _ string) error {
 	if env.Attributes.MessageID == "slow" {
 		close(s.entered)
 		<-s.proceed

@@ -14,16 +14,17 @@ import (
 // after a back-off.
 func (b *Bus) receiveLoop(receiveCtx, handlerCtx context.Context, receive func(context.Context) (*Delivery, error)) {
 	settleCtx := context.WithoutCancel(handlerCtx) // settles what was processed, even while stopping
-	backoff := time.Duration(0)
+	failures := 0                                  // receives failed in a row
 	for {
 		d, err := receive(receiveCtx)
 		if err != nil {
 			if receiveCtx.Err() != nil || errors.Is(err, ErrClosed) {
 				return
 			}
-			backoff = min(max(2*backoff, 10*time.Millisecond), 2*time.Second)
-			b.logger.WarnContext(receiveCtx, "receive failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
-			t := time.NewTimer(backoff)
+			failures++
+			wait := Backoff{Initial: 10 * time.Millisecond, Max: 2 * time.Second}.Delay(failures)
+			b.logger.WarnContext(receiveCtx, "receive failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+			t := time.NewTimer(wait)
 			select {
 			case <-receiveCtx.Done():
 				t.Stop()
@@ -32,7 +33,7 @@ func (b *Bus) receiveLoop(receiveCtx, handlerCtx context.Context, receive func(c
 			}
 			continue
 		}
-		backoff = 0
+		failures = 0
 		b.process(handlerCtx, settleCtx, d)
 	}
 }
@@ -49,33 +50,10 @@ func (b *Bus) process(ctx, settleCtx context.Context, d *Delivery) {
 		defer b.releaser.ReleaseDelivery(d)
 	}
 	var settleErr error
-	var poison error
-	if err != nil {
-		poison = poisonCause(err)
-	}
-	switch {
-	case err == nil:
+	if err == nil {
 		settleErr = b.t.Delete(settleCtx, d)
-	case poison == nil && ctx.Err() != nil && (d.Attempt < b.maxAttempts || !b.countsReceives):
-		// Stop cancelled the handlers: the attempt was interrupted, not
-		// failed, so even a last attempt is retried rather than
-		// dead-lettered — unless the broker would dead-letter it on its
-		// next receive, without the reason (ReceiveCounter).
-		settleErr = b.t.Return(settleCtx, d, err)
-		b.logger.WarnContext(ctx, "message returned for retry: the bus stopped while it was handled", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
-	case poison != nil || d.Attempt >= b.maxAttempts:
-		settleErr = b.t.Fail(settleCtx, d, Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: b.endpoint, Time: time.Now().UTC()})
-		if _, unhandled := poison.(*NoHandlerError); unhandled {
-			// Not a failure of this service: someone sent it a message
-			// it does not handle. The dead letter keeps it for whoever
-			// looks into that.
-			b.logger.WarnContext(ctx, "message dead-lettered: no handler for its name", append(describeEnvelope(&d.Envelope), slog.String("endpoint", b.endpoint), slog.Any("error", err))...)
-			break
-		}
-		b.logger.ErrorContext(ctx, "message dead-lettered", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
-	default:
-		settleErr = b.t.Return(settleCtx, d, err)
-		b.logger.WarnContext(ctx, "message returned for retry", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Any("error", err))...)
+	} else {
+		settleErr = b.settleFailure(ctx, settleCtx, d, err)
 	}
 	if settleErr != nil {
 		b.logger.ErrorContext(ctx, "settling message with the transport failed", append(describeEnvelope(&d.Envelope), slog.Any("error", settleErr))...)
@@ -98,9 +76,11 @@ func (b *Bus) attemptOutOfRange(ctx context.Context, d *Delivery) {
 // Deliver runs one message delivered from outside (pushed, for example by
 // an AWS Lambda SQS event) through the incoming pipeline and its handlers.
 // It returns nil when the message is handled and may be deleted, and an
-// error when it must be retried; [IsPoison](err) tells a message that
-// will never succeed (one that cannot be decoded, or whose name no
-// handler handles: [*NoHandlerError]). Deliver does not call the
+// error when it must be retried; [IsPermanent](err) tells a message that
+// will never succeed, to dead-letter at once (one marked with [Permanent]
+// or by a classifier of the bus, [WithPermanentErrors], which Deliver
+// then returns marked with Permanent; one that cannot be decoded, or whose
+// name no handler handles: [*NoHandlerError]). Deliver does not call the
 // transport to settle the message: the caller does. It works on a bus
 // that was not started. An Attempt of 0 counts as the first (a Delivery
 // built by hand); a negative one too, with a warning.
@@ -120,6 +100,9 @@ func (b *Bus) Deliver(ctx context.Context, d *Delivery) error {
 		b.attemptOutOfRange(ctx, d)
 	}
 	_, err := b.handle(ctx, d)
+	if err != nil && len(b.permanent) > 0 && !IsPermanent(err) && b.classifiedPermanent(ctx, err) {
+		err = Permanent(err)
+	}
 	return err
 }
 

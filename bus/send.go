@@ -159,7 +159,7 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 	if err != nil {
 		return fmt.Errorf("bus: encoding %s: %w", r.msgName, err)
 	}
-	m := Outbound{Kind: r.kind, Options: SendOptions{Destination: r.dest}}
+	m := Outbound{Kind: r.kind, Destination: r.dest}
 	env := Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers}
 	r.owned = 0 // the envelope owns the maps now
 	r.headers = nil
@@ -185,9 +185,9 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 // transmit hands a finished message to the transport. It never runs middleware.
 func (b *Bus) transmit(ctx context.Context, m Outbound) error {
 	if m.Kind == KindPublish {
-		return b.t.Publish(ctx, m.Envelope, m.Options)
+		return b.t.Publish(ctx, m.Envelope)
 	}
-	return b.t.Send(ctx, m.Envelope, m.Options)
+	return b.t.Send(ctx, m.Envelope, m.Destination)
 }
 
 // Dispatch hands a finished message to the transport without running any

@@ -41,7 +41,7 @@ func (e *env) sendRaw(name string) string {
 	id := "raw-" + strconv.Quote(name)
 	env := &bus.Envelope{Name: name, ContentType: "application/json", Body: []byte(`{}`),
 		Attributes: bus.NewAttributes(id, id, fixedTime(), nil, nil)}
-	if err := e.rec.Send(e.t.Context(), env, bus.SendOptions{Destination: "ep"}); err != nil {
+	if err := e.rec.Send(e.t.Context(), env, "ep"); err != nil {
 		e.t.Fatal(err)
 	}
 	return id
@@ -134,9 +134,9 @@ func TestUnhandledErrorWrappedByMiddlewareStillDeadLettersAtOnce(t *testing.T) {
 	}
 }
 
-// Deliver (pushed messages) reports an unhandled message as poison, so
+// Deliver (pushed messages) reports an unhandled message as permanent, so
 // that its caller dead-letters it instead of retrying it.
-func TestUnhandledDeliverIsPoison(t *testing.T) {
+func TestUnhandledDeliverIsPermanent(t *testing.T) {
 	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()),
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
 	if err != nil {
@@ -145,14 +145,14 @@ func TestUnhandledDeliverIsPoison(t *testing.T) {
 	defer b.Stop(context.Background())
 	err = b.Deliver(t.Context(), bustest.Delivery(unhandled{}, bus.Attributes{}))
 	var nh *bus.NoHandlerError
-	if !errors.As(err, &nh) || nh.Message != "shop.unhandled" || nh.Endpoint != "ep" || !errors.Is(err, bus.ErrNoHandler) || !bus.IsPoison(err) {
-		t.Fatalf("Deliver: %v (%T), want a poison *bus.NoHandlerError for shop.unhandled on ep", err, err)
+	if !errors.As(err, &nh) || nh.Message != "shop.unhandled" || nh.Endpoint != "ep" || !errors.Is(err, bus.ErrNoHandler) || !bus.IsPermanent(err) {
+		t.Fatalf("Deliver: %v (%T), want a permanent *bus.NoHandlerError for shop.unhandled on ep", err, err)
 	}
 	// A handler's own NoHandlerError (it delivered to another bus) is the
 	// handler's failure, retried like any other.
 	inner := &bus.HandlerDispatchRejectedError{Message: "x", Failures: []bus.HandlerFailure{{Handler: "h", Err: nh}}}
-	if bus.IsPoison(inner) {
-		t.Fatal("a handler's NoHandlerError counts as poison")
+	if bus.IsPermanent(inner) {
+		t.Fatal("a handler's NoHandlerError counts as permanent")
 	}
 }
 

@@ -43,7 +43,12 @@ func (e *ChecksumError) Is(target error) bool { return target == ErrChecksum }
 // error next returned (when the plugin wrapped it), a
 // [*bus.NextMisuseError], or the bus or context sentinel of its kind.
 // When the plugin returns next's error unchanged, the host returns the
-// original error itself, not an *Error.
+// original error itself, not an *Error. A permanent failure of the plugin
+// (an error marked with bus.Permanent; in the incoming stage any error
+// [bus.IsPermanent] holds for, as in process) comes back as a
+// [*bus.PermanentError] wrapping the *Error, so that the message is
+// dead-lettered at once and errors.Is(err, bus.ErrPermanent) holds on the
+// host.
 type Error struct {
 	// Plugin is the plugin's name.
 	Plugin string

@@ -7,3 +7,12 @@ import "time"
 func WithStableUptime(d time.Duration) Option {
 	return func(c *config) error { c.stableUptime = d; return nil }
 }
+
+// WithRestartDelay makes every restart wait d instead of a random delay of
+// the back-off, for tests that need the process down for a while.
+func WithRestartDelay(d time.Duration) Option {
+	return func(c *config) error {
+		c.restartDelay = func(int) time.Duration { return d }
+		return nil
+	}
+}

@@ -186,7 +186,7 @@ func killMidStream(t *testing.T, p *plugin.Plugin) (handled map[string]int) {
 }
 
 func TestKilledFailClosed(t *testing.T) {
-	p := load(t, "pass", plugin.WithRestartBackoff(50*time.Millisecond, time.Second))
+	p := load(t, "pass", plugin.WithBackoff(bus.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}))
 	killMidStream(t, p)
 	s := p.Stats()
 	if s.Crashes != 1 || s.Restarts != 1 || s.Skipped != 0 {
@@ -196,7 +196,7 @@ func TestKilledFailClosed(t *testing.T) {
 }
 
 func TestKilledFailOpen(t *testing.T) {
-	p := load(t, "pass", plugin.WithFailurePolicy(plugin.FailOpen), plugin.WithRestartBackoff(300*time.Millisecond, time.Second))
+	p := load(t, "pass", plugin.WithFailurePolicy(plugin.FailOpen), plugin.WithRestartDelay(300*time.Millisecond))
 	b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
 		bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { return nil }))
 	if err != nil {

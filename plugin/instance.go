@@ -288,6 +288,9 @@ func (p *Plugin) down(ctx context.Context, stage bus.Stage, next bus.Next, nextC
 	return &UnavailableError{Plugin: p.Name(), Stage: stage, Err: cause}
 }
 
+// decodeError rebuilds the error the plugin returned: next's own error
+// when it returned that, else an *Error, marked with bus.Permanent when
+// the plugin's error was permanent and what it wraps is not already.
 func (inst *instance) decodeError(stage bus.Stage, e *pluginproto.Error, nextErr error) error {
 	if e == nil {
 		return nil
@@ -295,6 +298,15 @@ func (inst *instance) decodeError(stage bus.Stage, e *pluginproto.Error, nextErr
 	if e.IsNextError && nextErr != nil {
 		return nextErr
 	}
+	err := inst.pluginError(stage, e, nextErr)
+	if e.Permanent && !errors.Is(err, bus.ErrPermanent) {
+		return bus.Permanent(err)
+	}
+	return err
+}
+
+// pluginError is the *Error the plugin returned, with its typed cause.
+func (inst *instance) pluginError(stage bus.Stage, e *pluginproto.Error, nextErr error) error {
 	err := &Error{Plugin: inst.p.Name(), Stage: stage, Message: e.Message}
 	switch {
 	case e.WrapsNextError && nextErr != nil:

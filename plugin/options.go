@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/plugbus/plugbus/bus"
 )
 
 // FailurePolicy decides what happens to a message while its plugin is
@@ -53,9 +56,9 @@ type config struct {
 	startTimeout time.Duration
 	callTimeout  time.Duration
 	logger       *slog.Logger
-	backoffMin   time.Duration
-	backoffMax   time.Duration
-	stableUptime time.Duration // uptime after which the back-off resets
+	backoff      bus.Backoff
+	restartDelay func(restart int) time.Duration // tests fix the delay; nil: backoff.Delay
+	stableUptime time.Duration                   // uptime after which the back-off resets
 	streams      int
 	hungTimeouts int
 }
@@ -64,8 +67,7 @@ func defaults() config {
 	return config{
 		startTimeout: 10 * time.Second,
 		callTimeout:  5 * time.Second,
-		backoffMin:   100 * time.Millisecond,
-		backoffMax:   30 * time.Second,
+		backoff:      bus.Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax},
 		stableUptime: time.Minute,
 		streams:      1,
 		hungTimeouts: 3,
@@ -148,18 +150,36 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithRestartBackoff sets the delay before the first restart of a crashed
-// plugin and its cap; the delay doubles after each failed restart and
-// each time a process dies within a minute of starting, and resets once a
-// process stayed up for a minute. The default is 100ms to 30s.
-func WithRestartBackoff(initial, maximum time.Duration) Option {
+// Defaults of [WithBackoff].
+const (
+	DefaultBackoffInitial = 100 * time.Millisecond
+	DefaultBackoffMax     = 30 * time.Second
+)
+
+// WithBackoff sets the back-off of restarts of a crashed or hung plugin
+// process: restart n (counted since the last process that stayed up for a
+// minute) waits b.Delay(n), a random delay of at most Initial·2^(n-1),
+// capped at Max ([bus.Backoff]). The count grows with each failed restart
+// and each process that dies within a minute of starting. A zero field
+// keeps its default: Initial [DefaultBackoffInitial] (100ms), Max
+// [DefaultBackoffMax] (30s).
+func WithBackoff(b bus.Backoff) Option {
 	return func(c *config) error {
-		if initial <= 0 || maximum < initial {
-			return fmt.Errorf("plugin: WithRestartBackoff(%s, %s): want 0 < initial <= maximum", initial, maximum)
+		b = bus.Backoff{Initial: cmp.Or(b.Initial, DefaultBackoffInitial), Max: cmp.Or(b.Max, DefaultBackoffMax)}
+		if err := b.Validate(); err != nil {
+			return fmt.Errorf("plugin: WithBackoff: %w", err)
 		}
-		c.backoffMin, c.backoffMax = initial, maximum
+		c.backoff = b
 		return nil
 	}
+}
+
+// delay returns the delay before restart n.
+func (c *config) delay(restart int) time.Duration {
+	if c.restartDelay != nil {
+		return c.restartDelay(restart)
+	}
+	return c.backoff.Delay(restart)
 }
 
 // WithStreams sets how many long-lived gRPC streams invocations are

@@ -42,6 +42,7 @@ import (
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/lazylog"
 	"github.com/plugbus/plugbus/internal/pluginproto"
+	"github.com/plugbus/plugbus/internal/wait"
 )
 
 // ImplementedStage is one stage a plugin's middleware implements, as the
@@ -99,11 +100,12 @@ type Plugin struct {
 	mu             sync.Mutex
 	proc           *process // current process, possibly dead, nil when idle
 	restarting     bool
-	backoff        time.Duration // last restart delay; 0 after a process stayed up
+	restartCount   int // restarts since a process stayed up: the back-off's retry number
 	instances      map[uint32]*instance
 	lastInstanceID uint32
 	closed         bool
-	closing        chan struct{}
+	closing        context.Context // done once Close began
+	beginClose     context.CancelFunc
 	wg             sync.WaitGroup
 
 	invocations, skipped, unavailable, timeouts, crashes, restarts atomic.Uint64
@@ -138,7 +140,8 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 	if c.sum != nil && sum != hex.EncodeToString(c.sum) {
 		return nil, &ChecksumError{Path: abs, Want: hex.EncodeToString(c.sum), Got: sum}
 	}
-	p := &Plugin{path: abs, cfg: c, instances: make(map[uint32]*instance), closing: make(chan struct{})}
+	p := &Plugin{path: abs, cfg: c, instances: make(map[uint32]*instance)}
+	p.closing, p.beginClose = context.WithCancel(context.Background())
 	base := c.logger
 	if base == nil {
 		base = slog.Default()
@@ -224,7 +227,7 @@ func (p *Plugin) Close() error {
 		return nil
 	}
 	p.closed = true
-	close(p.closing)
+	p.beginClose()
 	proc := p.proc
 	p.proc = nil
 	p.live.Store(nil)
@@ -317,7 +320,7 @@ func (p *Plugin) install(proc *process) {
 func (p *Plugin) watch(proc *process) {
 	select {
 	case <-proc.dead:
-	case <-p.closing:
+	case <-p.closing.Done():
 		return
 	}
 	p.mu.Lock()
@@ -328,22 +331,18 @@ func (p *Plugin) watch(proc *process) {
 	p.live.Store(nil)
 	p.restarting = true
 	if time.Since(proc.started) >= p.cfg.stableUptime {
-		p.backoff = 0 // it ran fine for a while: back to the initial delay
+		p.restartCount = 0 // it ran fine for a while: back to the initial delay
 	}
-	backoff := p.nextBackoff()
+	restart, backoff := p.nextBackoff()
 	p.mu.Unlock()
 	p.crashes.Add(1)
 	p.log.Error("plugin process failed; restarting it", slog.Any("error", proc.cause), slog.Int("pid", proc.pid),
-		slog.String("policy", p.cfg.policy.String()), slog.Duration("backoff", backoff))
+		slog.String("policy", p.cfg.policy.String()), slog.Int("restart", restart), slog.Duration("backoff", backoff))
 	proc.stop()
 
 	for {
-		t := time.NewTimer(backoff)
-		select {
-		case <-p.closing:
-			t.Stop()
+		if !wait.Sleep(p.closing, backoff) {
 			return
-		case <-t.C:
 		}
 		p.mu.Lock()
 		unneeded := p.restartUnneeded()
@@ -355,9 +354,9 @@ func (p *Plugin) watch(proc *process) {
 		np, err := p.start()
 		if err != nil {
 			p.mu.Lock()
-			backoff = p.nextBackoff()
+			restart, backoff = p.nextBackoff()
 			p.mu.Unlock()
-			p.log.Error("restarting plugin failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+			p.log.Error("restarting plugin failed; retrying", slog.Any("error", err), slog.Int("restart", restart), slog.Duration("backoff", backoff))
 			continue
 		}
 		p.mu.Lock()
@@ -373,10 +372,10 @@ func (p *Plugin) watch(proc *process) {
 			return
 		}
 		if err := p.replay(np); err != nil {
-			backoff = p.nextBackoff()
+			restart, backoff = p.nextBackoff()
 			p.mu.Unlock()
 			np.stop()
-			p.log.Error("restoring plugin instances after restart failed; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+			p.log.Error("restoring plugin instances after restart failed; retrying", slog.Any("error", err), slog.Int("restart", restart), slog.Duration("backoff", backoff))
 			continue
 		}
 		p.restarting = false
@@ -398,11 +397,11 @@ func (p *Plugin) restartUnneeded() bool {
 	return true
 }
 
-// nextBackoff returns the delay before the next restart attempt: the
-// initial one, then twice the previous one, up to the cap. p.mu is held.
-func (p *Plugin) nextBackoff() time.Duration {
-	p.backoff = min(max(2*p.backoff, p.cfg.backoffMin), p.cfg.backoffMax)
-	return p.backoff
+// nextBackoff counts the next restart attempt and returns its number and
+// the delay before it (the configured back-off's). p.mu is held.
+func (p *Plugin) nextBackoff() (restart int, delay time.Duration) {
+	p.restartCount++
+	return p.restartCount, p.cfg.delay(p.restartCount)
 }
 
 // replay re-creates every live instance in a new process. p.mu is held.

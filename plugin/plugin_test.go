@@ -75,6 +75,9 @@ func load(t testing.TB, scenario string, opts ...plugin.Option) *plugin.Plugin {
 	return p
 }
 
+// errHandler is a handler's transient failure.
+var errHandler = errors.New("handler failed")
+
 type Ping struct{ N int }
 
 func (Ping) MessageName() string { return "test.ping" }
@@ -93,6 +96,7 @@ func delivery(t testing.TB, msg bus.Message, headers bus.Headers) *bus.Delivery 
 type outcome struct {
 	Err          bool
 	Is           []string // sentinels matched
+	Permanent    bool     // bus.IsPermanent
 	Twice        string   // stage/middleware of a NextMisuseError
 	Handled      int      // handler runs
 	HandlerDL    bool     // the handler saw a deadline within 11s
@@ -106,9 +110,10 @@ type sentEnvelope struct {
 }
 
 func describe(err error) outcome {
-	o := outcome{Err: err != nil}
+	o := outcome{Err: err != nil, Permanent: bus.IsPermanent(err)}
 	for name, s := range map[string]error{"next-twice": bus.ErrNextMisused, "dispatch": bus.ErrHandlerDispatchRejected,
-		"panic": bus.ErrPanic, "deadline": context.DeadlineExceeded, "timeout": plugin.ErrTimeout, "unavailable": plugin.ErrUnavailable} {
+		"panic": bus.ErrPanic, "deadline": context.DeadlineExceeded, "timeout": plugin.ErrTimeout, "unavailable": plugin.ErrUnavailable,
+		"permanent": bus.ErrPermanent} {
 		if errors.Is(err, s) {
 			o.Is = append(o.Is, name)
 		}
@@ -121,8 +126,9 @@ func describe(err error) outcome {
 	return o
 }
 
-// runIncoming delivers one message through a bus using p and reports the outcome.
-func runIncoming(t *testing.T, p bus.Plugin, failHandler bool) outcome {
+// runIncoming delivers one message through a bus using p and reports the
+// outcome; the first handler fails with handlerErr unless it is nil.
+func runIncoming(t *testing.T, p bus.Plugin, handlerErr error) outcome {
 	t.Helper()
 	var mu sync.Mutex
 	var o outcome
@@ -134,10 +140,7 @@ func runIncoming(t *testing.T, p bus.Plugin, failHandler bool) outcome {
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= 11*time.Second {
 				o.HandlerDL = true
 			}
-			if failHandler {
-				return errors.New("handler failed")
-			}
-			return nil
+			return handlerErr
 		}),
 		bus.WithHandler(func(context.Context, Ping, bus.Attributes) error {
 			mu.Lock()
@@ -164,15 +167,15 @@ type capture struct {
 	envs []*bus.Envelope
 }
 
-func (c *capture) Send(_ context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (c *capture) Send(_ context.Context, env *bus.Envelope, _ string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.envs = append(c.envs, env)
 	return nil
 }
 
-func (c *capture) Publish(ctx context.Context, env *bus.Envelope, o bus.SendOptions) error {
-	return c.Send(ctx, env, o)
+func (c *capture) Publish(ctx context.Context, env *bus.Envelope) error {
+	return c.Send(ctx, env, "")
 }
 
 func (c *capture) Close(context.Context) error { return nil }
@@ -210,17 +213,35 @@ func runOutgoing(t *testing.T, p bus.Plugin) outcome {
 // expects identical outcomes.
 func TestSemantics(t *testing.T) {
 	cases := []struct {
-		scenario    string
-		failHandler bool
-		outgoing    bool
-		want        func(t *testing.T, o outcome)
+		scenario   string
+		handlerErr error
+		outgoing   bool
+		want       func(t *testing.T, o outcome)
 	}{
 		{scenario: "pass", want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 101, o) }},
 		{scenario: "short", want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 0, o) }},
 		{scenario: "error", want: func(t *testing.T, o outcome) { expect(t, o.Err && o.Handled == 0, o) }},
-		{scenario: "catch", failHandler: true, want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 101, o) }},
-		{scenario: "after", failHandler: true, want: func(t *testing.T, o outcome) {
-			expect(t, o.Err && o.Handled == 101 && len(o.Is) == 1 && o.Is[0] == "dispatch", o)
+		{scenario: "catch", handlerErr: errHandler, want: func(t *testing.T, o outcome) { expect(t, !o.Err && o.Handled == 101, o) }},
+		{scenario: "after", handlerErr: errHandler, want: func(t *testing.T, o outcome) {
+			expect(t, o.Err && o.Handled == 101 && !o.Permanent && slices.Equal(o.Is, []string{"dispatch"}), o)
+		}},
+		{scenario: "after", handlerErr: bus.Permanent(errHandler), want: func(t *testing.T, o outcome) {
+			expect(t, o.Err && o.Handled == 101 && o.Permanent && slices.Equal(o.Is, []string{"dispatch", "permanent"}), o)
+		}},
+		{scenario: "permanent", want: func(t *testing.T, o outcome) {
+			expect(t, o.Err && o.Handled == 0 && o.Permanent && slices.Equal(o.Is, []string{"permanent"}), o)
+		}},
+		{scenario: "handler-permanent", want: func(t *testing.T, o outcome) {
+			expect(t, o.Err && o.Handled == 0 && o.Permanent && slices.Equal(o.Is, []string{"dispatch", "permanent"}), o)
+		}},
+		{scenario: "drop-permanent", handlerErr: errHandler, want: func(t *testing.T, o outcome) {
+			expect(t, o.Err && o.Handled == 101 && !o.Permanent, o)
+		}},
+		{scenario: "drop-permanent", handlerErr: bus.Permanent(errHandler), want: func(t *testing.T, o outcome) {
+			expect(t, !o.Err && o.Handled == 101, o)
+		}},
+		{scenario: "mark-after", handlerErr: errHandler, want: func(t *testing.T, o outcome) {
+			expect(t, o.Err && o.Handled == 101 && o.Permanent && slices.Equal(o.Is, []string{"dispatch", "permanent"}), o)
 		}},
 		{scenario: "twice", want: func(t *testing.T, o outcome) {
 			expect(t, o.Err && o.Handled == 101 && o.Twice == "incoming/scenario/false", o)
@@ -238,12 +259,19 @@ func TestSemantics(t *testing.T) {
 		}},
 	}
 	for _, c := range cases {
-		t.Run(c.scenario, func(t *testing.T) {
+		name := c.scenario
+		if c.handlerErr != nil {
+			name += "/handler-fails"
+			if bus.IsPermanent(c.handlerErr) {
+				name += "-permanent"
+			}
+		}
+		t.Run(name, func(t *testing.T) {
 			run := func(p bus.Plugin) outcome {
 				if c.outgoing {
 					return runOutgoing(t, p)
 				}
-				return runIncoming(t, p, c.failHandler)
+				return runIncoming(t, p, c.handlerErr)
 			}
 			in := run(scenarios.New(c.scenario))
 			c.want(t, in)

@@ -53,7 +53,7 @@ func (f *fakeInvoke) Recv() (*pluginproto.PluginBatch, error) {
 
 // fakeProcess returns a plugin whose live process is one fake stream.
 func fakeProcess(t *testing.T, reply func(call uint64) []*pluginproto.PluginFrame) (*Plugin, *process) {
-	p := &Plugin{cfg: defaults(), instances: make(map[uint32]*instance), closing: make(chan struct{})}
+	p := &Plugin{cfg: defaults(), instances: make(map[uint32]*instance), closing: context.Background()}
 	p.cfg.callTimeout = 2 * time.Second
 	p.initLog("fake", slog.New(slog.DiscardHandler))
 	proc := newProcess(p, nil, nil)

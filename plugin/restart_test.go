@@ -90,12 +90,15 @@ const (
 	msgIdle      = "plugin process stopped: no bus uses it"
 )
 
+// restartBackoff is the back-off of the crash loop tests.
+var restartBackoff = bus.Backoff{Initial: 40 * time.Millisecond, Max: 10 * time.Second}
+
 // crashLoop kills the plugin's process as soon as it runs, n times, and
-// returns the back-off before each restart and the time each restart took.
-func crashLoop(t *testing.T, stableUptime time.Duration, n int) (backoffs, took []time.Duration) {
+// returns the restart number (the back-off's retry number), the back-off
+// before each restart and the time each restart took.
+func crashLoop(t *testing.T, stableUptime time.Duration, n int) (restarts []int, backoffs, took []time.Duration) {
 	rec, logger := newRecorder(t)
-	p := load(t, "pass", plugin.WithLogger(logger), plugin.WithRestartBackoff(40*time.Millisecond, 10*time.Second),
-		plugin.WithStableUptime(stableUptime))
+	p := load(t, "pass", plugin.WithLogger(logger), plugin.WithBackoff(restartBackoff), plugin.WithStableUptime(stableUptime))
 	for range n {
 		if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -105,40 +108,45 @@ func crashLoop(t *testing.T, stableUptime time.Duration, n int) (backoffs, took 
 		if pid := attr(restarted, "pid").Int64(); pid == 0 || int(pid) != p.PID() {
 			t.Fatalf("restarted pid %d, PID() %d", pid, p.PID())
 		}
-		var backoff time.Duration // 0 when not logged
+		backoff := time.Duration(-1) // when not logged
 		if v := attr(failed, "backoff"); v.Kind() == slog.KindDuration {
 			backoff = v.Duration()
 		}
 		backoffs = append(backoffs, backoff)
+		restarts = append(restarts, int(attr(failed, "restart").Int64()))
 		took = append(took, restarted.Time.Sub(failed.Time))
 	}
 	if s := p.Stats(); s.Crashes != uint64(n) || s.Restarts != uint64(n) {
 		t.Errorf("stats %+v, want %d crashes and restarts", s, n)
 	}
-	return backoffs, took
+	return restarts, backoffs, took
 }
 
 // TestRestartBackoff: a process that dies soon after starting is restarted
-// after a delay that doubles each time; one that stayed up long enough is
-// restarted after the initial delay again.
+// after a delay of the back-off whose retry number grows each time (its
+// ceiling doubles); one that stayed up long enough is restarted as the
+// first retry again. Each restart waits the delay it logged.
 func TestRestartBackoff(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		stable time.Duration // the uptime after which the delay resets
-		want   []time.Duration
+		want   []int         // restart numbers
 	}{
-		{"crash loop doubles", time.Hour, []time.Duration{40 * time.Millisecond, 80 * time.Millisecond, 160 * time.Millisecond, 320 * time.Millisecond}},
-		{"resets after stable uptime", time.Nanosecond, []time.Duration{40 * time.Millisecond, 40 * time.Millisecond, 40 * time.Millisecond}},
+		{"crash loop backs off further", time.Hour, []int{1, 2, 3, 4}},
+		{"resets after stable uptime", time.Nanosecond, []int{1, 1, 1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			backoffs, took := crashLoop(t, c.stable, len(c.want))
-			for i := range c.want {
-				if took[i] < c.want[i] {
-					t.Errorf("restart %d took %s, want at least the back-off %s", i+1, took[i], c.want[i])
-				}
+			restarts, backoffs, took := crashLoop(t, c.stable, len(c.want))
+			if !slices.Equal(restarts, c.want) {
+				t.Errorf("logged restart numbers %v, want %v", restarts, c.want)
 			}
-			if !slices.Equal(backoffs, c.want) {
-				t.Errorf("logged back-offs %v, want %v", backoffs, c.want)
+			for i, n := range restarts {
+				if ceiling := restartBackoff.Ceiling(n); backoffs[i] < 0 || backoffs[i] > ceiling {
+					t.Errorf("restart %d logged back-off %s, want within [0, %s]", i+1, backoffs[i], ceiling)
+				}
+				if took[i] < backoffs[i] {
+					t.Errorf("restart %d took %s, want at least its back-off %s", i+1, took[i], backoffs[i])
+				}
 			}
 		})
 	}
@@ -148,7 +156,7 @@ func TestRestartBackoff(t *testing.T) {
 // being restarted leaves no process running.
 func TestStopLastBusDuringRestart(t *testing.T) {
 	rec, logger := newRecorder(t)
-	p := load(t, "pass", plugin.WithLogger(logger), plugin.WithRestartBackoff(300*time.Millisecond, time.Second))
+	p := load(t, "pass", plugin.WithLogger(logger), plugin.WithRestartDelay(300*time.Millisecond))
 	newBus := func() *bus.Bus {
 		b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
 			bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { return nil }))
@@ -220,4 +228,16 @@ func TestPanicAfterNextEndsThePluginsNext(t *testing.T) {
 		t.Fatalf("Deliver: %v, want the recovered panic", err)
 	}
 	rec.awaitText(t, "caught") // the plugin's next returned, before Stop
+}
+
+// WithBackoff refuses a back-off whose delays make no sense, saying what
+// to change; a zero field keeps its default (here Max, 30s, below the
+// Initial given).
+func TestWithBackoffRefusesInvalid(t *testing.T) {
+	for _, b := range []bus.Backoff{{Initial: -time.Second}, {Initial: time.Minute}, {Initial: time.Second, Max: time.Millisecond}} {
+		_, err := plugin.Load(bins.around, plugin.WithSHA256(bins.aroundSum), plugin.WithBackoff(b))
+		if err == nil || !strings.Contains(err.Error(), "plugin: WithBackoff") || !strings.Contains(err.Error(), "Initial") {
+			t.Errorf("Load with WithBackoff(%+v) = %v, want an error saying what to change", b, err)
+		}
+	}
 }

@@ -174,19 +174,25 @@ func (m RawMessage) Decode(v any) error {
 // HostError is the error next returns in a plugin process when the rest of
 // the chain, run by the host, failed. errors.Is matches the bus sentinel of
 // its kind (bus.ErrHandlerDispatchRejected, bus.ErrPanic,
-// context.DeadlineExceeded, ...). Returning it unchanged from the
-// middleware hands the host's original error back to the bus.
+// context.DeadlineExceeded, ...), and bus.ErrPermanent when the host's
+// error was marked permanent (bus.Permanent). Returning it unchanged from
+// the middleware hands the host's original error back to the bus.
 type HostError struct {
 	// Message is the host error's text.
-	Message string
-	code    pluginproto.ErrorCode
+	Message   string
+	code      pluginproto.ErrorCode
+	permanent bool
 }
 
 // Error implements error.
 func (e *HostError) Error() string { return e.Message }
 
-// Is reports whether target is the sentinel of the error's kind.
+// Is reports whether target is the sentinel of the error's kind, or
+// bus.ErrPermanent for a permanent failure.
 func (e *HostError) Is(target error) bool {
+	if target == bus.ErrPermanent {
+		return e.permanent
+	}
 	s := pluginproto.Sentinel(e.code)
 	return s != nil && s == target
 }
@@ -198,7 +204,7 @@ func decodeHostError(e *pluginproto.Error) error {
 	if t := pluginproto.NextCalledTwice(e); t != nil {
 		return t
 	}
-	return &HostError{Message: e.Message, code: e.Code}
+	return &HostError{Message: e.Message, code: e.Code, permanent: e.Permanent}
 }
 
 // implementedStages lists the stages m implements, for the host.

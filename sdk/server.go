@@ -394,17 +394,20 @@ func (c *stageCall) next(ctx context.Context) error {
 }
 
 func (c *stageCall) encodeError(err error) *pluginproto.Error {
-	if c.nextErr != nil {
-		if err == c.nextErr {
-			return &pluginproto.Error{IsNextError: true, Message: err.Error()}
-		}
-		if errors.Is(err, c.nextErr) {
-			e := pluginproto.EncodeError(err)
-			e.WrapsNextError = true
-			return e
-		}
+	if c.nextErr != nil && err == c.nextErr {
+		return &pluginproto.Error{IsNextError: true, Message: err.Error()}
 	}
-	return pluginproto.EncodeError(err)
+	e := pluginproto.EncodeError(err)
+	if e != nil && c.stage == bus.StageIncoming {
+		// As in process: the bus's permanent failures, such as a
+		// *bus.DecodeError an incoming middleware returns, count here; in
+		// the handler stage only a handler's marked errors do.
+		e.Permanent = e.Permanent || bus.IsPermanent(err)
+	}
+	if c.nextErr != nil && errors.Is(err, c.nextErr) {
+		e.WrapsNextError = true
+	}
+	return e
 }
 
 // mutation reports what an outgoing middleware changed in out compared

@@ -1,30 +1,32 @@
 package store
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/plugbus/plugbus/bus"
 )
 
 // Option configures a [Store].
 type Option func(*config) error
 
 type config struct {
-	outbox, inbox      string
-	notifier           Notifier
-	logger             *slog.Logger
-	closeDB            bool
-	dispatchAttempts   int
-	dispatchBackoff    time.Duration
-	dispatchMaxBackoff time.Duration
+	outbox, inbox    string
+	notifier         Notifier
+	logger           *slog.Logger
+	closeDB          bool
+	dispatchAttempts int
+	backoff          bus.Backoff
 }
 
-// Defaults of [WithDispatchAttempts] and [WithDispatchBackoff].
+// Defaults of [WithDispatchAttempts] and [WithBackoff].
 const (
-	DefaultDispatchAttempts   = 10
-	DefaultDispatchBackoff    = time.Second
-	DefaultDispatchMaxBackoff = 5 * time.Minute
+	DefaultDispatchAttempts = 10
+	DefaultBackoffInitial   = time.Second
+	DefaultBackoffMax       = 5 * time.Minute
 )
 
 // WithDispatchAttempts sets how many times the outbox relay hands a stored
@@ -41,16 +43,19 @@ func WithDispatchAttempts(n int) Option {
 	}
 }
 
-// WithDispatchBackoff sets how long a stored message the transport refused
-// waits before it is tried again: first after the first failure, doubling
-// after each further one, at most most (default 1s doubling to 5m). The
-// other messages are dispatched meanwhile.
-func WithDispatchBackoff(first, most time.Duration) Option {
+// WithBackoff sets how long a stored message the transport refused waits
+// before the outbox relay tries it again: after its n-th failure, b.Delay(n),
+// a random delay of at most Initial·2^(n-1), capped at Max ([bus.Backoff]).
+// The other messages are dispatched meanwhile. A zero field keeps its
+// default: Initial [DefaultBackoffInitial] (1s), Max [DefaultBackoffMax]
+// (5m).
+func WithBackoff(b bus.Backoff) Option {
 	return func(c *config) error {
-		if first <= 0 || most < first {
-			return fmt.Errorf("store: WithDispatchBackoff(%s, %s): first must be positive and at most most", first, most)
+		b = bus.Backoff{Initial: cmp.Or(b.Initial, DefaultBackoffInitial), Max: cmp.Or(b.Max, DefaultBackoffMax)}
+		if err := b.Validate(); err != nil {
+			return fmt.Errorf("store: WithBackoff: %w", err)
 		}
-		c.dispatchBackoff, c.dispatchMaxBackoff = first, most
+		c.backoff = b
 		return nil
 	}
 }

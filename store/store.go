@@ -27,6 +27,7 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/sqlstore"
 )
 
@@ -106,7 +107,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 		return nil, errors.New("store: New: unknown Dialect; use store.SQLite or store.PostgreSQL")
 	}
 	c := config{outbox: DefaultOutboxTable, inbox: DefaultInboxTable,
-		dispatchAttempts: DefaultDispatchAttempts, dispatchBackoff: DefaultDispatchBackoff, dispatchMaxBackoff: DefaultDispatchMaxBackoff}
+		dispatchAttempts: DefaultDispatchAttempts, backoff: bus.Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax}}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -130,8 +131,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 		c.logger = slog.Default()
 	}
 	return (*Store)(sqlstore.New(db, sqlstore.Config{Dialect: d.sql(), Outbox: outbox, Inbox: inbox, Notifier: c.notifier,
-		Logger: c.logger, CloseDB: c.closeDB, DispatchAttempts: c.dispatchAttempts,
-		DispatchBackoff: c.dispatchBackoff, DispatchMaxBackoff: c.dispatchMaxBackoff})), nil
+		Logger: c.logger, CloseDB: c.closeDB, DispatchAttempts: c.dispatchAttempts, DispatchBackoff: c.backoff})), nil
 }
 
 // DB returns the database.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/store"
 	"github.com/plugbus/plugbus/store/storetest"
 )
@@ -51,6 +53,20 @@ func TestNewAcceptsSchemaQualifiedTableOnPostgreSQL(t *testing.T) {
 	}
 	if got := st.OutboxTable(); got != "app.outbox_1" {
 		t.Fatalf("OutboxTable = %q", got)
+	}
+}
+
+// WithBackoff refuses a back-off whose delays make no sense, saying what
+// to change; a zero field keeps its default (here Max, 5m, below the
+// Initial given).
+func TestWithBackoffRefusesInvalid(t *testing.T) {
+	for _, b := range []bus.Backoff{{Initial: -time.Second}, {Initial: time.Hour}, {Initial: time.Second, Max: time.Millisecond}} {
+		if _, err := store.New(&sql.DB{}, store.SQLite, store.WithBackoff(b)); err == nil || !strings.Contains(err.Error(), "store: WithBackoff") || !strings.Contains(err.Error(), "Initial") {
+			t.Errorf("WithBackoff(%+v): %v, want an error saying what to change", b, err)
+		}
+	}
+	if _, err := store.New(&sql.DB{}, store.SQLite, store.WithBackoff(bus.Backoff{Max: time.Hour})); err != nil {
+		t.Errorf("WithBackoff with the default Initial: %v", err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/transports/memory"
@@ -93,6 +94,10 @@ type Settlement struct {
 	Attempt int
 	// Cause is the error the message failed with; set when it was Returned.
 	Cause error
+	// Delay is how long a Returned message waits before it is delivered
+	// again: zero for an immediate retry, the delay the bus asked for a
+	// delayed one ([bus.Delayer]).
+	Delay time.Duration
 	// Failure is what the dead letter was stored with; set when it was
 	// DeadLettered.
 	Failure bus.Failure
@@ -142,7 +147,8 @@ func (t *Transport) WaitSettled(ctx context.Context, n int) ([]Settlement, error
 }
 
 // WaitIdle waits until the bus is idle: no message waits in its
-// endpoint's queue or its instance queue, and every delivery it received
+// endpoint's queue or its instance queue, none waits for a delayed retry
+// on the broker, and every delivery it received
 // is settled (so whatever its handlers sent was handed to the transport
 // too). A message sent while WaitIdle runs may make it wait for that
 // message as well. It returns ctx's error, saying what was left, when
@@ -204,6 +210,7 @@ func (t *Transport) pauseAndCount() (inFlight, waiting int) {
 	if t.instance != "" {
 		waiting += t.broker.Depth(t.instance)
 	}
+	waiting += t.broker.Delayed() // of every endpoint on the broker: the test's own, as a rule
 	t.paused = nil
 	close(paused)
 	return inFlight, waiting
@@ -232,17 +239,17 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 }
 
 // Send hands env to the memory transport and records it.
-func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
-	if err := t.memory.Send(ctx, env, opts); err != nil {
+func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
+	if err := t.memory.Send(ctx, env, to); err != nil {
 		return err
 	}
-	t.record(Sent{Kind: bus.KindSend, Destination: opts.Destination, Envelope: *env})
+	t.record(Sent{Kind: bus.KindSend, Destination: to, Envelope: *env})
 	return nil
 }
 
 // Publish hands env to the memory transport and records it.
-func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
-	if err := t.memory.Publish(ctx, env, opts); err != nil {
+func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
+	if err := t.memory.Publish(ctx, env); err != nil {
 		return err
 	}
 	t.record(Sent{Kind: bus.KindPublish, Envelope: *env})
@@ -323,6 +330,17 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, cause error) er
 	return err
 }
 
+// ReturnAfter returns d to the memory transport, to be delivered again
+// after delay, and records it.
+func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause error, delay time.Duration) error {
+	err := t.memory.ReturnAfter(ctx, d, cause, delay)
+	t.settle(Settlement{Outcome: Returned, Envelope: d.Envelope, Attempt: d.Attempt, Cause: cause, Delay: delay})
+	return err
+}
+
+// MaxDelay is the memory transport's.
+func (t *Transport) MaxDelay() time.Duration { return t.memory.MaxDelay() }
+
 // Fail dead-letters d with the memory transport and records it.
 func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
 	err := t.memory.Fail(ctx, d, f)
@@ -356,4 +374,5 @@ var (
 	_ bus.Transport        = (*Transport)(nil)
 	_ bus.InstanceQueuer   = (*Transport)(nil)
 	_ bus.InstanceReceiver = (*Transport)(nil)
+	_ bus.Delayer          = (*Transport)(nil)
 )

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -27,10 +28,11 @@ import (
 )
 
 // runDemo runs the shop: orders, billing and shipping, three buses on one
-// in-memory broker, traced with the otel plugin. It places the orders,
-// replays a message to show the inbox skipping it, sends a message
-// without a tenant to show the tenancy plugin dead-lettering it, and
-// prints the trace.
+// in-memory broker, traced with the otel plugin. It places the orders
+// (shipping's courier API fails the first order's first round: a delayed
+// retry heals it), replays a message to show the inbox skipping it, sends
+// a message without a tenant to show the tenancy plugin's permanent
+// failure dead-lettering it at once, and prints the trace.
 func runDemo(ctx context.Context, w io.Writer, args []string) error {
 	opts, err := parseDemoFlags(w, args)
 	if err != nil {
@@ -100,6 +102,7 @@ type shop struct {
 	deadLettered   chan bus.Failure
 	billingDeleted chan string // ids of the messages billing handled or skipped
 	firstPlaced    firstOrderPlaced
+	courierDown    atomic.Int32 // how many more times shipping's courier API fails
 }
 
 // firstOrderPlaced is the first OrderPlaced billing handled, to replay.
@@ -116,9 +119,11 @@ func newShop(w io.Writer, verbose bool) *shop {
 		level = slog.LevelDebug
 	}
 	spans := tracetest.NewSpanRecorder()
-	return &shop{out: out, logger: slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level})),
+	s := &shop{out: out, logger: slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level})),
 		spans: spans, tracing: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)), broker: memory.NewBroker(),
 		deadLettered: make(chan bus.Failure, 1), billingDeleted: make(chan string, 64)}
+	s.courierDown.Store(int32(demoRetry().Immediate + 1)) // the first order's first round
+	return s
 }
 
 // loadTenancyPlugin builds examples/tenancy-plugin, pins it to its
@@ -184,14 +189,21 @@ func (s *shop) newBus(service string, transport bus.Transport, opts ...bus.Optio
 	return b, err
 }
 
+// demoRetry is the services' retry policy: the default's shape (2
+// immediate retries, then delayed rounds with back-off), with delays short
+// enough for a demo.
+func demoRetry() bus.RetryPolicy {
+	return bus.RetryPolicy{Immediate: 2, Delayed: 3, Backoff: bus.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond}}
+}
+
 // newService returns the bus of the endpoint service, which reports its
 // dead letters (and billing its deleted messages) to the demo.
 func (s *shop) newService(service string, opts ...bus.Option) (*bus.Bus, error) {
-	tr := &reportFailures{Transport: memory.New(memory.WithBroker(s.broker)), failed: s.deadLettered}
+	tr := &reportFailures{Transport: memory.New(memory.WithBroker(s.broker)), out: s.out, service: service, failed: s.deadLettered}
 	if service == "billing" {
 		tr.deletedIDs = s.billingDeleted
 	}
-	return s.newBus(service, tr, append([]bus.Option{bus.WithEndpoint(service), bus.WithMaxAttempts(3)}, opts...)...)
+	return s.newBus(service, tr, append([]bus.Option{bus.WithEndpoint(service), bus.WithRetry(demoRetry())}, opts...)...)
 }
 
 // startServices starts orders, billing and shipping. Billing keeps its
@@ -223,6 +235,9 @@ func (s *shop) startServices(ctx context.Context) error {
 	}
 	if _, err := s.newService("shipping",
 		bus.WithHandler(func(ctx context.Context, m PaymentTaken, _ bus.Attributes) error {
+			if s.courierDown.Add(-1) >= 0 {
+				return errors.New("courier API: 503 Service Unavailable") // a transient failure: healed by a delayed retry
+			}
 			return publisher(ctx).Publish(ctx, OrderShipped(m))
 		}, bus.HandlerName("ship-parcel"))); err != nil {
 		return err
@@ -322,8 +337,8 @@ func (s *shop) replayFirstOrderPlaced(ctx context.Context, orders int) error {
 
 // sendWithoutTenant sends PlaceOrder from a legacy sender without the
 // tenancy plugin: its message has no tenant, the plugin in the orders
-// service rejects it on every attempt, and it ends in the dead-letter
-// queue with the reason.
+// service rejects it with a permanent failure, and it goes to the
+// dead-letter queue at once, on its first attempt, with the reason.
 func (s *shop) sendWithoutTenant(ctx context.Context) error {
 	legacy, err := bus.New(bus.WithLogger(s.logger), bus.WithTransport(memory.New(memory.WithBroker(s.broker))), bus.WithRoute("orders", PlaceOrder{}))
 	if err != nil {
@@ -336,7 +351,11 @@ func (s *shop) sendWithoutTenant(ctx context.Context) error {
 	}
 	select {
 	case f := <-s.deadLettered:
-		s.out.printf("→ dead-lettered by %s after %d attempts: %s\n", f.Endpoint, f.Attempts, f.Reason)
+		when := fmt.Sprintf("after %d attempts", f.Attempts)
+		if f.Attempts == 1 {
+			when = "on its first attempt"
+		}
+		s.out.printf("→ dead-lettered by %s %s: %s\n", f.Endpoint, when, f.Reason)
 		return nil
 	case <-time.After(10 * time.Second):
 		return errors.New("demo: the legacy message was not dead-lettered within 10s")

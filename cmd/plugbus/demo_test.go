@@ -21,9 +21,13 @@ func TestDemo(t *testing.T) {
 		"send shop.place_order [producer]",
 		"└─ process shop.place_order [consumer]",
 		"close-order [internal]",
+		"shipping  handler   ship-parcel                  failed: courier API: 503 Service Unavailable",
+		"shipping  retry     shop.payment_taken           attempt 3 failed; delayed retry 1 in",
+		"shipping  incoming  shop.payment_taken           attempt 4,",
 		"loaded external plugin tenancy",
 		"→ billing.db holds 2 payment(s) for 2 order(s): the duplicate was skipped by the inbox",
-		"→ dead-lettered by orders after 3 attempts: plugin \"tenancy\" (incoming stage): tenancy: message has no tenant",
+		"→ dead-lettered by orders on its first attempt: plugin \"tenancy\" (incoming stage): tenancy: message has no tenant",
+		"(permanent failure: dead-lettered at once, not retried)",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("demo output lacks %q", want)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/tracetree"
+	"github.com/plugbus/plugbus/transports/memory"
 )
 
 // The shop's messages.
@@ -122,11 +123,18 @@ func timing(p *printer, service string) bus.Middleware {
 }
 
 // reportFailures tells the demo when a message is dead-lettered, and when
-// one is deleted (handled).
+// one is deleted (handled), and prints the delayed retries it carries.
 type reportFailures struct {
-	bus.Transport
+	*memory.Transport
+	out        *printer
+	service    string
 	failed     chan<- bus.Failure
 	deletedIDs chan<- string // nil: not reported
+}
+
+func (r *reportFailures) ReturnAfter(ctx context.Context, d *bus.Delivery, cause error, delay time.Duration) error {
+	r.out.printf("%-9s retry     %-28s attempt %d failed; delayed retry %d in %s (the bus's retry policy)\n", r.service, d.Name, d.Attempt, d.Retries.Delayed, tracetree.Duration(delay))
+	return r.Transport.ReturnAfter(ctx, d, cause, delay)
 }
 
 func (r *reportFailures) Delete(ctx context.Context, d *bus.Delivery) error {

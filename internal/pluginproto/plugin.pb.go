@@ -628,8 +628,11 @@ type Error struct {
 	IsNextError bool `protobuf:"varint,6,opt,name=is_next_error,json=isNextError,proto3" json:"is_next_error,omitempty"`
 	// wraps_next_error: the plugin's error wraps the error next returned.
 	WrapsNextError bool `protobuf:"varint,7,opt,name=wraps_next_error,json=wrapsNextError,proto3" json:"wraps_next_error,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// permanent: the error is a permanent failure (errors.Is(err,
+	// bus.ErrPermanent)): the message is dead-lettered without retries.
+	Permanent     bool `protobuf:"varint,8,opt,name=permanent,proto3" json:"permanent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Error) Reset() {
@@ -707,6 +710,13 @@ func (x *Error) GetIsNextError() bool {
 func (x *Error) GetWrapsNextError() bool {
 	if x != nil {
 		return x.WrapsNextError
+	}
+	return false
+}
+
+func (x *Error) GetPermanent() bool {
+	if x != nil {
+		return x.Permanent
 	}
 	return false
 }
@@ -1777,7 +1787,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\n" +
 	"OP_RELEASE\x10\x03\"C\n" +
 	"\x11LifecycleResponse\x12.\n" +
-	"\x05error\x18\x01 \x01(\v2\x18.plugbus.plugin.v1.ErrorR\x05error\"\x94\x02\n" +
+	"\x05error\x18\x01 \x01(\v2\x18.plugbus.plugin.v1.ErrorR\x05error\"\xb2\x02\n" +
 	"\x05Error\x120\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1c.plugbus.plugin.v1.ErrorCodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
@@ -1787,7 +1797,8 @@ const file_plugin_proto_rawDesc = "" +
 	"middleware\x12!\n" +
 	"\fafter_return\x18\x05 \x01(\bR\vafterReturn\x12\"\n" +
 	"\ris_next_error\x18\x06 \x01(\bR\visNextError\x12(\n" +
-	"\x10wraps_next_error\x18\a \x01(\bR\x0ewrapsNextError\"\xf9\x02\n" +
+	"\x10wraps_next_error\x18\a \x01(\bR\x0ewrapsNextError\x12\x1c\n" +
+	"\tpermanent\x18\b \x01(\bR\tpermanent\"\xf9\x02\n" +
 	"\n" +
 	"Attributes\x12\x1d\n" +
 	"\n" +

@@ -142,14 +142,14 @@ func Deadline(ctx context.Context) int64 {
 	return 0
 }
 
-// EncodeError encodes err's kind, message and, for a
-// [*bus.NextMisuseError], the stage and middleware it names. It returns
-// nil for a nil error.
+// EncodeError encodes err's kind, message, whether it is marked permanent
+// (errors.Is(err, bus.ErrPermanent)) and, for a [*bus.NextMisuseError],
+// the stage and middleware it names. It returns nil for a nil error.
 func EncodeError(err error) *Error {
 	if err == nil {
 		return nil
 	}
-	e := &Error{Message: err.Error()}
+	e := &Error{Message: err.Error(), Permanent: errors.Is(err, bus.ErrPermanent)}
 	var misuse *bus.NextMisuseError
 	switch {
 	case errors.As(err, &misuse):

@@ -50,7 +50,7 @@ func encodeOutbound(m bus.Outbound) ([]any, error) {
 	if body == nil {
 		body = []byte{}
 	}
-	return []any{e.Attributes.MessageID, int16(m.Kind), m.Options.Destination, e.Name, e.ContentType, body,
+	return []any{e.Attributes.MessageID, int16(m.Kind), m.Destination, e.Name, e.ContentType, body,
 		e.Attributes.CorrelationID, e.Attributes.SentAt.UnixNano(), string(attrs), string(headers), time.Now().UnixNano()}, nil
 }
 
@@ -87,7 +87,7 @@ func scanOutbound(rows *sql.Rows) (batchRow, error) {
 	}
 	env := &bus.Envelope{Name: name, ContentType: ct, Body: body, Headers: h,
 		Attributes: bus.NewAttributes(msgID, corr, time.Unix(0, sentAt).UTC(), sa.Values, sa.Sticky)}
-	r.msg = bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Options: bus.SendOptions{Destination: dest}}
+	r.msg = bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Destination: dest}
 	return r, nil
 }
 
@@ -96,7 +96,7 @@ var ErrParked = errors.New("store: outbox row parked")
 
 // DispatchError reports a stored message the relay could not hand to the
 // transport. The row records the error and its attempt count; it is tried
-// again after a backoff (store.WithDispatchBackoff) while the other messages
+// again after a back-off (store.WithBackoff) while the other messages
 // go on, or, when Parked, no longer dispatched until [Store.Requeue].
 type DispatchError struct {
 	ID        int64     // row id in the outbox table
@@ -125,8 +125,8 @@ func (e *DispatchError) Is(target error) bool { return target == ErrParked && e.
 // DispatchPending hands up to limit stored, not yet dispatched messages
 // whose retry time has come to dispatch, oldest first, and marks those it
 // accepted as dispatched. A message dispatch refuses does not stop the
-// others: its row records the error and is tried again after a backoff
-// (store.WithDispatchBackoff); after store.WithDispatchAttempts failures, or at
+// others: its row records the error and is tried again after a back-off
+// (store.WithBackoff); after store.WithDispatchAttempts failures, or at
 // once when the row cannot be decoded, it is parked (see [Store.Parked]).
 // The error returned then joins a [*DispatchError] per refused row.
 //

@@ -21,7 +21,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func testMessage(i int) bus.Outbound {
 	attrs := bus.NewAttributes(fmt.Sprintf("id-%d", i), "corr", time.Unix(1700000000, 123).UTC(),
 		map[string]string{"one": "hop"}, map[string]string{"tenant": "t1"})
-	return bus.Outbound{Kind: bus.KindSend, Options: bus.SendOptions{Destination: "dest"},
+	return bus.Outbound{Kind: bus.KindSend, Destination: "dest",
 		Envelope: &bus.Envelope{Name: "test.msg", ContentType: "application/json", Body: fmt.Appendf(nil, `{"n":%d}`, i),
 			Attributes: attrs, Headers: bus.Headers{"x-h": "v"}}}
 }

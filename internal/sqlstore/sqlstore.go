@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/plugbus/plugbus/bus"
 )
 
 // Dialect is the SQL flavour of a database.
@@ -100,28 +102,22 @@ type Config struct {
 	CloseDB       bool // Close closes the database
 
 	// DispatchAttempts is how many times a row is handed to the transport
-	// before it is parked; a refused row waits DispatchBackoff, doubling
-	// after each further failure up to DispatchMaxBackoff.
-	DispatchAttempts                    int
-	DispatchBackoff, DispatchMaxBackoff time.Duration
+	// before it is parked; a row refused n times waits
+	// DispatchBackoff.Delay(n) before its next try.
+	DispatchAttempts int
+	DispatchBackoff  bus.Backoff
 }
 
 // retryPolicy says when a row the transport refused is tried again, and
 // when it is parked.
 type retryPolicy struct {
-	attempts    int
-	first, most time.Duration
+	attempts int
+	backoff  bus.Backoff
 }
 
 // after returns the delay before the next try of a row that failed
-// attempts times: first, doubling, at most most.
-func (p retryPolicy) after(attempts int) time.Duration {
-	d := p.first
-	for i := 1; i < attempts && d < p.most; i++ {
-		d *= 2
-	}
-	return min(d, p.most)
-}
+// attempts times.
+func (p retryPolicy) after(attempts int) time.Duration { return p.backoff.Delay(attempts) }
 
 // Store is a SQL database holding the outbox and inbox tables. It is safe
 // for concurrent use. Its fields are unexported: package store declares
@@ -149,7 +145,7 @@ type Store struct {
 // New returns a store on db. It does not touch the database.
 func New(db *sql.DB, c Config) *Store {
 	return &Store{db: db, dialect: c.Dialect, outbox: c.Outbox, inbox: c.Inbox, notifier: c.Notifier, closeDB: c.CloseDB,
-		retry:  retryPolicy{attempts: c.DispatchAttempts, first: c.DispatchBackoff, most: c.DispatchMaxBackoff},
+		retry:  retryPolicy{attempts: c.DispatchAttempts, backoff: c.DispatchBackoff},
 		logger: c.Logger.With(slog.String("store", c.Dialect.String())), commit: make(chan struct{}),
 		queries: buildQueries(c.Dialect, c.Outbox, c.Inbox)}
 }

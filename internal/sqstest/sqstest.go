@@ -1,5 +1,5 @@
-// Package sqstest points tests at the local SQS/SNS emulator and removes
-// what they created there.
+// Package sqstest points tests at the local SQS/SNS emulator, reads the
+// dead letters of an endpoint there, and removes what the tests created.
 package sqstest
 
 import (
@@ -14,7 +14,9 @@ import (
 	awssns "github.com/aws/aws-sdk-go-v2/service/sns"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/transports/sqs"
 )
 
 // Config returns an AWS configuration for the local emulator
@@ -66,4 +68,40 @@ func DeleteResources(t testing.TB, cfg aws.Config, prefix string) (queues []stri
 		}
 	}
 	return queues
+}
+
+// DeadLetters receives up to n messages from the dead-letter queue of
+// endpoint, deleting them, until there are n or ctx ends, and decodes
+// them with sqs.DecodeDeadLetter (reporting its errors on t).
+func DeadLetters(ctx context.Context, t testing.TB, tr *sqs.Transport, endpoint string, n int) []bus.DeadLetter {
+	t.Helper()
+	client := tr.SQS()
+	url, err := client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(tr.DeadLetterQueueName(endpoint))})
+	if err != nil {
+		t.Fatalf("dead-letter queue of %s: %v", endpoint, err)
+	}
+	var out []bus.DeadLetter
+	for len(out) < n && ctx.Err() == nil {
+		res, err := client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+			QueueUrl: url.QueueUrl, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+			MessageAttributeNames: []string{"All"},
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			t.Fatalf("receiving dead letters: %v", err)
+		}
+		for _, m := range res.Messages {
+			dl, err := sqs.DecodeDeadLetter(m)
+			if err != nil {
+				t.Errorf("dead letter: %v", err)
+			}
+			out = append(out, dl)
+			if _, err := client.DeleteMessage(context.Background(), &awssqs.DeleteMessageInput{QueueUrl: url.QueueUrl, ReceiptHandle: m.ReceiptHandle}); err != nil {
+				t.Errorf("deleting dead letter: %v", err)
+			}
+		}
+	}
+	return out
 }

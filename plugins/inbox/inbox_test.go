@@ -363,11 +363,11 @@ type flaky struct {
 	n atomic.Int64
 }
 
-func (f *flaky) Send(ctx context.Context, e *bus.Envelope, o bus.SendOptions) error {
+func (f *flaky) Send(ctx context.Context, e *bus.Envelope, to string) error {
 	if e.Name == "test.done" && f.n.Add(1) == 1 {
 		return errors.New("connection reset")
 	}
-	return f.Transport.Send(ctx, e, o)
+	return f.Transport.Send(ctx, e, to)
 }
 
 // TestFailedFlushWithoutOutbox: the inbox on a SQL store and no outbox. The

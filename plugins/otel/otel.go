@@ -45,7 +45,7 @@ const ScopeName = "github.com/plugbus/plugbus/plugins/otel"
 const MiddlewareName = "otel"
 
 // DefaultSystem is the messaging.system of a bus whose transport does not
-// implement [SystemTransport].
+// name its messaging system (bus.MessagingSystemNamer).
 const DefaultSystem = "plugbus"
 
 // Attribute keys the plugin sets beside the semantic conventions' own.
@@ -64,14 +64,6 @@ const (
 	// *bus.NoHandlerError instead.
 	UnhandledKey = attribute.Key("plugbus.message.unhandled")
 )
-
-// SystemTransport is implemented by a transport that names its messaging
-// system, as the semantic conventions spell it ("rabbitmq", "aws_sqs"). The
-// plugin reports it as messaging.system; for a transport that does not
-// implement it, messaging.system is [DefaultSystem].
-type SystemTransport interface {
-	MessagingSystem() string
-}
 
 // Option configures the plugin. Options are applied once, by [New].
 type Option func(*config)
@@ -123,7 +115,7 @@ func WithNewTrace(on bool) Option {
 }
 
 // WithSystem sets messaging.system, overriding what the transport reports
-// through [SystemTransport].
+// through bus.MessagingSystemNamer.
 func WithSystem(name string) Option {
 	return func(c *config) { c.system, c.systemForced = name, name != "" }
 }
@@ -164,7 +156,7 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	}
 	if !c.systemForced {
 		c.system = DefaultSystem
-		if s, ok := info.Transport.(SystemTransport); ok && s.MessagingSystem() != "" {
+		if s, ok := info.Transport.(bus.MessagingSystemNamer); ok && s.MessagingSystem() != "" {
 			c.system = s.MessagingSystem()
 		}
 	}

@@ -718,3 +718,23 @@ func TestTraceStatePropagates(t *testing.T) {
 	}
 	wantParent(t, tel.span(t, "send PlaceOrder"), tracetest.SpanStub{SpanContext: parent}.Snapshot())
 }
+
+// A failure marked permanent is recorded with the error.type of its cause,
+// which says more than the mark.
+func TestPermanentFailureHasItsCausesErrorType(t *testing.T) {
+	tel := newTelemetry(t)
+	b := newBus(t, bus.WithName("client"), bus.WithMiddleware(tel.plugin(), bus.Middleware{Name: "refuse",
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			return bus.Permanent(&invalidOrder{})
+		}}))
+	if err := b.Publish(context.Background(), PlaceOrder{ID: "o-1"}); !errors.Is(err, bus.ErrPermanent) {
+		t.Fatalf("Publish: %v, want the middleware's permanent error", err)
+	}
+	wantAttrs(t, tel.span(t, "publish PlaceOrder"), map[string]any{"error.type": "*otel_test.invalidOrder"})
+}
+
+// invalidOrder is an error with no ErrorType method: its error.type is its
+// Go type.
+type invalidOrder struct{}
+
+func (*invalidOrder) Error() string { return "invalid order" }

@@ -17,6 +17,15 @@ import (
 // bus turns the panic into a *bus.PanicError further up.
 var panicErrorType = semconv.ErrorType(&bus.PanicError{})
 
+// errorType is the error.type of err: for a failure marked permanent
+// (bus.Permanent), the type of its cause, which says more than the mark.
+func errorType(err error) attribute.KeyValue {
+	if p, ok := err.(*bus.PermanentError); ok && p.Unwrap() != nil {
+		return semconv.ErrorType(p.Unwrap())
+	}
+	return semconv.ErrorType(err)
+}
+
 // incoming runs once per received message: a consumer span around the rest
 // of the chain and the handlers, and the consumed and process metrics.
 func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
@@ -55,7 +64,7 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 	err := next(ctx)
 	returned = true
 	if err != nil {
-		et := semconv.ErrorType(err)
+		et := errorType(err)
 		failSpan(span, et, err)
 		m.recordProcess(ctx, start, et)
 		return err
@@ -103,7 +112,7 @@ func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Nex
 	err := next(ctx)
 	returned = true
 	if err != nil {
-		failSpan(span, semconv.ErrorType(err), err)
+		failSpan(span, errorType(err), err)
 	}
 	return err
 }
@@ -141,7 +150,7 @@ func (m *middleware) outgoing(ctx context.Context, out *bus.Outgoing, next bus.N
 	err := next(ctx)
 	returned = true
 	if err != nil {
-		et := semconv.ErrorType(err)
+		et := errorType(err)
 		failSpan(span, et, err)
 		m.sent.AddSet(ctx, 1, op.failed(et))
 		return err

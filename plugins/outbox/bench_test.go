@@ -28,8 +28,8 @@ type countingTransport struct {
 	sent   chan time.Time
 }
 
-func (c *countingTransport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
-	if err := c.Transport.Send(ctx, env, opts); err != nil {
+func (c *countingTransport) Send(ctx context.Context, env *bus.Envelope, to string) error {
+	if err := c.Transport.Send(ctx, env, to); err != nil {
 		return err
 	}
 	if c.sent != nil {

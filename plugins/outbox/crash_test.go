@@ -89,10 +89,10 @@ func (s *sqlQueue) Setup(_ context.Context, topo bus.Topology) error {
 	return nil
 }
 
-func (s *sqlQueue) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
+func (s *sqlQueue) Send(ctx context.Context, env *bus.Envelope, to string) error {
 	_, err := s.db.ExecContext(ctx, s.q("INSERT INTO "+s.table+" (endpoint, name, body, message_id, correlation_id) VALUES (?, ?, ?, ?, ?)"),
-		opts.Destination, env.Name, string(env.Body), env.Attributes.MessageID, env.Attributes.CorrelationID)
-	if err == nil && opts.Destination == s.endpoint {
+		to, env.Name, string(env.Body), env.Attributes.MessageID, env.Attributes.CorrelationID)
+	if err == nil && to == s.endpoint {
 		select {
 		case s.wake <- struct{}{}:
 		default:
@@ -101,7 +101,7 @@ func (s *sqlQueue) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOpt
 	return err
 }
 
-func (s *sqlQueue) Publish(context.Context, *bus.Envelope, bus.SendOptions) error {
+func (s *sqlQueue) Publish(context.Context, *bus.Envelope) error {
 	return errors.New("sqlQueue: publish is not supported")
 }
 

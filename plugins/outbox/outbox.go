@@ -32,6 +32,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -43,6 +44,7 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/sqlstore"
+	"github.com/plugbus/plugbus/internal/wait"
 	"github.com/plugbus/plugbus/store"
 )
 
@@ -56,9 +58,25 @@ type config struct {
 	cleanup      time.Duration
 	noRelay      bool
 	noMigrate    bool
-	maxBackoff   time.Duration
+	backoff      bus.Backoff
 	relayWorkers int
 }
+
+// Defaults of [WithBackoff].
+const (
+	DefaultBackoffInitial = 100 * time.Millisecond
+	DefaultBackoffMax     = 30 * time.Second
+)
+
+// WithBackoff sets the relay's back-off while it cannot work: when a
+// round dispatched nothing because the database or the transport is down,
+// and when listening for commits (PostgreSQL) failed. Its n-th retry in a
+// row waits b.Delay(n), a random delay of at most Initial·2^(n-1), capped
+// at Max ([bus.Backoff]); the count starts again after a round that worked.
+// A zero field keeps its default: Initial [DefaultBackoffInitial] (100ms),
+// Max [DefaultBackoffMax] (30s). A message the transport refuses alone
+// waits the store's back-off instead (store.WithBackoff).
+func WithBackoff(b bus.Backoff) Option { return func(c *config) { c.backoff = b } }
 
 // WithBatchSize sets how many messages the relay takes per round (default 500).
 func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
@@ -99,7 +117,7 @@ type Plugin struct {
 // New returns the outbox plugin on s. Pass the same store to inbox.New to
 // record processed messages in the handler's transaction.
 func New(s *store.Store, opts ...Option) *Plugin {
-	c := config{batch: 500, poll: time.Second, retention: 24 * time.Hour, cleanup: time.Minute, maxBackoff: 30 * time.Second, relayWorkers: 1}
+	c := config{batch: 500, poll: time.Second, retention: 24 * time.Hour, cleanup: time.Minute, relayWorkers: 1}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -119,6 +137,10 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	c := p.cfg
 	if c.batch < 1 || c.poll <= 0 || c.retention < 0 || c.cleanup <= 0 || c.relayWorkers < 1 {
 		return bus.Middleware{}, fmt.Errorf("outbox: invalid options (batch %d, poll %s, retention %s, cleanup %s, relays %d): sizes and intervals must be positive", c.batch, c.poll, c.retention, c.cleanup, c.relayWorkers)
+	}
+	c.backoff = bus.Backoff{Initial: cmp.Or(c.backoff.Initial, DefaultBackoffInitial), Max: cmp.Or(c.backoff.Max, DefaultBackoffMax)}
+	if err := c.backoff.Validate(); err != nil {
+		return bus.Middleware{}, fmt.Errorf("outbox: WithBackoff: %w", err)
 	}
 	r := &relay{store: p.store, bus: info.Bus, cfg: c, logger: info.Logger.With(slog.String("middleware", "outbox"))}
 	st := p.store
@@ -216,7 +238,7 @@ func (r *relay) stop(context.Context) error {
 }
 
 func (r *relay) loop(ctx context.Context) {
-	var backoff time.Duration
+	retries := 0          // failed rounds in a row
 	var retryAt time.Time // the earliest retry of a row this relay saw refused
 	poll := time.NewTimer(r.cfg.poll)
 	defer poll.Stop()
@@ -239,18 +261,19 @@ func (r *relay) loop(ctx context.Context) {
 			var de *sqlstore.DispatchError
 			refused := errors.As(err, &de)
 			if refused && n > 0 {
-				backoff = 0
+				retries = 0
 				r.logger.WarnContext(ctx, "outbox relay: the transport refused messages; each is retried after its backoff", slog.Any("error", err), slog.Int("dispatched", n))
 				continue
 			}
-			backoff = min(max(2*backoff, 10*time.Millisecond), r.cfg.maxBackoff)
-			r.logger.WarnContext(ctx, "outbox relay: dispatch failed; retrying", slog.Any("error", err), slog.Int("dispatched", n), slog.Duration("backoff", backoff))
-			if !sleep(ctx, backoff) {
+			retries++
+			backoff := r.cfg.backoff.Delay(retries)
+			r.logger.WarnContext(ctx, "outbox relay: dispatch failed; retrying", slog.Any("error", err), slog.Int("dispatched", n), slog.Int("retry", retries), slog.Duration("backoff", backoff))
+			if !wait.Sleep(ctx, backoff) {
 				return
 			}
 			continue
 		}
-		backoff = 0
+		retries = 0
 		if n == r.cfg.batch {
 			continue // more may be waiting
 		}
@@ -301,12 +324,12 @@ func (r *relay) cleanupLoop(ctx context.Context) {
 }
 
 func (r *relay) listen(ctx context.Context, n sqlstore.Notifier) {
-	var backoff time.Duration
+	retries := 0 // failed listens in a row
 	for {
 		var listening atomic.Bool
 		err := n.Listen(ctx, r.store.Channel(), func() {
 			// The notifier wakes once right after LISTEN took effect: the
-			// connection works, so the next loss starts a fresh backoff.
+			// connection works, so the next loss starts a fresh back-off.
 			listening.Store(true)
 			r.store.Wake()
 		})
@@ -314,25 +337,14 @@ func (r *relay) listen(ctx context.Context, n sqlstore.Notifier) {
 			return
 		}
 		if listening.Load() {
-			backoff = 0
+			retries = 0
 		}
-		backoff = min(max(2*backoff, 100*time.Millisecond), r.cfg.maxBackoff)
-		r.logger.WarnContext(ctx, "outbox relay: listening for commits failed; polling meanwhile", slog.Any("error", err), slog.Duration("backoff", backoff))
-		if !sleep(ctx, backoff) {
+		retries++
+		backoff := r.cfg.backoff.Delay(retries)
+		r.logger.WarnContext(ctx, "outbox relay: listening for commits failed; polling meanwhile", slog.Any("error", err), slog.Int("retry", retries), slog.Duration("backoff", backoff))
+		if !wait.Sleep(ctx, backoff) {
 			return
 		}
-	}
-}
-
-// sleep waits d or until ctx is done; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -372,6 +373,10 @@ func TestInvalidConfig(t *testing.T) {
 	}
 	if _, err := bus.New(bus.WithMiddleware(outbox.New(st, outbox.WithBatchSize(0)))); err == nil {
 		t.Fatal("batch size 0 accepted")
+	}
+	// A zero Max keeps its default, 30s, below this Initial.
+	if _, err := bus.New(bus.WithMiddleware(outbox.New(st, outbox.WithBackoff(bus.Backoff{Initial: time.Minute})))); err == nil || !strings.Contains(err.Error(), "outbox: WithBackoff") || !strings.Contains(err.Error(), "raise Max") {
+		t.Fatalf("back-off above its Max: %v, want an error saying what to change", err)
 	}
 	if err := outbox.Within(context.Background(), nil, st, nil); err == nil {
 		t.Fatal("Within with nil bus accepted")

@@ -26,19 +26,19 @@ type refusing struct {
 	refused atomic.Int64
 }
 
-func (r *refusing) Send(ctx context.Context, e *bus.Envelope, o bus.SendOptions) error {
+func (r *refusing) Send(ctx context.Context, e *bus.Envelope, to string) error {
 	if e.Name == "test.poison" {
 		r.refused.Add(1)
 		return errors.New("message too large")
 	}
-	return r.Transport.Send(ctx, e, o)
+	return r.Transport.Send(ctx, e, to)
 }
 
 // One message the transport refuses does not hold up the outbox: the
 // messages committed after it are delivered, and it ends parked.
 func TestRefusedMessageDoesNotBlock(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
-		st := db.Open(t, store.WithDispatchAttempts(3), store.WithDispatchBackoff(time.Millisecond, 5*time.Millisecond))
+		st := db.Open(t, store.WithDispatchAttempts(3), store.WithBackoff(bus.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}))
 		broker := memory.NewBroker()
 		got := sink(t, broker)
 		tr := &refusing{Transport: memory.New(memory.WithBroker(broker))}
@@ -81,11 +81,11 @@ type refusingOnce struct {
 	attempts atomic.Int64
 }
 
-func (r *refusingOnce) Send(ctx context.Context, e *bus.Envelope, o bus.SendOptions) error {
+func (r *refusingOnce) Send(ctx context.Context, e *bus.Envelope, to string) error {
 	if r.attempts.Add(1) == 1 {
 		return errors.New("resource alarm")
 	}
-	return r.Transport.Send(ctx, e, o)
+	return r.Transport.Send(ctx, e, to)
 }
 
 // A refused message is retried when its backoff ends, not at the next
@@ -93,7 +93,7 @@ func (r *refusingOnce) Send(ctx context.Context, e *bus.Envelope, o bus.SendOpti
 // seconds.
 func TestRefusedMessageRetriedWhenItsBackoffEnds(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
-		st := db.Open(t, store.WithDispatchBackoff(200*time.Millisecond, time.Second))
+		st := db.Open(t, store.WithBackoff(bus.Backoff{Initial: 200 * time.Millisecond, Max: time.Second}))
 		broker := memory.NewBroker()
 		got := sink(t, broker)
 		tr := &refusingOnce{Transport: memory.New(memory.WithBroker(broker))}

@@ -25,6 +25,8 @@ import (
 	"modernc.org/sqlite" // also registers the "sqlite" database/sql driver
 	sqlite3 "modernc.org/sqlite/lib"
 
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/wait"
 	"github.com/plugbus/plugbus/store"
 )
 
@@ -40,9 +42,10 @@ const Pragmas = "_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_txlock
 // process holds a lock that keeps it from switching. It is persistent:
 // once a file is in WAL mode, every later connection uses it.
 func EnableWAL(ctx context.Context, db *sql.DB) error {
-	const tries = 100
+	backoff := bus.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}
+	giveUp := time.Now().Add(5 * time.Second)
 	var err error
-	for i := range tries {
+	for retry := 1; ; retry++ {
 		var mode string
 		if err = db.QueryRowContext(ctx, "PRAGMA journal_mode=WAL").Scan(&mode); err == nil {
 			if !strings.EqualFold(mode, "wal") {
@@ -51,15 +54,11 @@ func EnableWAL(ctx context.Context, db *sql.DB) error {
 			return nil
 		}
 		var se *sqlite.Error
-		if !errors.As(err, &se) || se.Code()&0xff != sqlite3.SQLITE_BUSY && se.Code()&0xff != sqlite3.SQLITE_LOCKED {
+		if !errors.As(err, &se) || se.Code()&0xff != sqlite3.SQLITE_BUSY && se.Code()&0xff != sqlite3.SQLITE_LOCKED || time.Now().After(giveUp) {
 			break
 		}
-		t := time.NewTimer(time.Duration(min(i+1, 10)) * 5 * time.Millisecond) // backoff between retries
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !wait.Sleep(ctx, backoff.Delay(retry)) {
 			return fmt.Errorf("sqlite: enabling WAL: %w", ctx.Err())
-		case <-t.C:
 		}
 	}
 	return fmt.Errorf("sqlite: enabling WAL (another process may hold the database locked): %w", err)

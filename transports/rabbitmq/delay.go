@@ -90,13 +90,16 @@ const maxDelay = (1<<delayLevels-1)*delayUnit - delayClockMargin
 //
 // The delay is rounded up to the next 10 ms (after adding 1 ms); each delay
 // queue the message waits in adds a few milliseconds on a healthy broker.
-// A delay of zero or less is Return. A delay over [Transport.MaxDelay], or
-// an endpoint name too long to fit the delay's routing key, is refused:
-// d is requeued, as when the broker refuses the copy, and the error says why.
+// The copy carries d.Retries, the retry history the bus updated, in
+// [HeaderRetries]. A delay of zero or less is Return; one over
+// [Transport.MaxDelay] is cut to it. An endpoint name too long to fit the
+// delay's routing key is refused: d is requeued, as when the broker
+// refuses the copy, and the error says why.
 func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause error, delay time.Duration) error {
 	if delay <= 0 {
 		return t.Return(ctx, d, cause)
 	}
+	delay = min(delay, maxDelay)
 	s, m, err := t.settling(d)
 	if err != nil {
 		return err
@@ -110,8 +113,9 @@ func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause erro
 	if err != nil {
 		return t.requeue(s, d, m, r, err)
 	}
-	msg, h := t.republishing(m, 1)
+	msg, h := t.republishing(m, 2)
 	h[HeaderAttempt] = int32(d.Attempt + 1)
+	writeRetries(h, d.Retries)
 	forgetDeaths(h)
 	msg.Expiration = ""
 	if err := t.resend(ctx, s, d, m, r, &msg, s.redeclareDelays); err != nil {
@@ -132,9 +136,9 @@ func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause erro
 func (t *Transport) emitAfter(ctx context.Context, env *bus.Envelope, destination string, delay time.Duration) error {
 	if delay <= 0 {
 		if destination == "" {
-			return t.Publish(ctx, env, bus.SendOptions{})
+			return t.Publish(ctx, env)
 		}
-		return t.Send(ctx, env, bus.SendOptions{Destination: destination})
+		return t.Send(ctx, env, destination)
 	}
 	op := "delayed publish of " + env.Name
 	var r route

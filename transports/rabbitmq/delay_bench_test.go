@@ -47,7 +47,7 @@ func BenchmarkReturnAfter(b *testing.B) {
 				b.Fatal(err)
 			}
 			for i := range inFlight {
-				if err := tr.Send(ctx, message(delayTestName+"-bench", "m-"+strconv.Itoa(i)), bus.SendOptions{Destination: endpoint}); err != nil {
+				if err := tr.Send(ctx, message(delayTestName+"-bench", "m-"+strconv.Itoa(i)), endpoint); err != nil {
 					b.Fatal(err)
 				}
 			}

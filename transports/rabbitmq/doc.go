@@ -2,6 +2,9 @@
 // github.com/rabbitmq/amqp091-go.
 //
 //	t, err := rabbitmq.New("amqp://guest:guest@127.0.0.1:5672/")
+//	if err != nil {
+//		return err
+//	}
 //	b, err := bus.New(bus.WithEndpoint("orders"), bus.WithTransport(t), bus.WithHandler(placeOrder))
 //
 // # Topology
@@ -45,7 +48,7 @@
 // declares it again, with the endpoint's bindings, and publishes again;
 // other endpoints miss events until their transports reconnect or
 // publish (see the docs). A body over [WithMaxMessageSize] is refused
-// before sending with a [*MessageTooLargeError].
+// before sending with a [*bus.MessageTooLargeError].
 //
 // # Delays
 //
@@ -62,6 +65,8 @@
 // kept in [DelayUndeliverableQueue]. Delays are rounded up to 10 ms, never
 // delivered early, and at most [Transport.MaxDelay] (about 62 days). Setup
 // declares the queues and binds the endpoint's queue for the last hop.
+// The copies Return, ReturnAfter and Fail make carry the retry history
+// the bus gave them ([HeaderRetries]); Receive reads it back.
 //
 // # Headers
 //

@@ -95,7 +95,7 @@ func FuzzEnvelope(f *testing.F) {
 		if v, ok := h[headerCC]; ok && !reflect.DeepEqual(copied[HeaderOriginalCC], v) {
 			t.Errorf("the copy keeps CC as %v, want %v", copied[HeaderOriginalCC], v)
 		}
-		_, _ = DeadLetter(*m)
+		_, _ = DecodeDeadLetter(*m)
 	})
 }
 

@@ -17,8 +17,6 @@ var (
 	ErrConnectionLost = errors.New("rabbitmq: the connection this delivery came from was lost; the broker redelivers it")
 	// ErrRefused is matched by [*RefusedError].
 	ErrRefused = errors.New("rabbitmq: broker refused the message")
-	// ErrMessageTooLarge is matched by [*MessageTooLargeError].
-	ErrMessageTooLarge = errors.New("rabbitmq: message too large")
 	// ErrUnreachable is matched by [*UnreachableError].
 	ErrUnreachable = errors.New("rabbitmq: no connection to the broker")
 )
@@ -97,24 +95,6 @@ func (e *RefusedError) Error() string {
 
 // Is reports whether target is ErrRefused.
 func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
-
-// MessageTooLargeError reports a message body over the limit set by
-// [WithMaxMessageSize]. The message was not sent.
-type MessageTooLargeError struct {
-	// Message is the message name.
-	Message string
-	// Size is the body's size and Limit the largest accepted, in bytes.
-	Size, Limit int
-}
-
-// Error implements error.
-func (e *MessageTooLargeError) Error() string {
-	return fmt.Sprintf("rabbitmq: %s has a %d-byte body, over the %d-byte limit; send large payloads by reference (store them elsewhere, send their address), or raise rabbitmq.WithMaxMessageSize together with the broker's max_message_size",
-		e.Message, e.Size, e.Limit)
-}
-
-// Is reports whether target is ErrMessageTooLarge.
-func (e *MessageTooLargeError) Is(target error) bool { return target == ErrMessageTooLarge }
 
 // UnroutableError reports a message no queue took: a send to an endpoint
 // whose queue does not exist, or a publish of a message no endpoint

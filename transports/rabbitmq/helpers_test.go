@@ -117,7 +117,7 @@ func (a *admin) deadLetters(ctx context.Context, t testing.TB, endpoint string, 
 			if !ok {
 				t.Fatalf("dead-letter consumer of %s closed", endpoint)
 			}
-			d, err := rabbitmq.DeadLetter(m)
+			d, err := rabbitmq.DecodeDeadLetter(m)
 			if err != nil {
 				t.Errorf("decoding dead letter: %v", err)
 			}

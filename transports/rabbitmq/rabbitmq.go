@@ -94,7 +94,7 @@ func WithConfig(c amqp.Config) Option {
 const DefaultMaxMessageSize = 16 << 20
 
 // WithMaxMessageSize sets the largest body, in bytes, Send and Publish
-// accept; a larger one is a [*MessageTooLargeError] and is not sent. The
+// accept; a larger one is a [*bus.MessageTooLargeError] and is not sent. The
 // default is [DefaultMaxMessageSize]. Set it to the broker's
 // max_message_size: a body over that limit makes the broker close the
 // publisher channel, which the transport reports as a [*RefusedError].
@@ -144,6 +144,7 @@ type Transport struct {
 	live        atomic.Pointer[session] // sess, read without the lock
 	maxAttempts atomic.Int64            // Topology.MaxAttempts of the last Setup
 	clock       *skewClock              // for the sent times of received messages
+	released    sync.Pool               // *received the bus released, for later deliveries
 
 	mu      sync.Mutex
 	inst    string // the instance queue's name, fixed by the first Setup asking for it
@@ -526,10 +527,13 @@ func (t *Transport) isClosed() bool {
 }
 
 var (
-	_ bus.Transport        = (*Transport)(nil)
-	_ bus.HeaderValidator  = (*Transport)(nil)
-	_ bus.InstanceQueuer   = (*Transport)(nil)
-	_ bus.InstanceReceiver = (*Transport)(nil)
-	_ bus.DeliveryReleaser = (*Transport)(nil)
-	_ bus.EnvelopeCopier   = (*Transport)(nil)
+	_ bus.Transport            = (*Transport)(nil)
+	_ bus.HeaderValidator      = (*Transport)(nil)
+	_ bus.InstanceQueuer       = (*Transport)(nil)
+	_ bus.InstanceReceiver     = (*Transport)(nil)
+	_ bus.DeliveryReleaser     = (*Transport)(nil)
+	_ bus.EnvelopeCopier       = (*Transport)(nil)
+	_ bus.Connector            = (*Transport)(nil)
+	_ bus.Delayer              = (*Transport)(nil)
+	_ bus.MessagingSystemNamer = (*Transport)(nil)
 )

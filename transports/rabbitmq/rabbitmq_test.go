@@ -31,6 +31,7 @@ func TestConformance(t *testing.T) {
 		ReservedHeader: rabbitmq.HeaderAttempt,
 		DeadLetters:    adm.deadLetters,
 		Messages:       2000,
+		DurableDelays:  true,
 	})
 }
 
@@ -165,18 +166,18 @@ func TestUnroutable(t *testing.T) {
 	tr := e.transport(t)
 	ctx := testContext(t, 10*time.Second)
 	msg := &bus.Envelope{Name: "test.nobody", Body: []byte(`{}`), Attributes: bus.NewAttributes("id-1", "c", time.Now(), nil, nil)}
-	err := tr.Send(ctx, msg, bus.SendOptions{Destination: transporttest.Name("no-such-endpoint")})
+	err := tr.Send(ctx, msg, transporttest.Name("no-such-endpoint"))
 	var ue *rabbitmq.UnroutableError
 	if !errors.As(err, &ue) || !errors.Is(err, rabbitmq.ErrUnroutable) || ue.Exchange != "" {
 		t.Errorf("Send to a missing queue: %v, want *rabbitmq.UnroutableError", err)
 	}
-	err = tr.Publish(ctx, msg, bus.SendOptions{})
+	err = tr.Publish(ctx, msg)
 	if !errors.As(err, &ue) || ue.Exchange != e.exchange || ue.RoutingKey != "test.nobody" {
 		t.Errorf("Publish without subscriber: %v, want *rabbitmq.UnroutableError", err)
 	}
 	// A routable message on the same channel right after still succeeds.
 	lenient := e.transport(t, rabbitmq.WithUnroutablePublish())
-	if err := lenient.Publish(ctx, msg, bus.SendOptions{}); err != nil {
+	if err := lenient.Publish(ctx, msg); err != nil {
 		t.Errorf("Publish with WithUnroutablePublish: %v", err)
 	}
 }
@@ -273,14 +274,14 @@ func TestSendWaitsForBroker(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	err = tr.Send(ctx, &bus.Envelope{Name: "x"}, bus.SendOptions{Destination: "y"})
+	err = tr.Send(ctx, &bus.Envelope{Name: "x"}, "y")
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("Send without broker: %v, want a deadline error naming the connection failure", err)
 	}
 	if err := tr.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(context.Background(), &bus.Envelope{Name: "x"}, bus.SendOptions{Destination: "y"}); !errors.Is(err, bus.ErrClosed) {
+	if err := tr.Send(context.Background(), &bus.Envelope{Name: "x"}, "y"); !errors.Is(err, bus.ErrClosed) {
 		t.Errorf("Send after Close: %v, want bus.ErrClosed", err)
 	}
 	if _, err := rabbitmq.New("http://nope"); err == nil {

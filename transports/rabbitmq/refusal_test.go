@@ -53,7 +53,7 @@ func message(name, id string) *bus.Envelope {
 // sendTo sends env to endpoint on tr, failing the test if it cannot.
 func sendTo(ctx context.Context, t *testing.T, tr *rabbitmq.Transport, endpoint string, env *bus.Envelope) {
 	t.Helper()
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: endpoint}); err != nil {
+	if err := tr.Send(ctx, env, endpoint); err != nil {
 		t.Fatalf("Send of %s to %s: %v", env.Name, endpoint, err)
 	}
 }
@@ -214,7 +214,7 @@ func TestRefusedPublishKeepsConnection(t *testing.T) {
 	sendTo(ctx, t, tr, e.endpoint, message("A", "a"))
 	d := receive(ctx, t, tr, 5*time.Second)
 	e.adm.deleteExchange(t, e.exchange)
-	if err := tr.Publish(testContext(t, 10*time.Second), message("test.gone", "g"), bus.SendOptions{}); err != nil {
+	if err := tr.Publish(testContext(t, 10*time.Second), message("test.gone", "g")); err != nil {
 		t.Fatalf("Publish to the deleted exchange: %v, want it declared again and the publish through", err)
 	}
 	if !strings.Contains(logs.String(), "declared it again") {
@@ -222,7 +222,7 @@ func TestRefusedPublishKeepsConnection(t *testing.T) {
 	}
 	// The publisher channel was replaced: a send works, and the delivery
 	// of the same connection can still be settled.
-	if err := tr.Send(ctx, message("B", "b"), bus.SendOptions{Destination: e.endpoint}); err != nil {
+	if err := tr.Send(ctx, message("B", "b"), e.endpoint); err != nil {
 		t.Errorf("Send after a refusal: %v", err)
 	}
 	if err := tr.Delete(ctx, d); err != nil {
@@ -270,7 +270,7 @@ func TestConcurrentRefusalKeepsConnection(t *testing.T) {
 							return
 						default:
 						}
-						_ = tr.Publish(ctx, message("test.gone", fmt.Sprintf("%d-%d", w, i)), bus.SendOptions{})
+						_ = tr.Publish(ctx, message("test.gone", fmt.Sprintf("%d-%d", w, i)))
 						if published.Add(1) == before {
 							close(enough)
 						}
@@ -296,17 +296,18 @@ func TestConcurrentRefusalKeepsConnection(t *testing.T) {
 }
 
 // A body over WithMaxMessageSize is refused before it reaches the broker,
-// whose refusal would close the channel.
-func TestMessageTooLarge(t *testing.T) {
+// whose refusal would close the channel, with the core's
+// *bus.MessageTooLargeError.
+func TestBodyOverMaxMessageSizeIsRefusedBeforeSending(t *testing.T) {
 	e := newEnv(t)
 	tr := e.transport(t, rabbitmq.WithMaxMessageSize(1024))
 	ctx := testContext(t, 10*time.Second)
 	big := message("Big", "big")
 	big.Body = bytes.Repeat([]byte("x"), 1025)
-	err := tr.Send(ctx, big, bus.SendOptions{Destination: transporttest.Name("anywhere")})
-	var te *rabbitmq.MessageTooLargeError
-	if !errors.As(err, &te) || !errors.Is(err, rabbitmq.ErrMessageTooLarge) || te.Size != 1025 || te.Limit != 1024 {
-		t.Errorf("Send of 1025 bytes with a 1024-byte limit: %v, want *rabbitmq.MessageTooLargeError", err)
+	err := tr.Send(ctx, big, transporttest.Name("anywhere"))
+	var te *bus.MessageTooLargeError
+	if !errors.As(err, &te) || !errors.Is(err, bus.ErrMessageTooLarge) || te.Transport != "rabbitmq" || te.Message != "Big" || te.Size != 1025 || te.Limit != 1024 {
+		t.Errorf("Send of 1025 bytes with a 1024-byte limit: %v, want a *bus.MessageTooLargeError of rabbitmq, Big, 1025 over 1024", err)
 	}
 	if _, err := rabbitmq.New(e.url, rabbitmq.WithMaxMessageSize(0)); err == nil {
 		t.Error("WithMaxMessageSize(0) accepted")

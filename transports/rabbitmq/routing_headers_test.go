@@ -90,7 +90,7 @@ func TestCCHeaderNeverRoutesCopies(t *testing.T) {
 		t.Fatalf("%d messages in the dead-letter queue, want %d", len(dead), len(ccs))
 	}
 	for _, m := range dead {
-		dl, err := rabbitmq.DeadLetter(m)
+		dl, err := rabbitmq.DecodeDeadLetter(m)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -15,26 +14,26 @@ import (
 	"github.com/plugbus/plugbus/bus"
 )
 
-// Send publishes env to the queue of the endpoint opts.Destination through
+// Send publishes env to the queue of the endpoint named to through
 // the default exchange and returns once the broker confirmed it. A missing
 // queue is an [*UnroutableError], except for an instance queue
 // ([Transport.InstanceAddress]): that message is dropped with a warning.
 // The first Send of a transport connects. While there is no connection,
 // Send waits for one until ctx ends (then it returns an
 // [*UnreachableError]) and publishes again.
-func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
-	if opts.Destination == "" {
+func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
+	if to == "" {
 		return fmt.Errorf("rabbitmq: send %s: %w: no destination endpoint", env.Name, bus.ErrNoRoute)
 	}
-	if len(opts.Destination) > maxShortString {
-		return fmt.Errorf("rabbitmq: send %s: destination %.40q is longer than %d bytes", env.Name, opts.Destination, maxShortString)
+	if len(to) > maxShortString {
+		return fmt.Errorf("rabbitmq: send %s: destination %.40q is longer than %d bytes", env.Name, to, maxShortString)
 	}
-	err := t.emit(ctx, env, "", opts.Destination, true)
-	if err != nil && strings.HasPrefix(opts.Destination, InstanceQueuePrefix) && errors.Is(err, ErrUnroutable) {
+	err := t.emit(ctx, env, "", to, true)
+	if err != nil && strings.HasPrefix(to, InstanceQueuePrefix) && errors.Is(err, ErrUnroutable) {
 		// An instance queue is gone for good (its instance stopped) or
 		// until its instance reconnects: no one can receive this message.
 		t.log.WarnContext(ctx, "message to an instance queue that does not exist dropped: its instance stopped or is reconnecting",
-			slog.String("queue", opts.Destination), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
+			slog.String("queue", to), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
 		return nil
 	}
 	return err
@@ -49,7 +48,7 @@ func (t *Transport) CopiesEnvelopes() bool { return true }
 // broker confirmed it; when no endpoint subscribes it is an
 // [*UnroutableError] unless [WithUnroutablePublish] was given. It waits
 // for a connection as Send does.
-func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
 	if env.Name == "" || len(env.Name) > maxShortString {
 		return fmt.Errorf("rabbitmq: publish: message name %.40q must be 1 to %d bytes", env.Name, maxShortString)
 	}
@@ -64,7 +63,7 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 		return err
 	}
 	if len(env.Body) > t.o.maxMessageSize {
-		return &MessageTooLargeError{Message: env.Name, Size: len(env.Body), Limit: t.o.maxMessageSize}
+		return &bus.MessageTooLargeError{Transport: "rabbitmq", Message: env.Name, Size: len(env.Body), Limit: t.o.maxMessageSize}
 	}
 	msg, err := publishing(env)
 	if err != nil {
@@ -213,7 +212,7 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 }
 
 // received is a delivery and the amqp091 message it was read from, in one
-// allocation that is reused once the bus releases the delivery
+// allocation that the transport reuses once the bus releases the delivery
 // ([Transport.ReleaseDelivery]): a message then costs the garbage
 // collector neither of them.
 type received struct {
@@ -222,19 +221,24 @@ type received struct {
 	s *session
 }
 
-var receivedPool = sync.Pool{New: func() any { return new(received) }}
-
 func (t *Transport) delivery(ctx context.Context, s *session, m *amqp.Delivery) *bus.Delivery {
-	r := receivedPool.Get().(*received)
+	r, _ := t.released.Get().(*received)
+	if r == nil {
+		r = new(received)
+	}
 	r.m, r.s = *m, s
 	limits := decodeLimits{maxAttempts: int(t.maxAttempts.Load()), clock: t.clock}
 	env, attempt, ignored, err := envelope(&r.m, limits)
+	retries, bad := readRetries(&r.m)
+	if bad != nil {
+		ignored = append(ignored, *bad)
+	}
 	for _, ig := range ignored {
 		t.log.WarnContext(ctx, "received message: reserved header ignored",
 			slog.String("header", ig.name), slog.String("value", clip(headerText(ig.value), 200)), slog.String("reason", ig.why),
 			slog.Int("max_attempts", limits.maxAttempts), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
 	}
-	r.d = bus.Delivery{Envelope: env, Attempt: attempt, Raw: &r.m, Token: r, Err: err}
+	r.d = bus.Delivery{Envelope: env, Attempt: attempt, Retries: retries, Raw: &r.m, Token: r, Err: err}
 	return &r.d
 }
 
@@ -257,7 +261,7 @@ func (t *Transport) ReleaseDelivery(d *bus.Delivery) {
 		return
 	}
 	*r = received{}
-	receivedPool.Put(r)
+	t.released.Put(r)
 }
 
 // settling checks that d came from this transport and that its channel is
@@ -299,16 +303,19 @@ func (t *Transport) Delete(_ context.Context, d *bus.Delivery) error {
 // Return publishes a copy of d to the end of the endpoint's queue with its
 // attempt count raised and, once the broker confirmed the copy,
 // acknowledges d. The copy keeps the properties and headers of d, except
-// a user-id of another user (see [HeaderUserID]) and x-delivery-count.
-// When the broker refuses the copy, d is requeued (nack) and the error
-// returned: the broker redelivers d with its attempt count unchanged.
+// a user-id of another user (see [HeaderUserID]) and x-delivery-count,
+// and carries d.Retries, the retry history the bus updated, in
+// [HeaderRetries]. When the broker refuses the copy, d is requeued (nack)
+// and the error returned: the broker redelivers d with its attempt count
+// unchanged.
 func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error {
 	s, m, err := t.settling(d)
 	if err != nil {
 		return err
 	}
-	msg, h := t.republishing(m, 1)
+	msg, h := t.republishing(m, 2)
 	h[HeaderAttempt] = int32(d.Attempt + 1)
+	writeRetries(h, d.Retries)
 	queue := t.topology().Endpoint
 	if m.ConsumerTag == instanceConsumer {
 		queue = t.instanceQueue()
@@ -320,7 +327,8 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error 
 }
 
 // Fail publishes a copy of d to the endpoint's dead-letter queue with f in
-// headers ([HeaderFailureReason] and the others) and, once the broker
+// headers ([HeaderFailureReason] and the others, f.History in
+// [HeaderRetries]) and, once the broker
 // confirmed it, acknowledges d. When the broker refuses the copy, d is
 // requeued (nack) as by Return. A transport without an endpoint (an
 // instance queue alone) has no dead-letter queue: it logs the message and
@@ -343,7 +351,12 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 	if f.Time.IsZero() {
 		f.Time = time.Now()
 	}
-	msg, h := t.republishing(m, 4)
+	msg, h := t.republishing(m, 5)
+	history := f.History
+	if history.IsZero() {
+		history = d.Retries
+	}
+	writeRetries(h, history)
 	h[HeaderFailureReason] = f.Reason
 	h[HeaderFailureAttempts] = int32(f.Attempts)
 	h[HeaderFailureEndpoint] = endpoint
@@ -429,28 +442,4 @@ func (t *Transport) requeue(s *session, d *bus.Delivery, m *amqp.Delivery, r rou
 		return fmt.Errorf("rabbitmq: moving %s (id %s) to %v: %w; requeueing it failed too: %w", d.Name, d.Attributes.MessageID, r, err, nerr)
 	}
 	return fmt.Errorf("rabbitmq: moving %s (id %s) to %v: %w; the original was requeued with its attempt count unchanged and the broker redelivers it", d.Name, d.Attributes.MessageID, r, err)
-}
-
-// DeadLetter decodes a message read from a dead-letter queue: the
-// envelope as it was received and the failure recorded by Fail.
-func DeadLetter(m amqp.Delivery) (bus.DeadLetter, error) {
-	// A poison message is dead-lettered as it came: keep what can be read.
-	env, _, _, _ := envelope(&m, decodeLimits{clock: newSkewClock(time.Now)})
-	dl := bus.DeadLetter{Envelope: env}
-	var err error
-	reason, ok := m.Headers[HeaderFailureReason].(string)
-	if !ok {
-		return dl, fmt.Errorf("rabbitmq: message %s (id %s) has no %s header: it was not dead-lettered by plugbus", m.Type, m.MessageId, HeaderFailureReason)
-	}
-	dl.Failure.Reason = reason
-	dl.Failure.Attempts, _ = headerInt(m.Headers[HeaderFailureAttempts])
-	dl.Failure.Endpoint, _ = m.Headers[HeaderFailureEndpoint].(string)
-	if s, ok := m.Headers[HeaderFailureTime].(string); ok {
-		if tm, perr := time.Parse(time.RFC3339Nano, s); perr == nil {
-			dl.Failure.Time = tm
-		} else {
-			err = fmt.Errorf("rabbitmq: header %s = %q: %w", HeaderFailureTime, s, perr)
-		}
-	}
-	return dl, err
 }

@@ -198,7 +198,7 @@ func encode(env *bus.Envelope, maxSize int) (*encoded, error) {
 		e.size += len(k) + len(stringType) + len(v)
 	}
 	if e.size > maxSize {
-		return nil, &MessageTooLargeError{Message: env.Name, Size: e.size, Max: maxSize}
+		return nil, &bus.MessageTooLargeError{Transport: transportName, Message: env.Name, Size: e.size, Limit: maxSize}
 	}
 	return e, nil
 }

@@ -58,7 +58,7 @@ func BenchmarkSendReceiveDelete(b *testing.B) {
 	env := benchEnvelope()
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := tr.Send(ctx, env, bus.SendOptions{Destination: "bench"}); err != nil {
+		if err := tr.Send(ctx, env, "bench"); err != nil {
 			b.Fatal(err)
 		}
 		d, err := tr.Receive(ctx)

@@ -84,10 +84,11 @@ func withFailure(attrs map[string]sqstypes.MessageAttributeValue, f bus.Failure)
 }
 
 // DecodeDeadLetter reads a message received from a dead-letter queue: the
-// envelope as it was sent and the failure that dead-lettered it. A message
-// that reached the dead-letter queue through the redrive policy (the
-// consumer never settled it) has no failure: the error says so, and the
-// envelope is returned as far as it could be read.
+// envelope as it was received and the failure that dead-lettered it, which
+// Fail recorded in its [AttributeName] attribute. A message that reached
+// the dead-letter queue through the redrive policy (the consumer never
+// settled it) has no failure: the error says so, and the envelope is
+// returned as far as it could be read.
 func DecodeDeadLetter(msg sqstypes.Message) (bus.DeadLetter, error) {
 	var d bus.Delivery
 	decode(context.Background(), nil, msg, &d)

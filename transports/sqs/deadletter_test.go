@@ -13,6 +13,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
@@ -52,7 +53,7 @@ func TestRetriesThenDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	probe := sqs.New(cfg, fastOptions(prefix)...)
-	dl := deadLetters(ctx, t, probe, "payments", 1)
+	dl := sqstest.DeadLetters(ctx, t, probe, "payments", 1)
 	if err := b.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func TestRedrivePolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := &bus.Envelope{Name: "test.job", Body: []byte(`{"job":1}`), Attributes: bus.NewAttributes("job-1", "c", time.Now(), nil, nil)}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: "crashy"}); err != nil {
+	if err := tr.Send(ctx, env, "crashy"); err != nil {
 		t.Fatal(err)
 	}
 	client := tr.SQS()

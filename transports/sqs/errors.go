@@ -12,8 +12,6 @@ var (
 	ErrInvalidHeader = errors.New("sqs: header cannot be a message attribute")
 	// ErrTooManyAttributes is matched by [*TooManyAttributesError].
 	ErrTooManyAttributes = errors.New("sqs: too many message attributes")
-	// ErrMessageTooLarge is matched by [*MessageTooLargeError].
-	ErrMessageTooLarge = errors.New("sqs: message too large")
 	// ErrInvalidAttribute is matched by [*AttributeError].
 	ErrInvalidAttribute = errors.New("sqs: bus attribute cannot be carried")
 	// ErrNoQueue is matched by [*NoQueueError].
@@ -59,22 +57,6 @@ func (e *TooManyAttributesError) Error() string {
 
 // Is reports whether target is ErrTooManyAttributes.
 func (e *TooManyAttributesError) Is(target error) bool { return target == ErrTooManyAttributes }
-
-// MessageTooLargeError reports a message whose body and attributes exceed
-// the size SQS and SNS accept. Nothing was sent.
-type MessageTooLargeError struct {
-	Message string // message name
-	Size    int    // bytes: body (after encoding) plus attribute names, types and values
-	Max     int
-}
-
-// Error implements error.
-func (e *MessageTooLargeError) Error() string {
-	return fmt.Sprintf("sqs: message %s is %d bytes with its attributes, more than the %d bytes allowed; store the payload elsewhere (for example S3) and send a reference", e.Message, e.Size, e.Max)
-}
-
-// Is reports whether target is ErrMessageTooLarge.
-func (e *MessageTooLargeError) Is(target error) bool { return target == ErrMessageTooLarge }
 
 // AttributeError reports a bus attribute the transport cannot carry
 // unchanged (its key or value is not valid UTF-8). Nothing was sent.

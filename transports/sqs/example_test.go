@@ -43,25 +43,3 @@ func Example() {
 	// Publish goes to the topic of the message's name.
 	_ = b.Publish(ctx, invoiceRequested{Order: "o-1"})
 }
-
-// On AWS Lambda the event source mapping receives; the handler runs each
-// record through the bus and reports the failed ones. Pass the handler to
-// the Lambda runtime, for example lambda.Start(handler) with
-// github.com/aws/aws-lambda-go.
-func ExampleNewLambdaHandler() {
-	cfg, err := config.LoadDefaultConfig(context.Background())
-	if err != nil {
-		log.Fatal(err)
-	}
-	b, err := bus.New(
-		bus.WithEndpoint("billing"),
-		bus.WithTransport(sqs.New(cfg, sqs.WithPrefix("prod-"))),
-		bus.WithMaxAttempts(5),
-		bus.WithHandler(func(ctx context.Context, m invoiceRequested, _ bus.Attributes) error { return nil }),
-	)
-	if err != nil {
-		log.Fatal(err)
-	}
-	handler := sqs.NewLambdaHandler(b, sqs.LambdaMaxAttempts(5))
-	_ = handler // lambda.Start(handler)
-}

@@ -18,6 +18,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
@@ -134,7 +135,7 @@ func TestForeignReservedAttributesNeitherHeadersNorAttempts(t *testing.T) {
 	reservedNames := []string{"PLUGBUS", "plugbus.attempt", "PLUGBUS.ATTEMPT", "Plugbus.Failure"}
 	rawSend(ctx, t, probe, "inbox", `{"id":"f-1"}`, attrs)
 
-	dl := deadLetters(ctx, t, probe, "inbox", 1)
+	dl := sqstest.DeadLetters(ctx, t, probe, "inbox", 1)
 	if len(dl) != 1 {
 		t.Fatalf("dead letters = %d, want 1", len(dl))
 	}
@@ -235,7 +236,7 @@ func TestForeignPlugbusAttributeOfTheWrongType(t *testing.T) {
 	rawSend(ctx, t, probe, "inbox", `{"id":"n"}`, map[string]sqstypes.MessageAttributeValue{
 		"plugbus": {DataType: aws.String("Number"), StringValue: aws.String("1")},
 	})
-	dl := deadLetters(ctx, t, probe, "inbox", 2)
+	dl := sqstest.DeadLetters(ctx, t, probe, "inbox", 2)
 	if len(dl) != 2 {
 		t.Fatalf("dead letters = %d, want 2", len(dl))
 	}
@@ -281,7 +282,7 @@ func TestSNSEnvelopeDeadLetteredNamingTheTopic(t *testing.T) {
 	if _, err := probe.SNS().Publish(ctx, &awssns.PublishInput{TopicArn: topic.TopicArn, Message: aws.String(`{"id":"s"}`)}); err != nil {
 		t.Fatal(err)
 	}
-	dl := deadLetters(ctx, t, probe, "inbox", 1)
+	dl := sqstest.DeadLetters(ctx, t, probe, "inbox", 1)
 	if len(dl) != 1 {
 		t.Fatalf("dead letters = %d, want 1", len(dl))
 	}

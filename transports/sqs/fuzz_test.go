@@ -13,6 +13,7 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/transports/sqs"
+	"github.com/plugbus/plugbus/transports/sqs/sqslambda"
 )
 
 // The fuzz tests feed the decoders of foreign input what any producer, a
@@ -141,7 +142,8 @@ func FuzzDecodeMessage(f *testing.F) {
 }
 
 // FuzzLambdaEvent fuzzes the SQS event a Lambda runtime hands to
-// NewLambdaHandler, record by record, as the handler reads it.
+// sqslambda.NewHandler, record by record, as that handler reads it: with
+// the transport's own decoding.
 func FuzzLambdaEvent(f *testing.F) {
 	f.Add([]byte(`{"Records":[{"messageId":"m-1","receiptHandle":"h","body":"{\"n\":1}","attributes":{"ApproximateReceiveCount":"1"},` +
 		`"messageAttributes":{"plugbus":{"stringValue":"{\"v\":1,\"name\":\"test.job\",\"id\":\"job-1\"}","stringListValues":[],"binaryListValues":[],"dataType":"String"},` +
@@ -151,7 +153,7 @@ func FuzzLambdaEvent(f *testing.F) {
 	f.Add([]byte(`{"Records":[{},{"messageAttributes":{"a":{}}}]}`))
 	f.Add([]byte(`{"Records":null}`))
 	f.Fuzz(func(t *testing.T, event []byte) {
-		var ev sqs.Event
+		var ev sqslambda.Event
 		if json.Unmarshal(event, &ev) != nil {
 			return
 		}

@@ -154,7 +154,7 @@ func TestHeadersRefusedThroughBus(t *testing.T) {
 				t.Fatalf("Send: %v; Publish: %v", sendErr, pubErr)
 			}
 			env := &bus.Envelope{Name: "n", Body: []byte("{}"), Headers: tc.headers}
-			if err := tr.Send(ctx, env, bus.SendOptions{Destination: "orders"}); !tc.check(err) {
+			if err := tr.Send(ctx, env, "orders"); !tc.check(err) {
 				t.Fatalf("transport Send: %v", err)
 			}
 		})
@@ -165,7 +165,7 @@ func TestHeadersRefusedThroughBus(t *testing.T) {
 	}
 	env := &bus.Envelope{Name: "test.order-placed", Body: []byte(`{"id":"9"}`), Headers: nine,
 		Attributes: bus.NewAttributes("id-9", "c", time.Now(), nil, nil)}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: "orders"}); err != nil {
+	if err := tr.Send(ctx, env, "orders"); err != nil {
 		t.Fatalf("Send with nine headers: %v", err)
 	}
 	d, err := tr.Receive(ctx)
@@ -187,24 +187,17 @@ func isHeaderError(name string) func(error) bool {
 	}
 }
 
-func TestMessageTooLarge(t *testing.T) {
+// A message whose body and attributes together exceed WithMaxMessageSize
+// is refused before sending with the core's *bus.MessageTooLargeError.
+func TestMessageOverMaxMessageSizeIsRefusedBeforeSending(t *testing.T) {
 	cfg := awsConfig(t)
 	tr := sqs.New(cfg, sqs.WithMaxMessageSize(1024))
 	defer tr.Close(context.Background())
 	env := &bus.Envelope{Name: "big", Body: []byte(strings.Repeat("x", 1024))}
-	err := tr.Send(t.Context(), env, bus.SendOptions{Destination: "anywhere"})
-	var tl *sqs.MessageTooLargeError
-	if !errors.As(err, &tl) || !errors.Is(err, sqs.ErrMessageTooLarge) || tl.Max != 1024 || tl.Size <= 1024 {
-		t.Fatalf("Send of a large message: %v", err)
-	}
-}
-
-func TestSendToMissingQueue(t *testing.T) {
-	tr, _ := openTransport(t)
-	err := tr.Send(t.Context(), &bus.Envelope{Name: "n", Body: []byte("{}")}, bus.SendOptions{Destination: "nobody"})
-	var nq *sqs.NoQueueError
-	if !errors.As(err, &nq) || !errors.Is(err, bus.ErrNoRoute) || nq.Endpoint != "nobody" {
-		t.Fatalf("Send to a missing queue: %v", err)
+	err := tr.Send(t.Context(), env, "anywhere")
+	var tl *bus.MessageTooLargeError
+	if !errors.As(err, &tl) || !errors.Is(err, bus.ErrMessageTooLarge) || tl.Transport != "sqs" || tl.Message != "big" || tl.Limit != 1024 || tl.Size <= 1024 {
+		t.Fatalf("Send of a large message: %v, want a *bus.MessageTooLargeError of sqs, big, over 1024 bytes", err)
 	}
 }
 
@@ -248,6 +241,35 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 	env := &bus.Envelope{Name: "n", Body: []byte("{}"), Attributes: bus.NewAttributes("id", "c", sent, map[string]string{"k": "\xff"}, nil)}
 	if _, err := sqs.Encode(env); !errors.Is(err, sqs.ErrInvalidAttribute) {
 		t.Fatalf("Encode with a non-UTF-8 attribute: %v", err)
+	}
+}
+
+// Bus attributes travel in the "plugbus" message attribute: characters
+// SQS refuses there (U+FFFE, most control characters) are an
+// *AttributeError before anything is sent.
+func TestBusAttributeCharactersSQSRefusesAreAttributeErrors(t *testing.T) {
+	for name, attrs := range map[string]map[string]string{
+		"value U+FFFE":   {"k": "a\uFFFEb"},
+		"value control":  {"k": "a\u0001b"},
+		"key U+FFFF":     {"k\uFFFF": "v"},
+		"key control":    {"k\u001b": "v"},
+		"value over BMP": nil, // control: allowed
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := envelope("Order", "o1")
+			env.Attributes = bus.NewAttributes("o1", "o1", time.Now(), attrs, map[string]string{"ok": "\U0001F600"})
+			_, err := sqs.Encode(env)
+			var ae *sqs.AttributeError
+			if attrs == nil {
+				if err != nil {
+					t.Errorf("Encode: %v", err)
+				}
+				return
+			}
+			if !errors.As(err, &ae) {
+				t.Errorf("Encode with attributes %q: %v, want *sqs.AttributeError", attrs, err)
+			}
+		})
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
@@ -34,10 +35,10 @@ func TestReceiveInstanceReadsOnlyTheInstanceQueue(t *testing.T) {
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 1, Instance: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(ctx, envelope("Order", "e1"), bus.SendOptions{Destination: "ep"}); err != nil {
+	if err := tr.Send(ctx, envelope("Order", "e1"), "ep"); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(ctx, envelope("Reply", "r1"), bus.SendOptions{Destination: tr.InstanceAddress()}); err != nil {
+	if err := tr.Send(ctx, envelope("Reply", "r1"), tr.InstanceAddress()); err != nil {
 		t.Fatal(err)
 	}
 	d, err := tr.ReceiveInstance(ctx)
@@ -59,5 +60,30 @@ func TestReceiveInstanceReadsOnlyTheInstanceQueue(t *testing.T) {
 	}
 	if err := tr.Delete(ctx, d); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A message of the instance queue that fails for good goes to the
+// endpoint's dead-letter queue when there is an endpoint.
+func TestInstanceQueueFailureGoesToTheEndpointsDeadLetterQueue(t *testing.T) {
+	tr, _ := openTransport(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 1, Instance: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Send(ctx, envelope("Reply", "r1"), tr.InstanceAddress()); err != nil {
+		t.Fatal(err)
+	}
+	d, err := tr.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Fail(ctx, d, bus.Failure{Reason: "boom", Attempts: 1, Endpoint: "ep"}); err != nil {
+		t.Fatal(err)
+	}
+	dl := sqstest.DeadLetters(ctx, t, tr, "ep", 1)
+	if len(dl) != 1 || dl[0].Failure.Reason != "boom" || dl[0].Envelope.Attributes.MessageID != "r1" {
+		t.Errorf("dead letters of ep = %+v, want the failed reply r1", dl)
 	}
 }

@@ -15,7 +15,7 @@ func send(ctx context.Context, t *testing.T, tr *sqs.Transport, endpoint string,
 	t.Helper()
 	for i := range n {
 		env := &bus.Envelope{Name: "test.job", Body: []byte(strconv.Itoa(i)), Attributes: bus.NewAttributes("m-"+strconv.Itoa(i), "c", time.Now(), nil, nil)}
-		if err := tr.Send(ctx, env, bus.SendOptions{Destination: endpoint}); err != nil {
+		if err := tr.Send(ctx, env, endpoint); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -125,10 +125,10 @@ func TestBinaryBodiesThroughSQSAndSNS(t *testing.T) {
 	for _, body := range [][]byte{{0x00, 0xff, 0x10, 0x80}, {}} {
 		env := &bus.Envelope{Name: "test.blob", ContentType: "application/x-protobuf", Body: body, Headers: bus.Headers{"x-h": "1"},
 			Attributes: bus.NewAttributes("blob", "c", time.Now(), nil, nil)}
-		if err := tr.Send(ctx, env, bus.SendOptions{Destination: "bin"}); err != nil {
+		if err := tr.Send(ctx, env, "bin"); err != nil {
 			t.Fatalf("Send %x: %v", body, err)
 		}
-		if err := tr.Publish(ctx, env, bus.SendOptions{}); err != nil {
+		if err := tr.Publish(ctx, env); err != nil {
 			t.Fatalf("Publish %x: %v", body, err)
 		}
 		for range 2 {

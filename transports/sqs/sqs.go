@@ -20,16 +20,19 @@
 //
 // Build it from an aws.Config:
 //
-//	cfg, err := config.LoadDefaultConfig(ctx)
-//	...
-//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), ...)
+//	cfg, err := config.LoadDefaultConfig(ctx) // github.com/aws/aws-sdk-go-v2/config
+//	if err != nil {
+//		return err
+//	}
+//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), bus.WithHandler(invoice))
 //
 // With Topology.Instance (request/reply) Setup also creates a queue of
 // this transport instance alone, addressed by its URL and deleted by Close
 // ([Transport.InstanceAddress]).
 //
-// On AWS Lambda, [NewLambdaHandler] runs the records of an SQS event
-// through a bus and reports the records that failed. docs/transports/sqs.md
+// On AWS Lambda, package sqslambda (transports/sqs/sqslambda) runs the
+// records of an SQS event through a bus instead of this transport's
+// poller, reading them as the poller does. docs/transports/sqs.md
 // describes the topology, the limits and the IAM permissions needed.
 package sqs
 
@@ -576,28 +579,28 @@ func (t *Transport) CopiesEnvelopes() bool { return true }
 // itself, with its reason.
 func (t *Transport) CountsReceives() bool { return true }
 
-// Send puts env on the queue of the endpoint opts.Destination. The queue
+// Send puts env on the queue of the endpoint named to. The queue
 // must exist: the receiving endpoint declares it in its Setup. A
 // Destination that is a queue URL (an instance address,
 // [Transport.InstanceAddress]) is used as it is. A missing queue is a
 // [*NoQueueError], except for an instance queue (one whose name contains
 // "instance-"): a message to an instance queue that no longer exists is
 // dropped with a warning, since no one could ever receive it.
-func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOptions) error {
+func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
 	if err := t.checkOpen(ctx); err != nil {
 		return err
 	}
-	if opts.Destination == "" {
+	if to == "" {
 		return fmt.Errorf("sqs: send %s: %w: no destination endpoint", env.Name, bus.ErrNoRoute)
 	}
 	e, err := encode(env, t.o.maxSize)
 	if err != nil {
 		return fmt.Errorf("sqs: send %s: %w", env.Name, err)
 	}
-	byURL := isQueueURL(opts.Destination)
-	url := opts.Destination
+	byURL := isQueueURL(to)
+	url := to
 	if !byURL {
-		url, err = t.queueURLOf(ctx, opts.Destination)
+		url, err = t.queueURLOf(ctx, to)
 		if err != nil {
 			return fmt.Errorf("sqs: send %s: %w", env.Name, err)
 		}
@@ -611,13 +614,13 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOp
 			return nil
 		}
 		if errors.As(err, &nq) && byURL {
-			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: opts.Destination, Queue: queueName(url), Err: err})
+			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: to, Queue: queueName(url), Err: err})
 		}
 		if errors.As(err, &nq) {
-			t.forgetQueue(opts.Destination)
-			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: opts.Destination, Queue: t.QueueName(opts.Destination), Err: err})
+			t.forgetQueue(to)
+			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: to, Queue: t.QueueName(to), Err: err})
 		}
-		return fmt.Errorf("sqs: send %s to endpoint %s: %w", env.Name, opts.Destination, err)
+		return fmt.Errorf("sqs: send %s to endpoint %s: %w", env.Name, to, err)
 	}
 	return nil
 }
@@ -626,7 +629,7 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, opts bus.SendOp
 // it does not exist yet), which delivers it to the queue of every endpoint
 // subscribed to it. A message published before any endpoint subscribed
 // reaches no one.
-func (t *Transport) Publish(ctx context.Context, env *bus.Envelope, _ bus.SendOptions) error {
+func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
 	if err := t.checkOpen(ctx); err != nil {
 		return err
 	}
@@ -664,9 +667,11 @@ func isQueueURL(dest string) bool {
 }
 
 var (
-	_ bus.Transport        = (*Transport)(nil)
-	_ bus.HeaderValidator  = (*Transport)(nil)
-	_ bus.InstanceQueuer   = (*Transport)(nil)
-	_ bus.InstanceReceiver = (*Transport)(nil)
-	_ bus.EnvelopeCopier   = (*Transport)(nil)
+	_ bus.Transport            = (*Transport)(nil)
+	_ bus.HeaderValidator      = (*Transport)(nil)
+	_ bus.InstanceQueuer       = (*Transport)(nil)
+	_ bus.InstanceReceiver     = (*Transport)(nil)
+	_ bus.EnvelopeCopier       = (*Transport)(nil)
+	_ bus.ReceiveCounter       = (*Transport)(nil)
+	_ bus.MessagingSystemNamer = (*Transport)(nil)
 )

@@ -76,39 +76,16 @@ func openTransport(t testing.TB) (*sqs.Transport, string) {
 	return tr, prefix
 }
 
-// deadLetters receives up to n messages from endpoint's dead-letter
-// queue, deleting them, until there are n or ctx ends.
-func deadLetters(ctx context.Context, t testing.TB, tr *sqs.Transport, endpoint string, n int) []bus.DeadLetter {
-	t.Helper()
-	client := tr.SQS()
-	url, err := client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(tr.DeadLetterQueueName(endpoint))})
-	if err != nil {
-		t.Fatalf("dead-letter queue of %s: %v", endpoint, err)
-	}
-	var out []bus.DeadLetter
-	for len(out) < n && ctx.Err() == nil {
-		res, err := client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
-			QueueUrl: url.QueueUrl, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
-			MessageAttributeNames: []string{"All"},
-		})
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			t.Fatalf("receiving dead letters: %v", err)
-		}
-		for _, m := range res.Messages {
-			dl, err := sqs.DecodeDeadLetter(m)
-			if err != nil {
-				t.Errorf("dead letter: %v", err)
-			}
-			out = append(out, dl)
-			if _, err := client.DeleteMessage(context.Background(), &awssqs.DeleteMessageInput{QueueUrl: url.QueueUrl, ReceiptHandle: m.ReceiptHandle}); err != nil {
-				t.Errorf("deleting dead letter: %v", err)
-			}
-		}
-	}
-	return out
+// job is the message the bus tests handle.
+type job struct {
+	N int `json:"n"`
+}
+
+func (job) MessageName() string { return "test.job" }
+
+// envelope returns an envelope of name with message and correlation id id.
+func envelope(name, id string) *bus.Envelope {
+	return &bus.Envelope{Name: name, ContentType: "application/json", Body: []byte(`{}`), Attributes: bus.NewAttributes(id, id, time.Now(), nil, nil)}
 }
 
 func TestConformance(t *testing.T) {
@@ -119,13 +96,10 @@ func TestConformance(t *testing.T) {
 	transporttest.Run(t, newT, transporttest.Features{
 		ReservedHeader: sqs.AttributeName,
 		DeadLetters: func(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter {
-			return deadLetters(ctx, t, probe, endpoint, n)
+			return sqstest.DeadLetters(ctx, t, probe, endpoint, n)
 		},
 	})
 }
-
-var _ = errors.New
-var _ sqstypes.Message
 
 // With the default wait time, the receive requests in progress end within
 // the time bus.Stop gives Close: an idle bus stops cleanly, nothing
@@ -241,7 +215,7 @@ func TestStopOnTheLastAttemptDeadLettersWithTheReason(t *testing.T) {
 	if err := b.Stop(sctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Stop: %v", err)
 	}
-	got := deadLetters(ctx, t, tr, "worker", 1)
+	got := sqstest.DeadLetters(ctx, t, tr, "worker", 1)
 	if len(got) != 1 || !strings.Contains(got[0].Failure.Reason, "context canceled") {
 		t.Fatalf("dead letters %+v, want the job with the handler's failure", got)
 	}

@@ -58,7 +58,7 @@ func ExampleRun() {
 	}
 	env := &bus.Envelope{Name: "shop.order_placed", ContentType: "application/json", Body: []byte(`{}`),
 		Attributes: bus.NewAttributes("m-1", "m-1", time.Now(), nil, nil)}
-	if err := sender.Publish(ctx, env, bus.SendOptions{}); err != nil {
+	if err := sender.Publish(ctx, env); err != nil {
 		panic(err)
 	}
 	d, err := receiver.Receive(ctx)

@@ -47,6 +47,15 @@ type Features struct {
 	// Messages is the number of messages of the concurrency test. The
 	// default is 5000.
 	Messages int
+	// DelayUnit is the shortest delay a [bus.Delayer] carries faithfully
+	// (its precision): the delay tests scale their delays, and the outage
+	// test its outage and its retry policy, by it. The default is 10ms.
+	DelayUnit time.Duration
+	// DurableDelays is true when a delayed message lives in the broker,
+	// not in the process that delayed it: the suite then kills such a
+	// process with SIGKILL during a delay, in a child process of the test
+	// binary, and expects the message after the delay.
+	DurableDelays bool
 }
 
 // Factory returns a fresh transport of the kind under test. Transports
@@ -68,6 +77,9 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 	if f.Messages == 0 {
 		f.Messages = 5000
 	}
+	if f.DelayUnit == 0 {
+		f.DelayUnit = 10 * time.Millisecond
+	}
 	s := &suite{newTransport: newTransport, f: f}
 	t.Run("SendPreservesEnvelope", s.sendPreservesEnvelope)
 	t.Run("PublishFansOut", s.publishFansOut)
@@ -88,7 +100,17 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 	}
 	probe := newTransport(t)
 	_, instances := probe.(bus.InstanceQueuer)
+	_, delays := probe.(bus.Delayer)
 	_ = probe.Close(context.Background())
+	if delays { // a transport that carries delays carries the retry history too
+		t.Run("FailKeepsRetryHistory", s.failKeepsHistory)
+		t.Run("ReturnAfterDelays", s.returnAfterDelays)
+		t.Run("ReturnAfterHasNoHeadOfLineBlocking", s.noHeadOfLine)
+		t.Run("OutageLosesNothing", s.outageLosesNothing)
+		if f.DurableDelays {
+			t.Run("DelayedMessageSurvivesKill9OfItsConsumer", s.delayedSurvivesKill)
+		}
+	}
 	if instances {
 		t.Run("InstanceQueue", s.instanceQueue)
 	}
@@ -173,7 +195,7 @@ func (s *suite) sendPreservesEnvelope(t *testing.T) {
 			map[string]string{"one": "1", "empty": ""}, map[string]string{"tenant": "acme"}),
 		Headers: bus.Headers{"x-custom": "v1", "x-other": "with space"},
 	}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+	if err := tr.Send(ctx, env, ep); err != nil {
 		t.Fatalf("Send: %v", err)
 	}
 	d := s.receive(t, tr)
@@ -217,7 +239,7 @@ func (s *suite) publishFansOut(t *testing.T) {
 	ctx := s.ctx(t)
 	env := envelope(name, `{}`)
 	env.Headers = bus.Headers{"x-h": "1"}
-	if err := a.Publish(ctx, env, bus.SendOptions{}); err != nil {
+	if err := a.Publish(ctx, env); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
 	for _, tr := range []bus.Transport{a, b} {
@@ -237,11 +259,11 @@ func (s *suite) publishOnlyToSubscribers(t *testing.T) {
 	tr := s.open(t, Name("tt-sub"), wanted)
 	_ = s.open(t, Name("tt-sub-other"), other)
 	ctx := s.ctx(t)
-	if err := tr.Publish(ctx, envelope(other, `{}`), bus.SendOptions{}); err != nil {
+	if err := tr.Publish(ctx, envelope(other, `{}`)); err != nil {
 		t.Fatal(err)
 	}
 	env := envelope(wanted, `{}`)
-	if err := tr.Publish(ctx, env, bus.SendOptions{}); err != nil {
+	if err := tr.Publish(ctx, env); err != nil {
 		t.Fatal(err)
 	}
 	d := s.receive(t, tr)
@@ -260,7 +282,7 @@ func (s *suite) returnRedelivers(t *testing.T) {
 	ctx := s.ctx(t)
 	env := envelope(name, `{"retry":true}`)
 	env.Headers = bus.Headers{"x-kept": "yes"}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+	if err := tr.Send(ctx, env, ep); err != nil {
 		t.Fatal(err)
 	}
 	for attempt := 1; attempt <= 3; attempt++ {
@@ -290,7 +312,7 @@ func (s *suite) failDeadLetters(t *testing.T) {
 	ctx := s.ctx(t)
 	env := envelope(name, `{"poison":1}`)
 	env.Headers = bus.Headers{"x-kept": "yes"}
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+	if err := tr.Send(ctx, env, ep); err != nil {
 		t.Fatal(err)
 	}
 	d := s.receive(t, tr)
@@ -322,7 +344,7 @@ func (s *suite) competingConsumers(t *testing.T) {
 	ctx := s.ctx(t)
 	const n = 20
 	for i := range n {
-		if err := a.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+		if err := a.Send(ctx, envelope(name, strconv.Itoa(i)), ep); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -395,7 +417,7 @@ func (s *suite) concurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := w; i < n; i += senders {
 				env := envelope(name, strconv.Itoa(i))
-				if err := sender.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+				if err := sender.Send(ctx, env, ep); err != nil {
 					t.Errorf("Send %d: %v", i, err)
 					return
 				}
@@ -421,7 +443,7 @@ func (s *suite) closeWhileReceiving(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := envelope(name, `{}`)
-	if err := tr.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+	if err := tr.Send(ctx, env, ep); err != nil {
 		t.Fatal(err)
 	}
 	inflight := s.receive(t, tr) // received, not settled before Close
@@ -476,7 +498,7 @@ func (s *suite) contextCancellation(t *testing.T) {
 	case <-time.After(s.f.Timeout):
 		t.Fatal("Receive ignored its context")
 	}
-	if err := tr.Send(ctx, envelope(name, `{}`), bus.SendOptions{Destination: ep}); err == nil {
+	if err := tr.Send(ctx, envelope(name, `{}`), ep); err == nil {
 		t.Fatal("Send with a cancelled context succeeded")
 	}
 	s.expectNothing(t, tr)
@@ -489,7 +511,7 @@ func (s *suite) setupIdempotent(t *testing.T) {
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{name}, MaxAttempts: 5, Concurrency: 8}); err != nil {
 		t.Fatalf("second Setup: %v", err)
 	}
-	if err := tr.Publish(ctx, envelope(name, `{}`), bus.SendOptions{}); err != nil {
+	if err := tr.Publish(ctx, envelope(name, `{}`)); err != nil {
 		t.Fatal(err)
 	}
 	d := s.receive(t, tr)
@@ -505,7 +527,7 @@ func (s *suite) reservedHeader(t *testing.T) {
 	ctx := s.ctx(t)
 	env := envelope(name, `{}`)
 	env.Headers = bus.Headers{s.f.ReservedHeader: "x"}
-	err := tr.Send(ctx, env, bus.SendOptions{Destination: ep})
+	err := tr.Send(ctx, env, ep)
 	var hr *bus.HeaderReservedError
 	if !errors.Is(err, bus.ErrHeaderReserved) || !errors.As(err, &hr) || hr.Header != s.f.ReservedHeader {
 		t.Fatalf("Send with reserved header %q: %v, want a *bus.HeaderReservedError", s.f.ReservedHeader, err)
@@ -524,7 +546,7 @@ func (s *suite) ordered(t *testing.T) {
 	ctx := s.ctx(t)
 	const n = 200
 	for i := range n {
-		if err := tr.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+		if err := tr.Send(ctx, envelope(name, strconv.Itoa(i)), ep); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -548,14 +570,14 @@ func (s *suite) senderClosed(t *testing.T) {
 	ctx := s.ctx(t)
 	const n = 50
 	for i := range n {
-		if err := sender.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+		if err := sender.Send(ctx, envelope(name, strconv.Itoa(i)), ep); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := sender.Close(context.Background()); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if err := sender.Send(ctx, envelope(name, "late"), bus.SendOptions{Destination: ep}); err == nil {
+	if err := sender.Send(ctx, envelope(name, "late"), ep); err == nil {
 		t.Fatal("Send on a closed transport succeeded")
 	}
 	s.drain(t, []bus.Transport{tr}, n)
@@ -629,7 +651,7 @@ func (s *suite) instanceQueue(t *testing.T) {
 	}
 	for _, tr := range []bus.Transport{a, b, lone} {
 		env := envelope(name, `{"to":"`+tr.(bus.InstanceQueuer).InstanceAddress()+`"}`)
-		if err := a.Send(ctx, env, bus.SendOptions{Destination: tr.(bus.InstanceQueuer).InstanceAddress()}); err != nil {
+		if err := a.Send(ctx, env, tr.(bus.InstanceQueuer).InstanceAddress()); err != nil {
 			t.Fatalf("Send to an instance: %v", err)
 		}
 		d := s.receive(t, tr)
@@ -648,7 +670,7 @@ func (s *suite) instanceQueue(t *testing.T) {
 	for _, tr := range []bus.Transport{a, lone} {
 		addr := tr.(bus.InstanceQueuer).InstanceAddress()
 		env := envelope(name, `{"to":"`+addr+`","settle":"return"}`)
-		if err := a.Send(ctx, env, bus.SendOptions{Destination: addr}); err != nil {
+		if err := a.Send(ctx, env, addr); err != nil {
 			t.Fatalf("Send to an instance: %v", err)
 		}
 		d := s.receive(t, tr)
@@ -697,7 +719,7 @@ func (s *suite) competingReceiverLeaves(t *testing.T) {
 			bGot <- d
 		}()
 		env := envelope(name, strconv.Itoa(trial))
-		if err := a.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+		if err := a.Send(ctx, env, ep); err != nil {
 			t.Fatal(err)
 		}
 		cancel()
@@ -705,7 +727,7 @@ func (s *suite) competingReceiverLeaves(t *testing.T) {
 			if err := a.Delete(ctx, d); err != nil {
 				t.Fatal(err)
 			}
-			if err := a.Send(ctx, envelope(name, "again"), bus.SendOptions{Destination: ep}); err != nil {
+			if err := a.Send(ctx, envelope(name, "again"), ep); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -738,7 +760,7 @@ func (s *suite) closeKeepsOrder(t *testing.T) {
 	}
 	const n = 6
 	for i := range n {
-		if err := tr.Send(ctx, envelope(name, strconv.Itoa(i)), bus.SendOptions{Destination: ep}); err != nil {
+		if err := tr.Send(ctx, envelope(name, strconv.Itoa(i)), ep); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -783,7 +805,7 @@ func (s *suite) unhandledDeadLettered(t *testing.T) {
 	sender := s.newTransport(t)
 	t.Cleanup(func() { _ = sender.Close(context.Background()) })
 	env := envelope(unknown, `{"for":"nobody"}`)
-	if err := sender.Send(ctx, env, bus.SendOptions{Destination: ep}); err != nil {
+	if err := sender.Send(ctx, env, ep); err != nil {
 		t.Fatal(err)
 	}
 	var got *bus.DeadLetter

@@ -17,7 +17,9 @@ import (
 // Header is the native header holding the tenant.
 const Header = "x-tenant"
 
-// ErrNoTenant is matched by the error returned for a message without tenant.
+// ErrNoTenant is matched by the error returned for a message without
+// tenant. That error is permanent (bus.Permanent): retrying cannot give
+// the message a tenant, so the bus dead-letters it at once.
 var ErrNoTenant = errors.New("tenancy: message has no tenant")
 
 // Config configures the plugin. As JSON: {"tenant": "acme"}.
@@ -64,7 +66,7 @@ func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 		},
 		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
 			if t, ok := in.Header(Header); !ok || t == "" {
-				return fmt.Errorf("%w: %s %s lacks the %q header; send it through a bus using the tenancy plugin", ErrNoTenant, in.Name(), in.Attributes().MessageID, Header)
+				return bus.Permanent(fmt.Errorf("%w: %s %s lacks the %q header; send it through a bus using the tenancy plugin", ErrNoTenant, in.Name(), in.Attributes().MessageID, Header))
 			}
 			return next(ctx)
 		},

@@ -33,7 +33,7 @@ func TestUnit(t *testing.T) {
 	}
 	rec = bustest.RecordNext(nil)
 	err = mw.Incoming(context.Background(), bustest.Incoming(bustest.Delivery(Hello{}, bus.Attributes{})), rec.Next)
-	if !errors.Is(err, tenancy.ErrNoTenant) || rec.Called() {
+	if !errors.Is(err, tenancy.ErrNoTenant) || !errors.Is(err, bus.ErrPermanent) || rec.Called() {
 		t.Fatalf("incoming without tenant: err %v, next called %v", err, rec.Called())
 	}
 }
@@ -74,7 +74,7 @@ func TestOutOfProcess(t *testing.T) {
 	}
 	err = b.Deliver(ctx, bustest.Delivery(Hello{}, bus.Attributes{}))
 	var pe *plugin.Error
-	if !errors.As(err, &pe) || pe.Plugin != "tenancy" || !strings.Contains(pe.Message, "has no tenant") {
-		t.Fatalf("got %v, want the plugin's rejection", err)
+	if !errors.As(err, &pe) || pe.Plugin != "tenancy" || !strings.Contains(pe.Message, "has no tenant") || !errors.Is(err, bus.ErrPermanent) {
+		t.Fatalf("got %v, want the plugin's rejection, permanent", err)
 	}
 }

@@ -18,6 +18,10 @@ const Name = "scenario"
 // ShorterDeadline is the timeout the "shorter" scenario gives next.
 const ShorterDeadline = 100 * time.Millisecond
 
+// PermanentReason is the text of the permanent failures of the
+// "permanent", "handler-permanent" and "decode" scenarios.
+const PermanentReason = "scenario: invalid for good"
+
 // Plugin is a middleware whose behaviour is the named scenario.
 type Plugin struct{ scenario string }
 
@@ -104,6 +108,36 @@ func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 		m.Incoming = func(ctx context.Context, _ *bus.Incoming, _ bus.Next) error {
 			<-ctx.Done()
 			return ctx.Err()
+		}
+	case "permanent":
+		m.Incoming = func(context.Context, *bus.Incoming, bus.Next) error {
+			return bus.Permanent(errors.New(PermanentReason))
+		}
+	case "handler-permanent":
+		m.Handling = func(context.Context, *bus.Handling, bus.Next) error {
+			return fmt.Errorf("handler stage: %w", bus.Permanent(errors.New(PermanentReason)))
+		}
+	case "decode":
+		// The bus's own kind of permanent failure, made by the middleware.
+		m.Incoming = func(_ context.Context, in *bus.Incoming, _ bus.Next) error {
+			return &bus.DecodeError{Message: in.Name(), Type: "scenario", Err: errors.New(PermanentReason)}
+		}
+	case "mark-after":
+		// Marks the rest of the chain's failure permanent.
+		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+			if err := next(ctx); err != nil {
+				return bus.Permanent(fmt.Errorf("marked after next: %w", err))
+			}
+			return nil
+		}
+	case "drop-permanent":
+		// Reads next's error: a permanent failure is dropped, others
+		// returned.
+		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+			if err := next(ctx); !errors.Is(err, bus.ErrPermanent) {
+				return err
+			}
+			return nil
 		}
 	case "panic":
 		m.Incoming = func(context.Context, *bus.Incoming, bus.Next) error { panic("scenario: boom") }

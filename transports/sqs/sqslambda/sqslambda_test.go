@@ -1,4 +1,4 @@
-package sqs_test
+package sqslambda_test
 
 import (
 	"context"
@@ -15,13 +15,15 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/memory"
 	"github.com/plugbus/plugbus/transports/sqs"
+	"github.com/plugbus/plugbus/transports/sqs/sqslambda"
 )
 
 // lambdaEvent receives n messages from queue and shapes them as the JSON
 // event Lambda would pass, decoded the way a Lambda runtime decodes it.
-func lambdaEvent(ctx context.Context, t *testing.T, client *awssqs.Client, queueURL string, n int) sqs.Event {
+func lambdaEvent(ctx context.Context, t *testing.T, client *awssqs.Client, queueURL string, n int) sqslambda.Event {
 	t.Helper()
 	var recs []map[string]any
 	for len(recs) < n && ctx.Err() == nil {
@@ -49,7 +51,7 @@ func lambdaEvent(ctx context.Context, t *testing.T, client *awssqs.Client, queue
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ev sqs.Event
+	var ev sqslambda.Event
 	if err := json.Unmarshal(js, &ev); err != nil {
 		t.Fatalf("decoding a Lambda SQS event: %v", err)
 	}
@@ -63,10 +65,10 @@ type job struct {
 
 func (job) MessageName() string { return "test.job" }
 
-func TestLambdaHandlerReportsFailedRecords(t *testing.T) {
+func TestHandlerReportsFailedRecords(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	tr, _ := openTransport(t)
+	tr := openTransport(t)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "worker", Handles: []string{"test.job"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +125,7 @@ func TestLambdaHandlerReportsFailedRecords(t *testing.T) {
 			wantFailed = append(wantFailed, rec.MessageID)
 		}
 	}
-	handler := sqs.NewLambdaHandler(b, sqs.LambdaMaxAttempts(3))
+	handler := sqslambda.NewHandler(b, sqslambda.WithMaxAttempts(3))
 	resp, err := handler(ctx, ev)
 	if err != nil {
 		t.Fatal(err)
@@ -141,19 +143,19 @@ func TestLambdaHandlerReportsFailedRecords(t *testing.T) {
 		t.Errorf("incoming middleware saw %d raw SQS messages, want 4 (the foreign record is dead-lettered without middleware)", len(rawSeen))
 	}
 	// The foreign record was dead-lettered with its reason and reported as handled.
-	dl := deadLetters(ctx, t, tr, "worker", 1)
+	dl := sqstest.DeadLetters(ctx, t, tr, "worker", 1)
 	if len(dl) != 1 || !strings.Contains(dl[0].Failure.Reason, "plugbus") || dl[0].Failure.Endpoint != "worker" {
 		t.Fatalf("dead letters = %+v (foreign record %s)", dl, foreign)
 	}
 
 	// On its last attempt a failing record is dead-lettered, not retried.
-	last := ev.Records[slices.IndexFunc(ev.Records, func(r sqs.EventRecord) bool { return r.MessageID == wantFailed[0] })]
+	last := ev.Records[slices.IndexFunc(ev.Records, func(r sqslambda.Record) bool { return r.MessageID == wantFailed[0] })]
 	last.Attributes["ApproximateReceiveCount"] = "3"
-	resp, err = handler(ctx, sqs.Event{Records: []sqs.EventRecord{last}})
+	resp, err = handler(ctx, sqslambda.Event{Records: []sqslambda.Record{last}})
 	if err != nil || len(resp.BatchItemFailures) != 0 {
 		t.Fatalf("last attempt: failures %v, err %v; want none (dead-lettered)", resp.BatchItemFailures, err)
 	}
-	dl = deadLetters(ctx, t, tr, "worker", 1)
+	dl = sqstest.DeadLetters(ctx, t, tr, "worker", 1)
 	if len(dl) != 1 || dl[0].Failure.Attempts != 3 || !strings.Contains(dl[0].Failure.Reason, "job failed") {
 		t.Fatalf("dead letter of the last attempt = %+v", dl)
 	}
@@ -169,7 +171,7 @@ func TestLambdaHandlerReportsFailedRecords(t *testing.T) {
 
 // A failed record comes back after the transport's retry back-off, not
 // after the queue's (longer) visibility timeout.
-func TestLambdaHandlerBacksOffFailedRecords(t *testing.T) {
+func TestHandlerBacksOffFailedRecords(t *testing.T) {
 	cfg := awsConfig(t)
 	prefix := uniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -194,7 +196,7 @@ func TestLambdaHandlerBacksOffFailedRecords(t *testing.T) {
 	}
 	ev := lambdaEvent(ctx, t, tr.SQS(), *url.QueueUrl, 1)
 	ev.Records[0].EventSourceARN = "arn:aws:sqs:us-east-1:000000000000:" + tr.QueueName("retrying")
-	resp, err := sqs.NewLambdaHandler(b)(ctx, ev)
+	resp, err := sqslambda.NewHandler(b)(ctx, ev)
 	if err != nil || len(resp.BatchItemFailures) != 1 {
 		t.Fatalf("failures %v, err %v", resp.BatchItemFailures, err)
 	}
@@ -209,10 +211,10 @@ func TestLambdaHandlerBacksOffFailedRecords(t *testing.T) {
 	}
 }
 
-// The Lambda receiver reads records as the poller reads messages: an
+// The handler reads records as the transport's poller reads messages: an
 // attribute under a reserved name never reaches handlers as a header, and
 // is logged at WARN.
-func TestLambdaHandlerIgnoresForeignReservedAttributes(t *testing.T) {
+func TestHandlerIgnoresForeignReservedAttributes(t *testing.T) {
 	const event = `{"Records":[{"messageId":"m-1","receiptHandle":"h","body":"{\"n\":1}",
 		"attributes":{"ApproximateReceiveCount":"1"},
 		"messageAttributes":{
@@ -220,7 +222,7 @@ func TestLambdaHandlerIgnoresForeignReservedAttributes(t *testing.T) {
 			"PLUGBUS.ATTEMPT":{"stringValue":"99","stringListValues":[],"binaryListValues":[],"dataType":"Number"},
 			"origin":{"stringValue":"legacy","stringListValues":[],"binaryListValues":[],"dataType":"String"}},
 		"eventSource":"aws:sqs","eventSourceARN":"arn:aws:sqs:us-east-1:000000000000:worker","awsRegion":"us-east-1"}]}`
-	var ev sqs.Event
+	var ev sqslambda.Event
 	if err := json.Unmarshal([]byte(event), &ev); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +237,7 @@ func TestLambdaHandlerIgnoresForeignReservedAttributes(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &logRecorder{}
-	resp, err := sqs.NewLambdaHandler(b, sqs.LambdaLogger(logs.logger()))(t.Context(), ev)
+	resp, err := sqslambda.NewHandler(b, sqslambda.WithLogger(logs.logger()))(t.Context(), ev)
 	if err != nil || len(resp.BatchItemFailures) != 0 {
 		t.Fatalf("handler: %v, %v", resp, err)
 	}
@@ -245,5 +247,44 @@ func TestLambdaHandlerIgnoresForeignReservedAttributes(t *testing.T) {
 	w := logs.warnings(t, "reserved attribute ignored")
 	if len(w) != 1 || w[0]["attribute"] != "PLUGBUS.ATTEMPT" || w[0]["message_id"] != "job-1" || w[0]["sqs_message_id"] != "m-1" {
 		t.Errorf("warnings = %v, want one naming PLUGBUS.ATTEMPT of job-1 (m-1)", w)
+	}
+}
+
+type decodeFailure struct{}
+
+func (decodeFailure) MessageName() string { return "test.decode-failure" }
+
+// The handler retries a bus handler's error like the poller does, even one
+// that wraps a *bus.DecodeError: only the bus's own decode failure is
+// poison.
+func TestHandlerRetriesAHandlerErrorWrappingADecodeError(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	tr := openTransport(t)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "worker", Handles: []string{"test.decode-failure"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := bus.New(bus.WithEndpoint("worker"), bus.WithTransport(tr), bus.WithMaxAttempts(3),
+		bus.WithHandler(func(context.Context, decodeFailure, bus.Attributes) error {
+			// A handler reading a nested document it cannot decode.
+			return &bus.DecodeError{Message: "nested", Type: "doc", Err: errors.New("bad nested JSON")}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(ctx, decodeFailure{}); err != nil {
+		t.Fatal(err)
+	}
+	url, err := tr.SQS().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(tr.QueueName("worker"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := lambdaEvent(ctx, t, tr.SQS(), *url.QueueUrl, 1)
+	resp, err := sqslambda.NewHandler(b, sqslambda.WithMaxAttempts(3))(ctx, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.BatchItemFailures) != 1 {
+		t.Errorf("first attempt of a record whose handler failed: %d batch item failures, want 1 (retried, not dead-lettered)", len(resp.BatchItemFailures))
 	}
 }

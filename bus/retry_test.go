@@ -1,0 +1,321 @@
+package bus_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/transports/memory"
+)
+
+type refund struct{ ID string }
+
+func (refund) MessageName() string { return "shop.refund" }
+
+// delayRecorder is a memory transport that records the delays the bus
+// asks for and reports dead letters.
+type delayRecorder struct {
+	*memory.Transport
+	mu     sync.Mutex
+	delays []time.Duration
+	asked  chan time.Duration
+	failed chan bus.Failure
+}
+
+func newDelayRecorder() *delayRecorder {
+	return &delayRecorder{Transport: memory.New(), asked: make(chan time.Duration, 1024), failed: make(chan bus.Failure, 1024)}
+}
+
+func (r *delayRecorder) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
+	err := r.Transport.Fail(ctx, d, f)
+	r.failed <- f
+	return err
+}
+
+// awaitFailure waits for the next dead letter.
+func (r *delayRecorder) awaitFailure(t *testing.T) bus.Failure {
+	t.Helper()
+	select {
+	case f := <-r.failed:
+		return f
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message was dead-lettered")
+		return bus.Failure{}
+	}
+}
+
+// attemptsOf is a handler-stage middleware sending each handled attempt to
+// the channel it returns.
+func attemptsOf() (bus.Middleware, chan int) {
+	seen := make(chan int, 1024)
+	return bus.Middleware{Name: "attempts", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		seen <- h.Attempt()
+		return next(ctx)
+	}}, seen
+}
+
+func (r *delayRecorder) ReturnAfter(ctx context.Context, d *bus.Delivery, cause error, delay time.Duration) error {
+	r.mu.Lock()
+	r.delays = append(r.delays, delay)
+	r.mu.Unlock()
+	r.asked <- delay
+	return r.Transport.ReturnAfter(ctx, d, cause, delay)
+}
+
+func (r *delayRecorder) recorded() []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.delays)
+}
+
+// startBus builds and starts a bus on t, stopped when the test ends.
+func startBus(t *testing.T, opts ...bus.Option) *bus.Bus {
+	t.Helper()
+	b, err := bus.New(append([]bus.Option{bus.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	if err != nil {
+		t.Fatalf("bus.New: %v", err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := b.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
+	return b
+}
+
+func TestRetryPolicyRunsRoundsThenDeadLettersWithTheHistory(t *testing.T) {
+	tr := newDelayRecorder()
+	policy := bus.RetryPolicy{Immediate: 1, Delayed: 2, Backoff: bus.Backoff{Initial: 2 * time.Millisecond, Max: 4 * time.Millisecond}}
+	mw, seen := attemptsOf()
+	var failures atomic.Int32
+	startBus(t, bus.WithEndpoint("retry-rounds"), bus.WithTransport(tr), bus.WithRetry(policy), bus.WithMiddleware(mw),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			return fmt.Errorf("failure %d", failures.Add(1))
+		}))
+	began := time.Now()
+	if err := startBusOn(t, tr).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("retry-rounds")); err != nil {
+		t.Fatal(err)
+	}
+	f := tr.awaitFailure(t)
+	var got []int
+	for len(seen) > 0 {
+		got = append(got, <-seen)
+	}
+	if want := []int{1, 2, 3, 4, 5, 6}; !slices.Equal(got, want) {
+		t.Errorf("attempts %v, want %v (two per round, three rounds)", got, want)
+	}
+	delays := tr.recorded()
+	if len(delays) != 2 {
+		t.Fatalf("ReturnAfter called %d times (%v), want 2: after the first and the second round", len(delays), delays)
+	}
+	if delays[0] > 2*time.Millisecond || delays[1] > 4*time.Millisecond || delays[0] < 0 || delays[1] < 0 {
+		t.Errorf("delays %v, want within [0, 2ms] then [0, 4ms]", delays)
+	}
+	if f.Attempts != 6 || f.History.Delayed != 2 || f.History.Immediate(f.Attempts) != 3 {
+		t.Errorf("failure: %d attempts, %d delayed, %d immediate; want 6, 2, 3", f.Attempts, f.History.Delayed, f.History.Immediate(f.Attempts))
+	}
+	var endings []string
+	for _, e := range f.History.Errors {
+		endings = append(endings, e[strings.LastIndex(e, ": ")+2:])
+	}
+	if want := []string{"failure 2", "failure 3", "failure 4", "failure 5", "failure 6"}; !slices.Equal(endings, want) {
+		t.Errorf("history errors %q, want the newest %d distinct, ending %q", f.History.Errors, bus.MaxRetryErrors, want)
+	}
+	if f.History.FirstFailure.Before(began.Add(-time.Second)) || f.History.LastFailure.Before(f.History.FirstFailure) {
+		t.Errorf("first failure %v, last %v", f.History.FirstFailure, f.History.LastFailure)
+	}
+}
+
+func TestTransientFailureIsHealedByADelayedRetry(t *testing.T) {
+	tr := newDelayRecorder()
+	var healthy atomic.Bool
+	handled := make(chan struct{}, 1)
+	mw, seen := attemptsOf()
+	policy := bus.RetryPolicy{Immediate: 2, Delayed: 3, Backoff: bus.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}}
+	startBus(t, bus.WithEndpoint("healed"), bus.WithTransport(tr), bus.WithRetry(policy), bus.WithMiddleware(mw),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			if !healthy.Load() {
+				return errors.New("database down")
+			}
+			handled <- struct{}{}
+			return nil
+		}))
+	if err := startBusOn(t, tr).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("healed")); err != nil {
+		t.Fatal(err)
+	}
+	<-tr.asked // the first round is used up: the dependency comes back during the delay
+	healthy.Store(true)
+	select {
+	case <-handled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the message was not handled after the dependency came back")
+	}
+	var attempts []int
+	for len(seen) > 0 {
+		attempts = append(attempts, <-seen)
+	}
+	if want := []int{1, 2, 3, 4}; !slices.Equal(attempts, want) {
+		t.Errorf("attempts %v, want %v: the first round, then the first attempt after the delay", attempts, want)
+	}
+	if dl := tr.Broker().DeadLetters("healed"); len(dl) != 0 {
+		t.Errorf("dead letters: %v", dl)
+	}
+}
+
+// startBusOn starts a send-only bus on t's broker.
+func startBusOn(t *testing.T, tr *delayRecorder) *bus.Bus {
+	return startBus(t, bus.WithTransport(memory.New(memory.WithBroker(tr.Broker()))))
+}
+
+func TestRetryPolicyOfTheMessageAndOfTheHandlerOverrideTheBus(t *testing.T) {
+	tr := newDelayRecorder()
+	none := bus.RetryPolicy{}
+	twice := bus.RetryPolicy{Immediate: 1}
+	var orders, refunds atomic.Int32
+	startBus(t, bus.WithEndpoint("overrides"), bus.WithTransport(tr),
+		bus.WithRetry(bus.RetryPolicy{Immediate: 4}),
+		bus.WithRetryFor(none, orderPlaced{}),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			orders.Add(1)
+			return errors.New("no")
+		}),
+		bus.WithHandler(func(ctx context.Context, m refund, a bus.Attributes) error {
+			refunds.Add(1)
+			return errors.New("no")
+		}, bus.HandlerRetry(twice)))
+	sender := startBusOn(t, tr)
+	if err := sender.Send(t.Context(), orderPlaced{ID: "1"}, bus.To("overrides")); err != nil {
+		t.Fatal(err)
+	}
+	if err := sender.Send(t.Context(), refund{ID: "2"}, bus.To("overrides")); err != nil {
+		t.Fatal(err)
+	}
+	tr.awaitFailure(t)
+	tr.awaitFailure(t)
+	if o, r := orders.Load(), refunds.Load(); o != 1 || r != 2 {
+		t.Errorf("order handled %d times (want 1: its message's policy), refund %d (want 2: its handler's policy)", o, r)
+	}
+}
+
+func TestRetryPolicyIsValidatedAtNew(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opt  bus.Option
+	}{
+		{"negative immediate", bus.WithRetry(bus.RetryPolicy{Immediate: -1})},
+		{"delayed without backoff", bus.WithRetry(bus.RetryPolicy{Delayed: 1})},
+		{"max below initial", bus.WithRetry(bus.RetryPolicy{Delayed: 1, Backoff: bus.Backoff{Initial: time.Second, Max: time.Millisecond}})},
+		{"for no message", bus.WithRetryFor(bus.RetryPolicy{})},
+		{"handler policy", bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }, bus.HandlerRetry(bus.RetryPolicy{Delayed: 2}))},
+	} {
+		if _, err := bus.New(bus.WithEndpoint("x"), tc.opt); err == nil {
+			t.Errorf("%s: New accepted it", tc.name)
+		}
+	}
+}
+
+// Many messages failing at random are all handled: none is lost, none
+// dead-lettered, with delayed retries through the memory transport's
+// timers.
+func TestRandomTransientFailuresLoseNothing(t *testing.T) {
+	const n = 10_000
+	tr := newDelayRecorder()
+	policy := bus.RetryPolicy{Immediate: 2, Delayed: 10, Backoff: bus.Backoff{Initial: time.Millisecond, Max: 20 * time.Millisecond}}
+	var mu sync.Mutex
+	seen := make(map[string]bool, n)
+	done := make(chan struct{})
+	startBus(t, bus.WithEndpoint("random-failures"), bus.WithTransport(tr), bus.WithRetry(policy), bus.WithConcurrency(16),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			if rand.N(5) == 0 {
+				return errors.New("transient")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			seen[m.ID] = true
+			if len(seen) == n {
+				close(done)
+			}
+			return nil
+		}))
+	sender := startBusOn(t, tr)
+	for i := range n {
+		if err := sender.Send(t.Context(), orderPlaced{ID: fmt.Sprint(i)}, bus.To("random-failures")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		mu.Lock()
+		t.Fatalf("%d of %d messages handled", len(seen), n)
+	}
+	if dl := tr.Broker().DeadLetters("random-failures"); len(dl) != 0 {
+		t.Errorf("%d dead letters, want 0", len(dl))
+	}
+	if len(tr.recorded()) == 0 {
+		t.Error("no delayed retry: every failure was retried at once")
+	}
+}
+
+func TestBackoffDelaysStayUnderTheirCeiling(t *testing.T) {
+	b := bus.Backoff{Initial: 10 * time.Millisecond, Max: time.Second}
+	for n, want := range map[int]time.Duration{0: 10 * time.Millisecond, 1: 10 * time.Millisecond, 2: 20 * time.Millisecond, 7: 640 * time.Millisecond, 8: time.Second, 1000: time.Second} {
+		if got := b.Ceiling(n); got != want {
+			t.Errorf("Ceiling(%d) = %v, want %v", n, got, want)
+		}
+	}
+	huge := bus.Backoff{Initial: time.Hour, Max: time.Duration(1<<63 - 1)}
+	if c := huge.Ceiling(200); c != huge.Max {
+		t.Errorf("Ceiling(200) of %v = %v: overflowed", huge, c)
+	}
+	var sum time.Duration
+	const draws = 20_000
+	for range draws {
+		d := b.Delay(3)
+		if d < 0 || d > 40*time.Millisecond {
+			t.Fatalf("Delay(3) = %v, outside [0, 40ms]", d)
+		}
+		sum += d
+	}
+	// Full jitter: uniform over [0, 40ms], so the mean is near 20ms.
+	if mean := sum / draws; mean < 19*time.Millisecond || mean > 21*time.Millisecond {
+		t.Errorf("mean delay %v, want about 20ms", mean)
+	}
+}
+
+func TestRetryHistoryRoundTripsAsText(t *testing.T) {
+	var h bus.RetryHistory
+	if err := h.UnmarshalText([]byte(`{"d":2,"r":5,"f":"2026-12-01T00:00:00Z","l":"2026-12-01T00:01:00Z","e":["a","b"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	text, err := h.MarshalText()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back bus.RetryHistory
+	if err := back.UnmarshalText(text); err != nil {
+		t.Fatal(err)
+	}
+	if back.Delayed != 2 || !slices.Equal(back.Errors, []string{"a", "b"}) || !back.LastFailure.Equal(time.Date(2026, 12, 1, 0, 1, 0, 0, time.UTC)) {
+		t.Errorf("round trip: %+v", back)
+	}
+	for _, bad := range []string{`{"d":-1}`, `{"e":["1","2","3","4","5","6"]}`, `not json`} {
+		if err := new(bus.RetryHistory).UnmarshalText([]byte(bad)); err == nil {
+			t.Errorf("UnmarshalText(%s) accepted it", bad)
+		}
+	}
+}

@@ -1,0 +1,139 @@
+// Package sqslambda runs a plugbus bus on AWS Lambda, fed by an SQS event
+// source mapping instead of the sqs transport's poller.
+//
+// Lambda receives and deletes; [NewHandler] returns a handler that runs
+// each record of an SQS event through a bus (bus.(*Bus).Deliver: incoming
+// middleware, then handlers) and reports the records that failed, so that
+// Lambda retries only those:
+//
+//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), bus.WithHandler(invoice))
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	lambda.Start(sqslambda.NewHandler(b, sqslambda.WithMaxAttempts(5))) // github.com/aws/aws-lambda-go
+//
+// [Event], [Record] and [BatchResponse] mirror Lambda's JSON, so this
+// package needs no Lambda library; any runtime that decodes the event into
+// them works. A record is read exactly as the sqs transport reads a
+// message it received, and, when the bus's transport is an
+// *sqs.Transport, dead-lettered and retried as that transport does.
+// docs/transports/sqs.md describes the set-up.
+package sqslambda
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/transports/sqs"
+	"github.com/plugbus/plugbus/transports/sqs/internal/sqshook"
+)
+
+// Handler handles one SQS event. It has the shape a Lambda runtime accepts
+// as a handler: func(ctx, event) (response, error).
+type Handler func(ctx context.Context, ev Event) (BatchResponse, error)
+
+// Option configures [NewHandler].
+type Option func(*options)
+
+type options struct {
+	maxAttempts int
+	logger      *slog.Logger
+}
+
+// WithMaxAttempts sets the attempt at which a failing record is
+// dead-lettered instead of retried; use the bus's bus.WithMaxAttempts
+// value and the queue's maxReceiveCount. The default is 5, the bus's.
+func WithMaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n } }
+
+// WithLogger sets the logger. The default is slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// NewHandler returns a Lambda handler that runs each record of an SQS
+// event through b and reports the records that failed, so that Lambda
+// retries only those. Enable ReportBatchItemFailures on the event source
+// mapping: without it Lambda retries the whole batch when any record
+// fails.
+//
+// b need not be started. When b's transport is an *sqs.Transport, a record
+// that cannot be decoded, or that failed on its last attempt, is sent to
+// the endpoint's dead-letter queue with its failure and reported as
+// handled; otherwise it is reported as failed and the queue's redrive
+// policy dead-letters it. A failed record is made visible again after the
+// transport's retry back-off (sqs.WithRetryBackoff) rather than the
+// queue's visibility timeout. Records left when ctx ends are reported as
+// failed.
+func NewHandler(b *bus.Bus, opts ...Option) Handler {
+	o := options{maxAttempts: 5}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if o.logger == nil {
+		o.logger = slog.Default()
+	}
+	log := o.logger.With(slog.String("transport", "sqs"), slog.String("receiver", "lambda"))
+	tr, _ := b.Transport().(*sqs.Transport)
+	return func(ctx context.Context, ev Event) (BatchResponse, error) {
+		var resp BatchResponse
+		for _, rec := range ev.Records {
+			if ctx.Err() != nil || !deliver(ctx, b, tr, o.maxAttempts, log, rec) {
+				resp.BatchItemFailures = append(resp.BatchItemFailures, BatchItemFailure{ItemIdentifier: rec.MessageID})
+			}
+		}
+		return resp, nil
+	}
+}
+
+// deliver runs one record and reports whether Lambda may delete it.
+func deliver(ctx context.Context, b *bus.Bus, tr *sqs.Transport, maxAttempts int, log *slog.Logger, rec Record) bool {
+	msg := rec.Message()
+	d := &bus.Delivery{}
+	sqshook.Decode(ctx, log, msg, d)
+	err := b.Deliver(ctx, d)
+	if err == nil {
+		return true
+	}
+	attrs := []any{slog.String("sqs_message_id", rec.MessageID), slog.String("message_name", d.Name),
+		slog.String("message_id", d.Attributes.MessageID), slog.Int("attempt", d.Attempt), slog.Any("error", err)}
+	final := bus.IsPermanent(err) || d.Attempt >= maxAttempts
+	if !final || errors.Is(err, bus.ErrClosed) {
+		log.WarnContext(ctx, "record failed; Lambda will retry it", attrs...)
+		if tr != nil {
+			retryLater(ctx, tr, rec, d.Attempt, log)
+		}
+		return false
+	}
+	if tr == nil {
+		log.ErrorContext(ctx, "record failed for good; the queue's redrive policy will dead-letter it (the bus's transport is not an sqs.Transport, so the failure is not stored)", attrs...)
+		return false
+	}
+	endpoint := b.Endpoint()
+	if err2 := sqshook.DeadLetter(ctx, tr, endpoint, msg, bus.Failure{Reason: err.Error(), Attempts: d.Attempt, Endpoint: endpoint}); err2 != nil {
+		log.ErrorContext(ctx, "record failed for good and dead-lettering it failed; Lambda will retry it", append(attrs, slog.Any("dead_letter_error", err2))...)
+		return false
+	}
+	log.ErrorContext(ctx, "record dead-lettered", attrs...)
+	return true
+}
+
+// retryLater applies the transport's retry back-off to a failed record,
+// which would otherwise come back after the queue's visibility timeout.
+func retryLater(ctx context.Context, tr *sqs.Transport, rec Record, attempt int, log *slog.Logger) {
+	delay := sqshook.Backoff(tr, attempt)
+	if delay <= 0 || rec.ReceiptHandle == "" {
+		return
+	}
+	// arn:aws:sqs:region:account:name
+	parts := strings.Split(rec.EventSourceARN, ":")
+	if len(parts) != 6 {
+		log.WarnContext(ctx, "record has no queue ARN; it comes back after the queue's visibility timeout", slog.String("event_source_arn", rec.EventSourceARN))
+		return
+	}
+	if err := sqshook.ChangeVisibility(ctx, tr, parts[5], rec.ReceiptHandle, delay); err != nil {
+		log.WarnContext(ctx, "delaying a failed record failed; it comes back after the queue's visibility timeout", slog.String("sqs_message_id", rec.MessageID), slog.Any("error", err))
+	}
+}
