@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -11,7 +12,8 @@ import (
 
 // DecodeDeadLetter reads a message received from a dead-letter queue: the
 // envelope as it was received and the failure that dead-lettered it, which
-// Fail recorded in headers ([HeaderFailureReason] and its siblings). A
+// Fail recorded in headers ([HeaderFailureReason] and its siblings, and
+// the retry history in [HeaderRetries]). A
 // message without them was not dead-lettered by plugbus: the error says
 // so, and the envelope is returned as far as it could be read.
 func DecodeDeadLetter(m amqp.Delivery) (bus.DeadLetter, error) {
@@ -33,5 +35,10 @@ func DecodeDeadLetter(m amqp.Delivery) (bus.DeadLetter, error) {
 			err = fmt.Errorf("rabbitmq: header %s = %q: %w", HeaderFailureTime, s, perr)
 		}
 	}
+	history, bad := readRetries(&m)
+	if bad != nil {
+		err = errors.Join(err, fmt.Errorf("rabbitmq: header %s = %.200q: %s", HeaderRetries, headerText(bad.value), bad.why))
+	}
+	dl.Failure.History = history
 	return dl, err
 }

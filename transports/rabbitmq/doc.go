@@ -50,6 +50,24 @@
 // publish (see the docs). A body over [WithMaxMessageSize] is refused
 // before sending with a [*bus.MessageTooLargeError].
 //
+// # Delays
+//
+// [Transport.ReturnAfter] (a delayed retry) and the delayed sends and
+// publishes of scheduling are carried by the broker, without plugins, in a
+// cascade of 29 durable quorum queues shared by every endpoint of the
+// virtual host ([DelayPrefix]): level i holds a message for 2^i × 10 ms
+// and dead-letters it, at least once, to the exchange of level i-1. The
+// delay is written in binary into the routing key, so that a message waits
+// in one queue per set bit and each queue holds messages of one TTL only:
+// a long delay never holds back a short one. At the end, the delivery
+// exchange routes it to the destination queue, or, for a delayed publish,
+// to the endpoints that handle its name then; what it routes nowhere is
+// kept in [DelayUndeliverableQueue]. Delays are rounded up to 10 ms, never
+// delivered early, and at most [Transport.MaxDelay] (about 62 days). Setup
+// declares the queues and binds the endpoint's queue for the last hop.
+// The copies Return, ReturnAfter and Fail make carry the retry history
+// the bus gave them ([HeaderRetries]); Receive reads it back.
+//
 // # Headers
 //
 // The outgoing headers bag becomes AMQP message headers. Names starting

@@ -314,7 +314,8 @@ func envelope(m *amqp.Delivery, lim decodeLimits) (env bus.Envelope, attempt int
 			}
 			sticky[k[len(HeaderStickyPrefix):]] = s
 		case k == headerCC, k == headerBCC, k == HeaderOriginalCC, k == HeaderOriginalBCC, k == HeaderUserID,
-			k == HeaderFailureReason, k == HeaderFailureAttempts, k == HeaderFailureEndpoint, k == HeaderFailureTime:
+			k == HeaderFailureReason, k == HeaderFailureAttempts, k == HeaderFailureEndpoint, k == HeaderFailureTime,
+			k == HeaderRetries:
 			// Routing instructions the broker carried out, and what the
 			// transport writes on copies: not part of the envelope.
 		default:

@@ -534,5 +534,6 @@ var (
 	_ bus.DeliveryReleaser     = (*Transport)(nil)
 	_ bus.EnvelopeCopier       = (*Transport)(nil)
 	_ bus.Connector            = (*Transport)(nil)
+	_ bus.Delayer              = (*Transport)(nil)
 	_ bus.MessagingSystemNamer = (*Transport)(nil)
 )

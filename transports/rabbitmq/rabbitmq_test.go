@@ -31,6 +31,7 @@ func TestConformance(t *testing.T) {
 		ReservedHeader: rabbitmq.HeaderAttempt,
 		DeadLetters:    adm.deadLetters,
 		Messages:       2000,
+		DurableDelays:  true,
 	})
 }
 

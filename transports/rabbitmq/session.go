@@ -290,6 +290,9 @@ func (s *session) declare(ch *amqp.Channel, topo *bus.Topology) error {
 		}
 		s.declared["q:"+inst] = true
 	}
+	if err := s.bindDelays(ch, topo, inst); err != nil {
+		return err
+	}
 	if s.cons == nil {
 		cons, err := s.conn.Channel()
 		if err != nil {

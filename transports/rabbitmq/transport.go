@@ -86,7 +86,7 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 		case errors.Is(err, errRetry), errors.Is(err, errChannelClosed):
 			continue
 		case errors.As(err, &re):
-			if re.Code == amqp.NotFound && exchange != "" && !redeclared {
+			if re.Code == amqp.NotFound && exchange == t.o.exchange && !redeclared {
 				// Our topic exchange is gone (deleted behind our back):
 				// declare it again, with this endpoint's bindings, and
 				// publish again. Other endpoints' bindings come back only
@@ -229,12 +229,16 @@ func (t *Transport) delivery(ctx context.Context, s *session, m *amqp.Delivery) 
 	r.m, r.s = *m, s
 	limits := decodeLimits{maxAttempts: int(t.maxAttempts.Load()), clock: t.clock}
 	env, attempt, ignored, err := envelope(&r.m, limits)
+	retries, bad := readRetries(&r.m)
+	if bad != nil {
+		ignored = append(ignored, *bad)
+	}
 	for _, ig := range ignored {
 		t.log.WarnContext(ctx, "received message: reserved header ignored",
 			slog.String("header", ig.name), slog.String("value", clip(headerText(ig.value), 200)), slog.String("reason", ig.why),
 			slog.Int("max_attempts", limits.maxAttempts), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
 	}
-	r.d = bus.Delivery{Envelope: env, Attempt: attempt, Raw: &r.m, Token: r, Err: err}
+	r.d = bus.Delivery{Envelope: env, Attempt: attempt, Retries: retries, Raw: &r.m, Token: r, Err: err}
 	return &r.d
 }
 
@@ -299,28 +303,32 @@ func (t *Transport) Delete(_ context.Context, d *bus.Delivery) error {
 // Return publishes a copy of d to the end of the endpoint's queue with its
 // attempt count raised and, once the broker confirmed the copy,
 // acknowledges d. The copy keeps the properties and headers of d, except
-// a user-id of another user (see [HeaderUserID]) and x-delivery-count.
-// When the broker refuses the copy, d is requeued (nack) and the error
-// returned: the broker redelivers d with its attempt count unchanged.
+// a user-id of another user (see [HeaderUserID]) and x-delivery-count,
+// and carries d.Retries, the retry history the bus updated, in
+// [HeaderRetries]. When the broker refuses the copy, d is requeued (nack)
+// and the error returned: the broker redelivers d with its attempt count
+// unchanged.
 func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error {
 	s, m, err := t.settling(d)
 	if err != nil {
 		return err
 	}
-	msg, h := t.republishing(m, 1)
+	msg, h := t.republishing(m, 2)
 	h[HeaderAttempt] = int32(d.Attempt + 1)
+	writeRetries(h, d.Retries)
 	queue := t.topology().Endpoint
 	if m.ConsumerTag == instanceConsumer {
 		queue = t.instanceQueue()
 	}
-	if err := t.resend(ctx, s, d, m, queue, &msg, nil); err != nil {
+	if err := t.resend(ctx, s, d, m, route{key: queue, queue: queue}, &msg, nil); err != nil {
 		return err
 	}
 	return t.ack(s, d, m)
 }
 
 // Fail publishes a copy of d to the endpoint's dead-letter queue with f in
-// headers ([HeaderFailureReason] and the others) and, once the broker
+// headers ([HeaderFailureReason] and the others, f.History in
+// [HeaderRetries]) and, once the broker
 // confirmed it, acknowledges d. When the broker refuses the copy, d is
 // requeued (nack) as by Return. A transport without an endpoint (an
 // instance queue alone) has no dead-letter queue: it logs the message and
@@ -343,64 +351,95 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 	if f.Time.IsZero() {
 		f.Time = time.Now()
 	}
-	msg, h := t.republishing(m, 4)
+	msg, h := t.republishing(m, 5)
+	history := f.History
+	if history.IsZero() {
+		history = d.Retries
+	}
+	writeRetries(h, history)
 	h[HeaderFailureReason] = f.Reason
 	h[HeaderFailureAttempts] = int32(f.Attempts)
 	h[HeaderFailureEndpoint] = endpoint
 	h[HeaderFailureTime] = f.Time.UTC().Format(time.RFC3339Nano)
 	dlq := DeadLetterQueue(t.topology().Endpoint)
 	missing := func() error { return s.redeclareQueue(dlq, t.o.deadLetterArgs()) }
-	if err := t.resend(ctx, s, d, m, dlq, &msg, missing); err != nil {
+	if err := t.resend(ctx, s, d, m, route{key: dlq, queue: dlq}, &msg, missing); err != nil {
 		return err
 	}
 	return t.ack(s, d, m)
 }
 
-// resend publishes msg to queue on d's own session: if that connection is
+// route is where resend publishes a copy: an exchange ("" is the default
+// exchange, which routes on the queue's name) and a routing key, the queue
+// the copy ends in, and the delay it waits first (zero for none).
+type route struct {
+	exchange, key, queue string
+	delay                time.Duration
+}
+
+func (r route) String() string {
+	if r.delay > 0 {
+		return fmt.Sprintf("queue %q with a delay of %v", r.queue, r.delay)
+	}
+	return fmt.Sprintf("queue %q", r.queue)
+}
+
+// resend publishes msg along r on d's own session: if that connection is
 // gone, the broker redelivers d and a copy would be a duplicate. When the
-// copy is unroutable and missing is not nil, the queue was deleted behind
-// the transport's back: missing declares it again, once, and the copy is
+// copy is unroutable, or refused because an exchange is missing, and
+// missing is not nil, a queue or exchange was deleted behind the
+// transport's back: missing declares it again, once, and the copy is
 // published again.
 //
 // When the copy is refused (a nack, an unroutable or oversized copy, a
-// channel error) d is negatively acknowledged with requeue, so that the
-// broker redelivers it and its prefetch slot is freed: a delivery left
-// unacknowledged would hold its slot until the connection closes and,
-// with a small prefetch, stall the consumer.
-func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, m *amqp.Delivery, queue string, msg *amqp.Publishing, missing func() error) error {
+// channel error) d is requeued (see [Transport.requeue]).
+func (t *Transport) resend(ctx context.Context, s *session, d *bus.Delivery, m *amqp.Delivery, r route, msg *amqp.Publishing, missing func() error) error {
 	publish := func() error {
-		err := s.publisher().publish(ctx, "", queue, true, msg)
+		err := s.publisher().publish(ctx, r.exchange, r.key, true, msg)
 		if errors.Is(err, errChannelClosed) {
-			err = s.publisher().publish(ctx, "", queue, true, msg)
+			err = s.publisher().publish(ctx, r.exchange, r.key, true, msg)
 		}
 		return err
 	}
 	err := publish()
-	if missing != nil && errors.Is(err, ErrUnroutable) {
+	var re *RefusedError
+	if missing != nil && (errors.Is(err, ErrUnroutable) || errors.As(err, &re) && re.Code == amqp.NotFound) {
 		if derr := missing(); derr != nil {
-			err = fmt.Errorf("%w (declaring the queue again failed: %w)", err, derr)
+			err = fmt.Errorf("%w (declaring it again failed: %w)", err, derr)
 		} else {
-			t.log.WarnContext(ctx, "the queue was gone; declared it again", slog.String("queue", queue), slog.String("message_name", d.Name))
+			if r.delay > 0 {
+				t.log.WarnContext(ctx, "delay exchanges or queues were gone; declared them again", slog.String("message_name", d.Name))
+			} else {
+				t.log.WarnContext(ctx, "the queue was gone; declared it again", slog.String("queue", r.queue), slog.String("message_name", d.Name))
+			}
 			err = publish()
 		}
 	}
-	var re *RefusedError
 	if errors.As(err, &re) {
-		re.Message, re.RoutingKey = d.Name, queue
+		re.Message, re.Exchange, re.RoutingKey = d.Name, r.exchange, r.key
 	}
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, errRetry):
-		return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w", d.Name, d.Attributes.MessageID, queue, ErrConnectionLost)
+		return fmt.Errorf("rabbitmq: moving %s (id %s) to %v: %w", d.Name, d.Attributes.MessageID, r, ErrConnectionLost)
 	case errors.Is(err, bus.ErrClosed):
-		return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w; the broker redelivers it", d.Name, d.Attributes.MessageID, queue, err)
+		return fmt.Errorf("rabbitmq: moving %s (id %s) to %v: %w; the broker redelivers it", d.Name, d.Attributes.MessageID, r, err)
 	}
+	return t.requeue(s, d, m, r, err)
+}
+
+// requeue negatively acknowledges d with requeue, because its copy along r
+// could not be made (err), so that the broker redelivers it and its
+// prefetch slot is freed: a delivery left unacknowledged would hold its
+// slot until the connection closes and, with a small prefetch, stall the
+// consumer. It returns err with what happened to d.
+func (t *Transport) requeue(s *session, d *bus.Delivery, m *amqp.Delivery, r route, err error) error {
 	if nerr := s.cons.Nack(m.DeliveryTag, false, true); nerr != nil {
 		if s.cons.IsClosed() {
-			return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w (then %w)", d.Name, d.Attributes.MessageID, queue, err, ErrConnectionLost)
+			return fmt.Errorf("rabbitmq: moving %s (id %s) to %v: %w (then %w)", d.Name, d.Attributes.MessageID, r, err, ErrConnectionLost)
 		}
-		return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w; requeueing it failed too: %w", d.Name, d.Attributes.MessageID, queue, err, nerr)
+		return fmt.Errorf("rabbitmq: moving %s (id %s) to %v: %w; requeueing it failed too: %w", d.Name, d.Attributes.MessageID, r, err, nerr)
 	}
-	return fmt.Errorf("rabbitmq: moving %s (id %s) to queue %q: %w; the original was requeued with its attempt count unchanged and the broker redelivers it", d.Name, d.Attributes.MessageID, queue, err)
+	return fmt.Errorf("rabbitmq: moving %s (id %s) to %v: %w; the original was requeued with its attempt count unchanged and the broker redelivers it", d.Name, d.Attributes.MessageID, r, err)
 }
