@@ -22,7 +22,7 @@ func rabbitTransports(t *testing.T) func(testing.TB) bus.Transport {
 	url := testenv.RabbitMQ(t)
 	quiet := slog.New(slog.DiscardHandler)
 	return func(tb testing.TB) bus.Transport {
-		tr, err := rabbitmq.New(url, rabbitmq.WithLogger(quiet), rabbitmq.WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
+		tr, err := rabbitmq.New(url, rabbitmq.WithLogger(quiet), rabbitmq.WithBackoff(bus.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}))
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -73,7 +73,7 @@ func TestRabbitMQReconnect(t *testing.T) {
 	// The requester reaches the broker through a proxy that can cut its connection.
 	px := newProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
 	tr, err := rabbitmq.New("amqp://guest:guest@"+px.addr()+"/", rabbitmq.WithLogger(slog.New(slog.DiscardHandler)),
-		rabbitmq.WithReconnectBackoff(20*time.Millisecond, 200*time.Millisecond))
+		rabbitmq.WithBackoff(bus.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func deadTransport(t *testing.T) (*rabbitmq.Transport, *recordedLogs, string) {
 	t.Helper()
 	url, redacted := deadBroker(t)
 	logs := newRecordedLogs()
-	tr, err := rabbitmq.New(url, rabbitmq.WithReconnectBackoff(10*time.Millisecond, 40*time.Millisecond), rabbitmq.WithLogger(logs.logger()))
+	tr, err := rabbitmq.New(url, rabbitmq.WithBackoff(bus.Backoff{Initial: 10 * time.Millisecond, Max: 40 * time.Millisecond}), rabbitmq.WithLogger(logs.logger()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -133,7 +133,7 @@ func (a *admin) deadLetters(ctx context.Context, t testing.TB, endpoint string, 
 // at cleanup.
 func open(t testing.TB, url string, adm *admin, opts ...rabbitmq.Option) *rabbitmq.Transport {
 	t.Helper()
-	tr, err := rabbitmq.New(url, append([]rabbitmq.Option{rabbitmq.WithReconnectBackoff(20*time.Millisecond, 500*time.Millisecond)}, opts...)...)
+	tr, err := rabbitmq.New(url, append([]rabbitmq.Option{rabbitmq.WithBackoff(bus.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond})}, opts...)...)
 	if err != nil {
 		t.Fatalf("rabbitmq.New: %v", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -38,8 +37,7 @@ type options struct {
 	logger            *slog.Logger
 	prefetch          int
 	publishers        int
-	minBackoff        time.Duration
-	maxBackoff        time.Duration
+	backoff           bus.Backoff
 	dialTimeout       time.Duration
 	config            amqp.Config
 	unroutablePublish bool
@@ -68,12 +66,10 @@ func WithPrefetch(n int) Option { return func(o *options) { o.prefetch = n } }
 // default is 2.
 func WithPublisherChannels(n int) Option { return func(o *options) { o.publishers = n } }
 
-// WithReconnectBackoff bounds the wait between two connection attempts:
-// it starts at min and doubles up to max, with jitter. The default is
-// 100ms to 5s.
-func WithReconnectBackoff(min, max time.Duration) Option {
-	return func(o *options) { o.minBackoff, o.maxBackoff = min, max }
-}
+// WithBackoff sets the wait between two connection attempts: after the
+// n-th failed attempt in a row, backoff.Delay(n). The default is
+// bus.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}.
+func WithBackoff(backoff bus.Backoff) Option { return func(o *options) { o.backoff = backoff } }
 
 // WithConfig sets the amqp091 connection configuration (TLS, heartbeat,
 // client properties, SASL). Its Dial function is replaced by the
@@ -170,7 +166,7 @@ func New(url string, opts ...Option) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: invalid broker URL: %w", err)
 	}
-	o := options{exchange: DefaultExchange, publishers: 2, minBackoff: 100 * time.Millisecond, maxBackoff: 5 * time.Second, dialTimeout: 10 * time.Second,
+	o := options{exchange: DefaultExchange, publishers: 2, backoff: bus.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}, dialTimeout: 10 * time.Second,
 		maxMessageSize: DefaultMaxMessageSize}
 	for _, opt := range opts {
 		if opt != nil {
@@ -186,8 +182,8 @@ func New(url string, opts ...Option) (*Transport, error) {
 		return nil, fmt.Errorf("rabbitmq: WithPrefetch(%d): must not be negative", o.prefetch)
 	case o.maxMessageSize < 1:
 		return nil, fmt.Errorf("rabbitmq: WithMaxMessageSize(%d): must be at least 1", o.maxMessageSize)
-	case o.minBackoff <= 0 || o.maxBackoff < o.minBackoff:
-		return nil, fmt.Errorf("rabbitmq: WithReconnectBackoff(%v, %v): need 0 < min <= max", o.minBackoff, o.maxBackoff)
+	case o.backoff.Validate() != nil:
+		return nil, fmt.Errorf("rabbitmq: WithBackoff: %w", o.backoff.Validate())
 	}
 	if o.logger == nil {
 		o.logger = slog.Default()
@@ -409,7 +405,6 @@ func (t *Transport) setSession(s *session, lastErr error, failed int) {
 // session to die, reconnect with backoff. Each failed attempt is logged at
 // warn level with the address and the time of the next.
 func (t *Transport) supervise(ctx context.Context) {
-	backoff := t.o.minBackoff
 	failed := 0
 	for {
 		s, err := t.connect(ctx)
@@ -419,7 +414,7 @@ func (t *Transport) supervise(ctx context.Context) {
 			}
 			failed++
 			t.setSession(nil, err, failed)
-			wait := backoff/2 + rand.N(backoff/2+1)
+			wait := t.o.backoff.Delay(failed)
 			t.log.Warn("connecting to RabbitMQ failed; retrying", slog.String("address", t.addr), slog.Int("attempt", failed),
 				slog.Any("error", err), slog.Duration("backoff", wait), slog.Time("retry_at", time.Now().Add(wait)))
 			timer := time.NewTimer(wait)
@@ -429,11 +424,10 @@ func (t *Transport) supervise(ctx context.Context) {
 				return
 			case <-timer.C:
 			}
-			backoff = min(2*backoff, t.o.maxBackoff)
 			continue
 		}
 		t.log.Info("connected to RabbitMQ", slog.String("address", t.addr), slog.Int("attempts", failed+1))
-		backoff, failed = t.o.minBackoff, 0
+		failed = 0
 		t.setSession(s, nil, 0)
 		select {
 		case <-s.dead:

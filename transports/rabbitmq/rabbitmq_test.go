@@ -268,7 +268,7 @@ func TestPoisonMessagesAreDeadLettered(t *testing.T) {
 func TestSendWaitsForBroker(t *testing.T) {
 	// New does not connect; a send to an unreachable broker returns the
 	// context's error with the connection failure, and Close ends the retries.
-	tr, err := rabbitmq.New("amqp://guest:guest@127.0.0.1:1/", rabbitmq.WithReconnectBackoff(10*time.Millisecond, 50*time.Millisecond))
+	tr, err := rabbitmq.New("amqp://guest:guest@127.0.0.1:1/", rabbitmq.WithBackoff(bus.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}
