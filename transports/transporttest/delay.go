@@ -3,7 +3,9 @@ package transporttest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -211,3 +213,76 @@ func (s *suite) outageLosesNothing(t *testing.T) {
 type outageMessage struct{ N int }
 
 func (outageMessage) MessageName() string { return "transporttest.outage" }
+
+// Messages whose handler fails at random one time in five are all
+// handled, none dead-lettered and none lost, with the default retry
+// policy scaled to the delay unit.
+func (s *suite) randomFailuresLoseNothing(t *testing.T) {
+	n := s.f.RandomFailures
+	ep := Name("tt-random")
+	policy := bus.DefaultRetryPolicy()
+	policy.Backoff = bus.Backoff{Initial: s.f.DelayUnit, Max: 300 * s.f.DelayUnit}
+	var mu sync.Mutex
+	handled := make(map[int]bool, n)
+	allHandled := make(chan struct{})
+	var failures atomic.Int64
+	receiver, err := bus.New(bus.WithEndpoint(ep), bus.WithTransport(s.newTransport(t)), bus.WithRetry(policy), bus.WithConcurrency(16),
+		bus.WithLogger(slog.New(slog.DiscardHandler)),
+		bus.WithHandler(func(ctx context.Context, m outageMessage, a bus.Attributes) error {
+			if rand.N(5) == 0 {
+				failures.Add(1)
+				return errors.New("transient")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			handled[m.N] = true
+			if len(handled) == n {
+				close(allHandled)
+			}
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := s.ctx(t)
+	if err := receiver.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = receiver.Stop(context.Background()) })
+	sender, err := bus.New(bus.WithTransport(s.newTransport(t)), bus.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sender.Stop(context.Background()) })
+	began := time.Now()
+	const senders = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, senders)
+	for g := range senders {
+		wg.Go(func() {
+			for i := g; i < n; i += senders {
+				if err := sender.Send(ctx, outageMessage{N: i}, bus.To(ep)); err != nil {
+					errs <- fmt.Errorf("Send %d: %w", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	wait := time.NewTimer(s.f.Timeout + policy.Backoff.Max)
+	defer wait.Stop()
+	select {
+	case <-allHandled:
+	case <-wait.C:
+		mu.Lock()
+		t.Fatalf("%d of %d messages handled", len(handled), n)
+	}
+	if dl := s.f.DeadLetters(ctx, t, ep, 0); len(dl) != 0 {
+		t.Errorf("%d messages dead-lettered, want 0; the first: %s", len(dl), dl[0].Failure.Reason)
+	}
+	t.Logf("%d messages, %d handler failures, all handled in %v", n, failures.Load(), time.Since(began))
+}

@@ -51,6 +51,9 @@ type Features struct {
 	// (its precision): the delay tests scale their delays, and the outage
 	// test its outage and its retry policy, by it. The default is 10ms.
 	DelayUnit time.Duration
+	// RandomFailures is the number of messages of the test whose handler
+	// fails at random one time in five. The default is 10,000.
+	RandomFailures int
 	// DurableDelays is true when a delayed message lives in the broker,
 	// not in the process that delayed it: the suite then kills such a
 	// process with SIGKILL during a delay, in a child process of the test
@@ -76,6 +79,9 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 	}
 	if f.Messages == 0 {
 		f.Messages = 5000
+	}
+	if f.RandomFailures == 0 {
+		f.RandomFailures = 10_000
 	}
 	if f.DelayUnit == 0 {
 		f.DelayUnit = 10 * time.Millisecond
@@ -107,6 +113,7 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 		t.Run("ReturnAfterDelays", s.returnAfterDelays)
 		t.Run("ReturnAfterHasNoHeadOfLineBlocking", s.noHeadOfLine)
 		t.Run("OutageLosesNothing", s.outageLosesNothing)
+		t.Run("RandomFailuresLoseNothing", s.randomFailuresLoseNothing)
 		if f.DurableDelays {
 			t.Run("DelayedMessageSurvivesKill9OfItsConsumer", s.delayedSurvivesKill)
 		}
