@@ -121,56 +121,122 @@ func (s *suite) noHeadOfLine(t *testing.T) {
 	}
 }
 
+// tally records which messages of a test were handled and tells when
+// all of them were.
+type tally struct {
+	mu      sync.Mutex
+	handled map[int]bool
+	total   int // 0 until known
+	all     chan struct{}
+}
+
+func newTally() *tally { return &tally{handled: map[int]bool{}, all: make(chan struct{})} }
+
+func (c *tally) add(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.handled[n] = true
+	c.checkLocked()
+}
+
+// expect sets how many messages there are.
+func (c *tally) expect(total int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.total = total
+	c.checkLocked()
+}
+
+func (c *tally) checkLocked() {
+	if c.total > 0 && len(c.handled) == c.total {
+		select {
+		case <-c.all:
+		default:
+			close(c.all)
+		}
+	}
+}
+
+// wait waits until every message was handled, failing t after d.
+func (c *tally) wait(t *testing.T, d time.Duration) {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-c.all:
+	case <-timer.C:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		t.Fatalf("%d of %d messages handled", len(c.handled), c.total)
+	}
+}
+
+// retryingPair starts a bus receiving at ep with policy, whose handler is
+// fail (an error fails the message) and then counts the message in c, and
+// returns a send-only bus on a transport of its own.
+func (s *suite) retryingPair(t *testing.T, ep string, policy bus.RetryPolicy, c *tally, fail func() error) (sender *bus.Bus) {
+	t.Helper()
+	quiet := bus.WithLogger(slog.New(slog.DiscardHandler)) // thousands of retries
+	receiver, err := bus.New(bus.WithEndpoint(ep), bus.WithTransport(s.newTransport(t)), bus.WithRetry(policy), bus.WithConcurrency(16), quiet,
+		bus.WithHandler(func(ctx context.Context, m outageMessage, a bus.Attributes) error {
+			if err := fail(); err != nil {
+				return err
+			}
+			c.add(m.N)
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := receiver.Start(s.ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = receiver.Stop(context.Background()) })
+	sender, err = bus.New(bus.WithTransport(s.newTransport(t)), quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sender.Stop(context.Background()) })
+	return sender
+}
+
+// scaledDefaultPolicy is bus.DefaultRetryPolicy with its back-off in delay
+// units instead of seconds.
+func (s *suite) scaledDefaultPolicy() bus.RetryPolicy {
+	p := bus.DefaultRetryPolicy()
+	p.Backoff = bus.Backoff{Initial: s.f.DelayUnit, Max: 300 * s.f.DelayUnit}
+	return p
+}
+
+// noDeadLetters fails t when ep dead-lettered a message. (That every
+// message was handled says as much, but for a duplicate.)
+func (s *suite) noDeadLetters(t *testing.T, ep string) {
+	t.Helper()
+	if dl := s.f.DeadLetters(s.ctx(t), t, ep, 0); len(dl) != 0 {
+		t.Errorf("%d messages dead-lettered, want 0; the first: %s", len(dl), dl[0].Failure.Reason)
+	}
+}
+
 // A handler's dependency is down for 20 delay units under a steady 200
 // messages a second: with the default retry policy scaled to the delay
 // unit (1s → one unit), every message is handled once the dependency is
 // back, none is dead-lettered and none is lost.
 func (s *suite) outageLosesNothing(t *testing.T) {
 	ep := Name("tt-outage")
-	unit := s.f.DelayUnit
-	outage := 20 * unit
-	policy := bus.DefaultRetryPolicy()
-	policy.Backoff = bus.Backoff{Initial: unit, Max: 300 * unit}
+	outage := 20 * s.f.DelayUnit
+	policy := s.scaledDefaultPolicy()
 	var down atomic.Bool
 	down.Store(true)
-	var mu sync.Mutex
-	handled := map[int]bool{}
-	var total atomic.Int64
-	allHandled := make(chan struct{})
 	var failures atomic.Int64
-	receiver, err := bus.New(bus.WithEndpoint(ep), bus.WithTransport(s.newTransport(t)), bus.WithRetry(policy), bus.WithConcurrency(16),
-		bus.WithLogger(slog.New(slog.DiscardHandler)),
-		bus.WithHandler(func(ctx context.Context, m outageMessage, a bus.Attributes) error {
-			if down.Load() {
-				failures.Add(1)
-				return errors.New("dependency down")
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			handled[m.N] = true
-			if n := total.Load(); n > 0 && int64(len(handled)) == n {
-				select {
-				case <-allHandled:
-				default:
-					close(allHandled)
-				}
-			}
-			return nil
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newTally()
+	sender := s.retryingPair(t, ep, policy, c, func() error {
+		if down.Load() {
+			failures.Add(1)
+			return errors.New("dependency down")
+		}
+		return nil
+	})
 	ctx := s.ctx(t)
-	if err := receiver.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = receiver.Stop(context.Background()) })
-	sender, err := bus.New(bus.WithTransport(s.newTransport(t)), bus.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sender.Stop(context.Background()) })
-
 	// 200 messages a second while the dependency is down, and as long
 	// again after it is back.
 	began := time.Now()
@@ -187,26 +253,12 @@ func (s *suite) outageLosesNothing(t *testing.T) {
 		}
 		n++
 	}
-	total.Store(int64(n))
-	mu.Lock()
-	done := len(handled) == n
-	mu.Unlock()
-	if !done {
-		wait := time.NewTimer(s.f.Timeout + policy.Backoff.Max)
-		defer wait.Stop()
-		select {
-		case <-allHandled:
-		case <-wait.C:
-			mu.Lock()
-			t.Fatalf("%d of %d messages handled after the outage", len(handled), n)
-		}
-	}
+	c.expect(n)
+	c.wait(t, s.f.Timeout+policy.Backoff.Max)
 	if failures.Load() == 0 {
 		t.Fatal("no handler failed: the outage did not happen")
 	}
-	if dl := s.f.DeadLetters(ctx, t, ep, 0); len(dl) != 0 {
-		t.Errorf("%d messages dead-lettered, want 0; the first: %s", len(dl), dl[0].Failure.Reason)
-	}
+	s.noDeadLetters(t, ep)
 	t.Logf("%d messages, %d handler failures during an outage of %v, all handled %v after it ended", n, failures.Load(), outage, time.Since(began)-outage)
 }
 
@@ -220,40 +272,17 @@ func (outageMessage) MessageName() string { return "transporttest.outage" }
 func (s *suite) randomFailuresLoseNothing(t *testing.T) {
 	n := s.f.RandomFailures
 	ep := Name("tt-random")
-	policy := bus.DefaultRetryPolicy()
-	policy.Backoff = bus.Backoff{Initial: s.f.DelayUnit, Max: 300 * s.f.DelayUnit}
-	var mu sync.Mutex
-	handled := make(map[int]bool, n)
-	allHandled := make(chan struct{})
+	policy := s.scaledDefaultPolicy()
 	var failures atomic.Int64
-	receiver, err := bus.New(bus.WithEndpoint(ep), bus.WithTransport(s.newTransport(t)), bus.WithRetry(policy), bus.WithConcurrency(16),
-		bus.WithLogger(slog.New(slog.DiscardHandler)),
-		bus.WithHandler(func(ctx context.Context, m outageMessage, a bus.Attributes) error {
-			if rand.N(5) == 0 {
-				failures.Add(1)
-				return errors.New("transient")
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			handled[m.N] = true
-			if len(handled) == n {
-				close(allHandled)
-			}
-			return nil
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newTally()
+	sender := s.retryingPair(t, ep, policy, c, func() error {
+		if rand.N(5) == 0 {
+			failures.Add(1)
+			return errors.New("transient")
+		}
+		return nil
+	})
 	ctx := s.ctx(t)
-	if err := receiver.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = receiver.Stop(context.Background()) })
-	sender, err := bus.New(bus.WithTransport(s.newTransport(t)), bus.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sender.Stop(context.Background()) })
 	began := time.Now()
 	const senders = 8
 	var wg sync.WaitGroup
@@ -273,16 +302,8 @@ func (s *suite) randomFailuresLoseNothing(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	wait := time.NewTimer(s.f.Timeout + policy.Backoff.Max)
-	defer wait.Stop()
-	select {
-	case <-allHandled:
-	case <-wait.C:
-		mu.Lock()
-		t.Fatalf("%d of %d messages handled", len(handled), n)
-	}
-	if dl := s.f.DeadLetters(ctx, t, ep, 0); len(dl) != 0 {
-		t.Errorf("%d messages dead-lettered, want 0; the first: %s", len(dl), dl[0].Failure.Reason)
-	}
+	c.expect(n)
+	c.wait(t, s.f.Timeout+policy.Backoff.Max)
+	s.noDeadLetters(t, ep)
 	t.Logf("%d messages, %d handler failures, all handled in %v", n, failures.Load(), time.Since(began))
 }
