@@ -291,7 +291,7 @@ func (s *suite) randomFailuresLoseNothing(t *testing.T) {
 		wg.Go(func() {
 			for i := g; i < n; i += senders {
 				if err := sender.Send(ctx, outageMessage{N: i}, bus.To(ep)); err != nil {
-					errs <- fmt.Errorf("Send %d: %w", i, err)
+					errs <- fmt.Errorf("sending message %d: %w", i, err)
 					return
 				}
 			}
