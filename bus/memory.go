@@ -92,10 +92,9 @@ func (br *memBroker) Depth(endpoint string) int {
 type memItem struct {
 	env     Envelope
 	attempt int
-	retries RetryHistory
-	q       *memQueue // where it came from
-	seq     uint64    // receive order, to put in-flight items back in order
-	due     time.Time // when a delayed item goes back to q
+	retries *RetryHistory // nil until the message failed: most never do
+	q       *memQueue     // where it came from
+	seq     uint64        // receive order, to put in-flight items back in order
 }
 
 // memQueue is an unbounded FIFO with a one-token wake-up signal passed on
@@ -357,7 +356,11 @@ func (t *memTransport) receive(ctx context.Context, q, iq *memQueue) (*Delivery,
 			it.seq = t.seq
 			t.inflight[it] = struct{}{}
 			t.mu.Unlock()
-			return &Delivery{Envelope: it.env, Attempt: it.attempt, Retries: it.retries, Raw: it, Token: it}, nil
+			d := &Delivery{Envelope: it.env, Attempt: it.attempt, Raw: it, Token: it}
+			if it.retries != nil {
+				d.Retries = *it.retries
+			}
+			return d, nil
 		}
 		select {
 		case <-qsig:
@@ -397,7 +400,7 @@ func (t *memTransport) Return(_ context.Context, d *Delivery, _ error) error {
 	if err != nil {
 		return err
 	}
-	it.q.push(&memItem{env: it.env, attempt: it.attempt + 1, retries: d.Retries, q: it.q}, false)
+	it.q.push(&memItem{env: it.env, attempt: it.attempt + 1, retries: retriesOf(d), q: it.q}, false)
 	return nil
 }
 
@@ -409,7 +412,7 @@ func (t *memTransport) ReturnAfter(_ context.Context, d *Delivery, _ error, dela
 	if err != nil {
 		return err
 	}
-	next := &memItem{env: it.env, attempt: it.attempt + 1, retries: d.Retries, q: it.q}
+	next := &memItem{env: it.env, attempt: it.attempt + 1, retries: retriesOf(d), q: it.q}
 	if delay <= 0 {
 		it.q.push(next, false)
 		return nil
@@ -418,17 +421,26 @@ func (t *memTransport) ReturnAfter(_ context.Context, d *Delivery, _ error, dela
 	return nil
 }
 
+// retriesOf returns d's retry history to keep with its next delivery, nil
+// when it is empty.
+func retriesOf(d *Delivery) *RetryHistory {
+	if d.Retries.IsZero() {
+		return nil
+	}
+	h := d.Retries
+	return &h
+}
+
 // MaxDelay is the longest time.Duration: a timer carries any delay.
 func (t *memTransport) MaxDelay() time.Duration { return math.MaxInt64 }
 
 // delay puts it into the heap until due, setting the timer when it is
 // the earliest.
 func (br *memBroker) delay(it *memItem, due time.Time) {
-	it.due = due
 	br.delayMu.Lock()
 	defer br.delayMu.Unlock()
-	heap.Push(&br.delayed, it)
-	if br.delayed[0] != it {
+	heap.Push(&br.delayed, memDelayed{it: it, due: due})
+	if br.delayed[0].it != it {
 		return // the timer is set for an earlier item
 	}
 	if br.timer == nil {
@@ -445,14 +457,13 @@ func (br *memBroker) releaseDue() {
 	now := time.Now()
 	var due []*memItem
 	for len(br.delayed) > 0 && !br.delayed[0].due.After(now) {
-		due = append(due, heap.Pop(&br.delayed).(*memItem))
+		due = append(due, heap.Pop(&br.delayed).(memDelayed).it)
 	}
 	if len(br.delayed) > 0 {
 		br.timer.Reset(time.Until(br.delayed[0].due))
 	}
 	br.delayMu.Unlock()
 	for _, it := range due {
-		it.due = time.Time{}
 		it.q.push(it, false)
 	}
 }
@@ -464,19 +475,25 @@ func (br *memBroker) Delayed() int {
 	return len(br.delayed)
 }
 
+// memDelayed is a delayed item and when it is due.
+type memDelayed struct {
+	it  *memItem
+	due time.Time
+}
+
 // memDelayHeap orders delayed items by due time (container/heap).
-type memDelayHeap []*memItem
+type memDelayHeap []memDelayed
 
 func (h memDelayHeap) Len() int           { return len(h) }
 func (h memDelayHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
 func (h memDelayHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *memDelayHeap) Push(x any)        { *h = append(*h, x.(*memItem)) }
+func (h *memDelayHeap) Push(x any)        { *h = append(*h, x.(memDelayed)) }
 func (h *memDelayHeap) Pop() any {
 	old := *h
-	it := old[len(old)-1]
-	old[len(old)-1] = nil
+	d := old[len(old)-1]
+	old[len(old)-1] = memDelayed{}
 	*h = old[:len(old)-1]
-	return it
+	return d
 }
 
 // Fail moves d to the endpoint's dead-letter queue.
