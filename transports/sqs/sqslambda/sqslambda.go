@@ -46,8 +46,9 @@ type options struct {
 }
 
 // WithMaxAttempts sets the attempt at which a failing record is
-// dead-lettered instead of retried; use the bus's bus.WithMaxAttempts
-// value and the queue's maxReceiveCount. The default is 5, the bus's.
+// dead-lettered instead of retried: the queue's maxReceiveCount, which
+// Setup sets to the most deliveries the bus's retry policies give a
+// message. The default is 5.
 func WithMaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n } }
 
 // WithBackoff sets how long a failed record stays invisible before Lambda
