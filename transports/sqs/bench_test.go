@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
@@ -48,9 +49,9 @@ func BenchmarkDecode(b *testing.B) {
 // emulator: Send, Receive, Delete (batched), sequentially.
 func BenchmarkSendReceiveDelete(b *testing.B) {
 	cfg := awsConfig(b)
-	prefix := uniquePrefix(b, cfg)
+	prefix := sqstest.UniquePrefix(b, cfg)
 	ctx := context.Background()
-	tr := sqs.New(cfg, fastOptions(prefix)...)
+	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	defer tr.Close(ctx)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "bench", MaxAttempts: 5, Concurrency: 8}); err != nil {
 		b.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
@@ -42,7 +43,7 @@ func (g *gatedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // stops: Close gives the message back to the queue.
 func TestSettlingDuringCloseReturnsErrClosed(t *testing.T) {
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	gate := &gatedTransport{open: make(chan struct{}), held: make(chan struct{}, 1)}
 	opened := false
 	release := func() {
@@ -54,7 +55,7 @@ func TestSettlingDuringCloseReturnsErrClosed(t *testing.T) {
 	defer release()
 	gated := cfg.Copy()
 	gated.HTTPClient = &http.Client{Transport: gate}
-	tr := sqs.New(gated, fastOptions(prefix, sqs.WithVisibilityTimeout(2*time.Second))...)
+	tr := sqs.New(gated, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(2*time.Second))...)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 3}); err != nil {

@@ -23,10 +23,10 @@ var errAlwaysFails = errors.New("payment provider unavailable")
 // lands in the dead-letter queue with its failure.
 func TestRetriesThenDeadLetter(t *testing.T) {
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	tr := sqs.New(cfg, fastOptions(prefix)...)
+	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	var calls atomic.Int32
 	attempts := make(chan int, 8)
 	b, err := bus.New(
@@ -52,7 +52,7 @@ func TestRetriesThenDeadLetter(t *testing.T) {
 	if err := b.Send(ctx, orderPlaced{ID: "p-1"}, bus.WithMessageID("poison-1"), bus.WithAttribute("k", "v")); err != nil {
 		t.Fatal(err)
 	}
-	probe := sqs.New(cfg, fastOptions(prefix)...)
+	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	dl := sqstest.DeadLetters(ctx, t, probe, "payments", 1)
 	if err := b.Stop(context.Background()); err != nil {
 		t.Fatal(err)
@@ -142,12 +142,12 @@ func TestRedrivePolicy(t *testing.T) {
 // once with the reason, keeping its body and attributes.
 func TestForeignMessageDeadLettered(t *testing.T) {
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	b, err := bus.New(
 		bus.WithEndpoint("inbox"),
-		bus.WithTransport(sqs.New(cfg, fastOptions(prefix)...)),
+		bus.WithTransport(sqs.New(cfg, sqstest.FastOptions(prefix)...)),
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }),
 	)
 	if err != nil {
@@ -157,7 +157,7 @@ func TestForeignMessageDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Stop(context.Background())
-	probe := sqs.New(cfg, fastOptions(prefix)...)
+	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	url, err := probe.SQS().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(probe.QueueName("inbox"))})
 	if err != nil {
 		t.Fatal(err)

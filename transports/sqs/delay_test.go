@@ -1,11 +1,9 @@
 package sqs_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,16 +15,17 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
 var errHandler = errors.New("handler failed")
 
 // openEndpoint returns a transport set up for endpoint on prefix, with
-// fastOptions and extra, closed at the end of the test.
+// sqstest.FastOptions and extra, closed at the end of the test.
 func openEndpoint(ctx context.Context, t *testing.T, prefix, endpoint string, maxAttempts int, extra ...sqs.Option) *sqs.Transport {
 	t.Helper()
-	tr := sqs.New(awsConfig(t), fastOptions(prefix, extra...)...)
+	tr := sqs.New(awsConfig(t), sqstest.FastOptions(prefix, extra...)...)
 	t.Cleanup(func() { _ = tr.Close(context.Background()) })
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: endpoint, Handles: []string{"test.job"}, MaxAttempts: maxAttempts, Concurrency: 4}); err != nil {
 		t.Fatal(err)
@@ -81,7 +80,7 @@ func TestReturnAfterDeliversAfterTheDelayOnTheNextAttempt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	tr := openEndpoint(ctx, t, uniquePrefix(t, cfg), "delayed", 5)
+	tr := openEndpoint(ctx, t, sqstest.UniquePrefix(t, cfg), "delayed", 5)
 	sendJob(ctx, t, tr, "delayed", "m1")
 	d := receiveWithin(t, tr, 10*time.Second)
 	if d.Attempt != 1 {
@@ -116,7 +115,7 @@ func TestReturnAfterLongDelayNeverHoldsBackAShortOne(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	tr := openEndpoint(ctx, t, uniquePrefix(t, cfg), "hol", 5)
+	tr := openEndpoint(ctx, t, sqstest.UniquePrefix(t, cfg), "hol", 5)
 	sendJob(ctx, t, tr, "hol", "long")
 	sendJob(ctx, t, tr, "hol", "short")
 	got := map[string]*bus.Delivery{}
@@ -147,9 +146,9 @@ func TestReturnAfterBeyondOneHopIsCarriedInHops(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	logs := &logRecorder{}
-	tr := openEndpoint(ctx, t, uniquePrefix(t, cfg), "hops", 5, sqs.WithHop(time.Second),
-		sqs.WithLogger(slogAtDebug(logs)))
+	logs := &sqstest.LogRecorder{}
+	tr := openEndpoint(ctx, t, sqstest.UniquePrefix(t, cfg), "hops", 5, sqs.WithHop(time.Second),
+		sqs.WithLogger(logs.DebugLogger()))
 	sendJob(ctx, t, tr, "hops", "m1")
 	d := receiveWithin(t, tr, 10*time.Second)
 	since := time.Now()
@@ -164,7 +163,7 @@ func TestReturnAfterBeyondOneHopIsCarriedInHops(t *testing.T) {
 	if got := d.Retries; got.Delayed != 1 || !got.FirstFailure.Equal(history.FirstFailure) || !got.LastFailure.Equal(history.LastFailure) || !slices.Equal(got.Errors, history.Errors) {
 		t.Errorf("retry history %+v after the hops, want %+v", got, history)
 	}
-	if hops := logs.records(t, "DEBUG", "message not due yet sent on"); len(hops) < 2 {
+	if hops := logs.Records(t, "DEBUG", "message not due yet sent on"); len(hops) < 2 {
 		t.Errorf("%d hops for a delay of %s in hops of 1s, want at least 2:\n%s", len(hops), delay, logs)
 	}
 	if err := tr.Delete(ctx, d); err != nil {
@@ -179,7 +178,7 @@ func TestDelayedMessageSurvivesItsConsumer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	first := openEndpoint(ctx, t, prefix, "durable", 5, sqs.WithHop(time.Second))
 	sendJob(ctx, t, first, "durable", "m1")
 	d := receiveWithin(t, first, 10*time.Second)
@@ -207,7 +206,7 @@ func TestConsumerKilledHoldingACopyNotDueCostsNoAttempt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	first := openEndpoint(ctx, t, prefix, "killed", 5, sqs.WithHop(time.Second))
 	sendJob(ctx, t, first, "killed", "m1")
 	d := receiveWithin(t, first, 10*time.Second)
@@ -249,7 +248,7 @@ func TestRedrivePolicyBoundsDelayedCopies(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	const maxAttempts = 3
 	tr := openEndpoint(ctx, t, prefix, "redrive", maxAttempts)
 	sendJob(ctx, t, tr, "redrive", "m1")
@@ -313,29 +312,6 @@ func rawReceive(ctx context.Context, t *testing.T, tr *sqs.Transport, name strin
 	return sqstypes.Message{}
 }
 
-// records returns the records of level whose message contains msg.
-func (l *logRecorder) records(t *testing.T, level, msg string) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for line := range bytes.Lines(l.buf.Bytes()) {
-		var rec map[string]any
-		if err := json.Unmarshal(line, &rec); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if rec["level"] == level && strings.Contains(rec["msg"].(string), msg) {
-			out = append(out, rec)
-		}
-	}
-	return out
-}
-
-// slogAtDebug returns a logger writing every record, debug included, to l.
-func slogAtDebug(l *logRecorder) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
 // What a delayed copy carries in its "plugbus" attribute is checked like
 // any foreign input: a prior attempt count out of range (below 1, or not
 // below the maximum attempts), or not an integer, and a due time that is
@@ -347,8 +323,8 @@ func TestCarriedFieldsOutOfRangeIgnored(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	logs := &logRecorder{}
-	tr := openEndpoint(ctx, t, uniquePrefix(t, cfg), "carried", 5, sqs.WithLogger(logs.logger()))
+	logs := &sqstest.LogRecorder{}
+	tr := openEndpoint(ctx, t, sqstest.UniquePrefix(t, cfg), "carried", 5, sqs.WithLogger(logs.Logger()))
 	cases := []struct {
 		id, extra string
 		attempt   int
@@ -383,7 +359,7 @@ func TestCarriedFieldsOutOfRangeIgnored(t *testing.T) {
 				t.Errorf("%s: attempt %d, want %d", c.id, d.Attempt, c.attempt)
 			}
 			var fields []string
-			for _, w := range logs.warnings(t, "carried field ignored") {
+			for _, w := range logs.Warnings(t, "carried field ignored") {
 				if w["message_id"] == c.id {
 					fields = append(fields, w["field"].(string))
 				}
@@ -405,7 +381,7 @@ func TestSendAtDeliversWhenDue(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	tr := openEndpoint(ctx, t, uniquePrefix(t, cfg), "scheduled", 5, sqs.WithHop(time.Second))
+	tr := openEndpoint(ctx, t, sqstest.UniquePrefix(t, cfg), "scheduled", 5, sqs.WithHop(time.Second))
 	for _, delay := range []time.Duration{time.Second, 2500 * time.Millisecond} {
 		since := time.Now()
 		env := &bus.Envelope{Name: "test.job", ContentType: "application/json", Body: []byte(`{"id":"m1"}`),
@@ -433,7 +409,7 @@ func TestPublishAtReachesEachSubscriberOnceWhenDue(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	subscribers := []*sqs.Transport{
 		openEndpoint(ctx, t, prefix, "sub-a", 5), openEndpoint(ctx, t, prefix, "sub-b", 5), openEndpoint(ctx, t, prefix, "sub-c", 5),
 	}
@@ -464,8 +440,8 @@ func TestReturnAfterFallsBackToVisibilityWhenTheCopyIsRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	logs := &logRecorder{}
-	tr := openEndpoint(ctx, t, uniquePrefix(t, cfg), "full", 5, sqs.WithLogger(logs.logger()))
+	logs := &sqstest.LogRecorder{}
+	tr := openEndpoint(ctx, t, sqstest.UniquePrefix(t, cfg), "full", 5, sqs.WithLogger(logs.Logger()))
 	const limit = 1024 // the smallest MaximumMessageSize SQS allows
 	url, err := tr.SQS().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(tr.QueueName("full"))})
 	if err != nil {
@@ -487,7 +463,7 @@ func TestReturnAfterFallsBackToVisibilityWhenTheCopyIsRefused(t *testing.T) {
 	if waited := time.Since(since); waited < 2*time.Second || d.Attempt != 2 || d.Attributes.MessageID != "m1" {
 		t.Errorf("got %s on attempt %d after %s, want m1 on attempt 2 after 2s", d.Attributes.MessageID, d.Attempt, waited)
 	}
-	if len(logs.warnings(t, "delayed by its visibility timeout instead")) != 1 {
+	if len(logs.Warnings(t, "delayed by its visibility timeout instead")) != 1 {
 		t.Errorf("the fallback was not logged:\n%s", logs)
 	}
 	if err := tr.Delete(ctx, d); err != nil {
@@ -502,7 +478,7 @@ func TestDeadLetterOfADelayedCopyKeepsTheHistoryNotThePriorAttempts(t *testing.T
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	tr := openEndpoint(ctx, t, uniquePrefix(t, cfg), "failed", 5, sqs.WithHop(time.Second))
+	tr := openEndpoint(ctx, t, sqstest.UniquePrefix(t, cfg), "failed", 5, sqs.WithHop(time.Second))
 	sendJob(ctx, t, tr, "failed", "m1")
 	d := receiveWithin(t, tr, 10*time.Second)
 	d.Retries = bus.RetryHistory{Delayed: 1, Errors: []string{"e1"}}
@@ -553,9 +529,9 @@ func BenchmarkRedeliver(b *testing.B) {
 	} {
 		b.Run(settle.name, func(b *testing.B) {
 			cfg := awsConfig(b)
-			prefix := uniquePrefix(b, cfg)
+			prefix := sqstest.UniquePrefix(b, cfg)
 			ctx := context.Background()
-			tr := sqs.New(cfg, fastOptions(prefix)...)
+			tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 			defer tr.Close(ctx)
 			const maxAttempts = 1000 // SQS's largest maxReceiveCount
 			if err := tr.Setup(ctx, bus.Topology{Endpoint: "bench", MaxAttempts: maxAttempts, Concurrency: 1}); err != nil {

@@ -3,8 +3,6 @@ package sqs_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -21,44 +19,6 @@ import (
 	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
-
-// logRecorder keeps what a JSON slog handler writes, for tests to read.
-type logRecorder struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logRecorder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p) // slog's handlers write one record per call
-}
-
-func (l *logRecorder) logger() *slog.Logger { return slog.New(slog.NewJSONHandler(l, nil)) }
-
-// warnings returns the WARN records whose message contains msg.
-func (l *logRecorder) warnings(t *testing.T, msg string) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for line := range bytes.Lines(l.buf.Bytes()) {
-		var rec map[string]any
-		if err := json.Unmarshal(line, &rec); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if rec["level"] == "WARN" && strings.Contains(rec["msg"].(string), msg) {
-			out = append(out, rec)
-		}
-	}
-	return out
-}
-
-func (l *logRecorder) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 func str(v string) sqstypes.MessageAttributeValue {
 	return sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
@@ -79,12 +39,12 @@ func rawSend(ctx context.Context, t *testing.T, tr *sqs.Transport, endpoint, bod
 
 // startBus starts a bus of endpoint "inbox" on a fresh transport logging
 // to logs, stopped at the end of the test; opts come last.
-func startBus(ctx context.Context, t *testing.T, logs *logRecorder, opts ...bus.Option) (*sqs.Transport, *sqs.Transport) {
+func startBus(ctx context.Context, t *testing.T, logs *sqstest.LogRecorder, opts ...bus.Option) (*sqs.Transport, *sqs.Transport) {
 	t.Helper()
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
-	tr := sqs.New(cfg, fastOptions(prefix, sqs.WithLogger(logs.logger()))...)
-	b, err := bus.New(append([]bus.Option{bus.WithEndpoint("inbox"), bus.WithTransport(tr), bus.WithLogger(logs.logger())}, opts...)...)
+	prefix := sqstest.UniquePrefix(t, cfg)
+	tr := sqs.New(cfg, sqstest.FastOptions(prefix, sqs.WithLogger(logs.Logger()))...)
+	b, err := bus.New(append([]bus.Option{bus.WithEndpoint("inbox"), bus.WithTransport(tr), bus.WithLogger(logs.Logger())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +56,7 @@ func startBus(ctx context.Context, t *testing.T, logs *logRecorder, opts ...bus.
 			t.Errorf("Stop: %v", err)
 		}
 	})
-	probe := sqs.New(cfg, fastOptions(prefix)...)
+	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	t.Cleanup(func() { _ = probe.Close(context.Background()) })
 	return tr, probe
 }
@@ -109,7 +69,7 @@ func startBus(ctx context.Context, t *testing.T, logs *logRecorder, opts ...bus.
 func TestForeignReservedAttributesNeitherHeadersNorAttempts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	logs := &logRecorder{}
+	logs := &sqstest.LogRecorder{}
 	var mu sync.Mutex
 	var attempts []int
 	var seen []bus.Headers
@@ -154,7 +114,7 @@ func TestForeignReservedAttributesNeitherHeadersNorAttempts(t *testing.T) {
 	}
 	for _, name := range reservedNames {
 		var n int
-		for _, w := range logs.warnings(t, "reserved attribute ignored") {
+		for _, w := range logs.Warnings(t, "reserved attribute ignored") {
 			if w["attribute"] == name {
 				n++
 				if w["message_id"] != "foreign-1" || w["sqs_message_id"] == "" {
@@ -174,7 +134,7 @@ func TestForeignReservedAttributesNeitherHeadersNorAttempts(t *testing.T) {
 func TestForeignSentAtIgnored(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	logs := &logRecorder{}
+	logs := &sqstest.LogRecorder{}
 	handled := make(chan bus.Attributes, 8)
 	_, probe := startBus(ctx, t, logs,
 		bus.WithHandler(func(_ context.Context, _ orderPlaced, a bus.Attributes) error { handled <- a; return nil }))
@@ -209,7 +169,7 @@ func TestForeignSentAtIgnored(t *testing.T) {
 		}
 	}
 	warned := map[any]bool{}
-	for _, w := range logs.warnings(t, "sent-at") {
+	for _, w := range logs.Warnings(t, "sent-at") {
 		if w["attribute"] != "plugbus" || w["field"] != "sent" || w["reason"] == "" {
 			t.Errorf("warning %v does not name the attribute, the field and the reason", w)
 		}
@@ -226,7 +186,7 @@ func TestForeignSentAtIgnored(t *testing.T) {
 func TestForeignPlugbusAttributeOfTheWrongType(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	logs := &logRecorder{}
+	logs := &sqstest.LogRecorder{}
 	_, probe := startBus(ctx, t, logs,
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
 	pack := `{"v":1,"name":"test.order-placed","id":"typed"}`
@@ -260,7 +220,7 @@ func TestForeignPlugbusAttributeOfTheWrongType(t *testing.T) {
 func TestSNSEnvelopeDeadLetteredNamingTheTopic(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	logs := &logRecorder{}
+	logs := &sqstest.LogRecorder{}
 	tr, probe := startBus(ctx, t, logs,
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
 	topic, err := probe.SNS().CreateTopic(ctx, &awssns.CreateTopicInput{Name: aws.String(probe.TopicName("legacy-events"))})

@@ -12,6 +12,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
@@ -31,14 +32,14 @@ type received struct {
 
 func TestHeaderFromMiddlewareArrivesAsNativeAttribute(t *testing.T) {
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	got := make(chan received, 1)
 	var seen received
 	b, err := bus.New(
 		bus.WithEndpoint("orders"),
-		bus.WithTransport(sqs.New(cfg, fastOptions(prefix)...)),
+		bus.WithTransport(sqs.New(cfg, sqstest.FastOptions(prefix)...)),
 		bus.WithMiddleware(
 			bus.Middleware{Name: "tenant", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
 				out.Headers()["x-tenant"] = "acme"
@@ -93,10 +94,10 @@ func TestHeaderFromMiddlewareArrivesAsNativeAttribute(t *testing.T) {
 
 func TestHeadersRefusedThroughBus(t *testing.T) {
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	tr := sqs.New(cfg, fastOptions(prefix)...)
+	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "orders", Handles: []string{orderPlaced{}.MessageName()}, MaxAttempts: 3, Concurrency: 2}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,11 +15,11 @@ import (
 // without an instance queue.
 func TestReceiveInstanceReadsOnlyTheInstanceQueue(t *testing.T) {
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 
-	plain := sqs.New(cfg, fastOptions(prefix)...)
+	plain := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	if err := plain.Setup(ctx, bus.Topology{Endpoint: "plain", Concurrency: 1, MaxAttempts: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestReceiveInstanceReadsOnlyTheInstanceQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	tr := sqs.New(cfg, fastOptions(prefix)...)
+	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	defer tr.Close(context.Background())
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 1, Instance: true}); err != nil {
 		t.Fatal(err)

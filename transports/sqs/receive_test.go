@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
@@ -34,11 +35,11 @@ func expectNothing(t *testing.T, tr *sqs.Transport, quiet time.Duration) {
 // heartbeat keeps it from other consumers.
 func TestVisibilityExtendedWhileHandling(t *testing.T) {
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	open := func() *sqs.Transport {
-		tr := sqs.New(cfg, fastOptions(prefix, sqs.WithVisibilityTimeout(time.Second))...)
+		tr := sqs.New(cfg, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(time.Second))...)
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: "slow", MaxAttempts: 5, Concurrency: 1}); err != nil {
 			t.Fatal(err)
 		}
@@ -63,11 +64,11 @@ func TestVisibilityExtendedWhileHandling(t *testing.T) {
 // on the queue for other consumers.
 func TestPrefetchBoundedByConcurrency(t *testing.T) {
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	open := func(concurrency int) *sqs.Transport {
-		tr := sqs.New(cfg, fastOptions(prefix)...)
+		tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: "bounded", MaxAttempts: 5, Concurrency: concurrency}); err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -15,7 +14,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
-	"go.uber.org/goleak"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/sqstest"
@@ -27,17 +25,7 @@ import (
 // close its idle connections before looking for leaked goroutines.
 var httpTransport = &http.Transport{MaxIdleConns: 128, MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	httpTransport.CloseIdleConnections()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { sqstest.Main(m, httpTransport) }
 
 // awsConfig points the SDK at the local emulator with static credentials.
 func awsConfig(t testing.TB) aws.Config {
@@ -45,32 +33,14 @@ func awsConfig(t testing.TB) aws.Config {
 	return sqstest.Config(t, &http.Client{Transport: httpTransport})
 }
 
-// fastOptions keep tests quick: short long polls, immediate retries.
-func fastOptions(prefix string, extra ...sqs.Option) []sqs.Option {
-	return append([]sqs.Option{
-		sqs.WithPrefix(prefix),
-		sqs.WithWaitTime(time.Second),
-		sqs.WithVisibilityTimeout(5 * time.Second),
-	}, extra...)
-}
-
-// uniquePrefix returns a prefix for the queues and topics of one test and
-// deletes them all when the test ends.
-func uniquePrefix(t testing.TB, cfg aws.Config) string {
-	t.Helper()
-	prefix := transporttest.Name("pbt") + "-"
-	t.Cleanup(func() { sqstest.DeleteResources(t, cfg, prefix) })
-	return prefix
-}
-
-// openTransport returns a transport with fastOptions on a fresh prefix,
+// openTransport returns a transport with sqstest.FastOptions on a fresh prefix,
 // closed at the end of the test (before its queues are deleted), and the
 // prefix.
 func openTransport(t testing.TB) (*sqs.Transport, string) {
 	t.Helper()
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
-	tr := sqs.New(cfg, fastOptions(prefix)...)
+	prefix := sqstest.UniquePrefix(t, cfg)
+	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	t.Cleanup(func() { _ = tr.Close(context.Background()) })
 	return tr, prefix
 }
@@ -96,11 +66,11 @@ func TestConformance(t *testing.T) {
 	cfg := awsConfig(t)
 	prefix := os.Getenv(conformancePrefixEnv)
 	if prefix == "" {
-		prefix = uniquePrefix(t, cfg)
+		prefix = sqstest.UniquePrefix(t, cfg)
 		t.Setenv(conformancePrefixEnv, prefix)
 	}
-	newT := func(testing.TB) bus.Transport { return sqs.New(cfg, fastOptions(prefix)...) }
-	probe := sqs.New(cfg, fastOptions(prefix)...)
+	newT := func(testing.TB) bus.Transport { return sqs.New(cfg, sqstest.FastOptions(prefix)...) }
+	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	transporttest.Run(t, newT, transporttest.Features{
 		ReservedHeader: sqs.AttributeName,
 		DelayUnit:      500 * time.Millisecond, // DelaySeconds counts whole seconds: a delay is rounded up, never carried early
@@ -117,7 +87,7 @@ func TestConformance(t *testing.T) {
 // cancelled.
 func TestStopWithTheDefaultWaitTime(t *testing.T) {
 	cfg := awsConfig(t)
-	tr := sqs.New(cfg, sqs.WithPrefix(uniquePrefix(t, cfg)))
+	tr := sqs.New(cfg, sqs.WithPrefix(sqstest.UniquePrefix(t, cfg)))
 	handled := make(chan struct{}, 1)
 	b, err := bus.New(bus.WithEndpoint("idle"), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)),
 		bus.WithHandler(func(ctx context.Context, _ job, _ bus.Attributes) error {
@@ -148,8 +118,8 @@ func TestSetupKeepsTheTopicsAndStatementsOfTheQueuePolicy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
-	newer := sqs.New(cfg, fastOptions(prefix)...)
+	prefix := sqstest.UniquePrefix(t, cfg)
+	newer := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	defer newer.Close(context.Background())
 	if err := newer.Setup(ctx, bus.Topology{Endpoint: "billing", Handles: []string{"shop.order_placed", "shop.order_cancelled"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
 		t.Fatal(err)
@@ -181,7 +151,7 @@ func TestSetupKeepsTheTopicsAndStatementsOfTheQueuePolicy(t *testing.T) {
 	if _, err := client.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: url.QueueUrl, Attributes: map[string]string{"Policy": string(js)}}); err != nil {
 		t.Fatal(err)
 	}
-	older := sqs.New(cfg, fastOptions(prefix)...)
+	older := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	defer older.Close(context.Background())
 	if err := older.Setup(ctx, bus.Topology{Endpoint: "billing", Handles: []string{"shop.order_placed"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
 		t.Fatal(err)

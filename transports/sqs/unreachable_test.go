@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
 
@@ -40,14 +41,14 @@ func TestUnreachableEndpoint(t *testing.T) {
 		name := map[bool]string{true: "start", false: "send-only"}[receiving]
 		t.Run(name, func(t *testing.T) {
 			addr := closedAddress(t)
-			logs := &logRecorder{}
+			logs := &sqstest.LogRecorder{}
 			cfg := aws.Config{
 				Region:       "us-east-1",
 				Credentials:  credentials.NewStaticCredentialsProvider(keyID, secret, ""),
 				BaseEndpoint: aws.String("http://" + addr),
 				HTTPClient:   &http.Client{Transport: httpTransport},
 			}
-			opts := []bus.Option{bus.WithTransport(sqs.New(cfg, sqs.WithLogger(logs.logger()))), bus.WithLogger(logs.logger())}
+			opts := []bus.Option{bus.WithTransport(sqs.New(cfg, sqs.WithLogger(logs.Logger()))), bus.WithLogger(logs.Logger())}
 			if receiving {
 				opts = append(opts, bus.WithEndpoint("billing"), bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
 			}
@@ -72,7 +73,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 			if ctx.Err() != nil {
 				t.Fatalf("gave up only when the context ended (%v)", time.Since(began))
 			}
-			warnings := logs.warnings(t, "could not reach")
+			warnings := logs.Warnings(t, "could not reach")
 			if len(warnings) != 2 {
 				t.Fatalf("warnings = %d, want one per retried attempt (2)\n%s", len(warnings), logs)
 			}

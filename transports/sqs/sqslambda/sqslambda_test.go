@@ -173,11 +173,11 @@ func TestHandlerReportsFailedRecords(t *testing.T) {
 // after the queue's (longer) visibility timeout.
 func TestHandlerBacksOffFailedRecords(t *testing.T) {
 	cfg := awsConfig(t)
-	prefix := uniquePrefix(t, cfg)
+	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	// Queue visibility timeout 20s; back-off 1s.
-	tr := sqs.New(cfg, fastOptions(prefix, sqs.WithVisibilityTimeout(20*time.Second))...)
+	tr := sqs.New(cfg, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(20*time.Second))...)
 	defer tr.Close(context.Background())
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "retrying", MaxAttempts: 5, Concurrency: 1}); err != nil {
 		t.Fatal(err)
@@ -236,15 +236,15 @@ func TestHandlerIgnoresForeignReservedAttributes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &logRecorder{}
-	resp, err := sqslambda.NewHandler(b, sqslambda.WithLogger(logs.logger()))(t.Context(), ev)
+	logs := &sqstest.LogRecorder{}
+	resp, err := sqslambda.NewHandler(b, sqslambda.WithLogger(logs.Logger()))(t.Context(), ev)
 	if err != nil || len(resp.BatchItemFailures) != 0 {
 		t.Fatalf("handler: %v, %v", resp, err)
 	}
 	if h := <-headers; len(h) != 1 || h["origin"] != "legacy" {
 		t.Errorf("headers = %v, want only origin=legacy", h)
 	}
-	w := logs.warnings(t, "reserved attribute ignored")
+	w := logs.Warnings(t, "reserved attribute ignored")
 	if len(w) != 1 || w[0]["attribute"] != "PLUGBUS.ATTEMPT" || w[0]["message_id"] != "job-1" || w[0]["sqs_message_id"] != "m-1" {
 		t.Errorf("warnings = %v, want one naming PLUGBUS.ATTEMPT of job-1 (m-1)", w)
 	}
