@@ -92,9 +92,10 @@ const maxDelay = (1<<delayLevels-1)*delayUnit - delayClockMargin
 // queue the message waits in adds a few milliseconds on a healthy broker.
 // The copy carries d.Retries, the retry history the bus updated, in
 // [HeaderRetries]. A delay of zero or less is Return; one over
-// [Transport.MaxDelay] is cut to it. An endpoint name too long to fit the
-// delay's routing key is refused: d is requeued, as when the broker
-// refuses the copy, and the error says why.
+// [Transport.MaxDelay] is cut to it. A queue whose name is too long to fit
+// the delay's routing key cannot be delayed: d is returned at once
+// ([Transport.Return]), with a warning, so that its attempts still count
+// and it ends in the dead-letter queue rather than loop.
 func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause error, delay time.Duration) error {
 	if delay <= 0 {
 		return t.Return(ctx, d, cause)
@@ -111,7 +112,8 @@ func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause erro
 	r, err := delayedRoute(delay, delayToQueue, escapeWord(queue, false))
 	r.queue = queue
 	if err != nil {
-		return t.requeue(s, d, m, r, err)
+		t.log.Warn("cannot delay a message; returning it at once", slog.String("queue", queue), slog.String("message_id", d.Attributes.MessageID), slog.Any("error", err))
+		return t.Return(ctx, d, cause)
 	}
 	msg, h := t.republishing(m, 2)
 	h[HeaderAttempt] = int32(d.Attempt + 1)

@@ -568,3 +568,28 @@ func TestDelayedMessagesSurviveABrokerRestart(t *testing.T) {
 		}
 	}
 }
+
+// A queue whose name is too long for a delay's routing key cannot be
+// delayed: ReturnAfter gives the message back at once with its attempt
+// raised, so that it still ends in the dead-letter queue, instead of
+// requeueing it unchanged for ever.
+func TestReturnAfterOnAQueueTooLongToDelayReturnsAtOnce(t *testing.T) {
+	e := newEnv(t)
+	tr := e.transport(t)
+	ctx := testContext(t, time.Minute)
+	long := e.endpoint + "-" + strings.Repeat("q", 200-len(e.endpoint))
+	setUp(ctx, t, tr, long)
+	t.Cleanup(func() { e.adm.deleteEndpoint(t, long) })
+	sendTo(ctx, t, tr, long, message(transporttest.Name(delayTestName), "m-long"))
+	d := receive(ctx, t, tr, 5*time.Second)
+	if err := tr.ReturnAfter(ctx, d, errors.New("handler failed"), time.Hour); err != nil {
+		t.Fatalf("ReturnAfter: %v", err)
+	}
+	got := receive(ctx, t, tr, 5*time.Second)
+	if got.Attempt != 2 || got.Attributes.MessageID != "m-long" {
+		t.Errorf("got attempt %d of %s, want attempt 2 of m-long, at once", got.Attempt, got.Attributes.MessageID)
+	}
+	if err := tr.Delete(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -190,7 +190,7 @@ func (t *Transport) republishing(m *amqp.Delivery, extra int) (amqp.Publishing, 
 		Priority:        m.Priority,
 		CorrelationId:   m.CorrelationId,
 		ReplyTo:         m.ReplyTo,
-		Expiration:      m.Expiration,
+		Expiration:      m.Expiration, // Fail and ReturnAfter clear it
 		MessageId:       m.MessageId,
 		Timestamp:       m.Timestamp,
 		Type:            m.Type,
@@ -326,11 +326,17 @@ func envelope(m *amqp.Delivery, lim decodeLimits) (env bus.Envelope, attempt int
 	// that crashed before settling: count them as attempts, so that a
 	// message that crashes its consumer ends in the dead-letter queue. The
 	// broker sets the count on redeliveries only; on a first delivery the
-	// header is the publisher's, and not trusted.
+	// header is the publisher's, and not trusted. A classic queue leaves
+	// a publisher's header as it is even on a redelivery, so a count
+	// above the maximum attempts is ignored too, with a warning.
 	if m.Redelivered {
 		if v, ok := m.Headers[headerDeliveryCount]; ok {
 			if n, ok := headerInt(v); ok && n > 0 && n < math.MaxInt32 {
-				attempt = max(attempt, n+1)
+				if lim.maxAttempts > 0 && n+1 > lim.maxAttempts {
+					ignored = append(ignored, ignoredHeader{headerDeliveryCount, v, whyAttemptHigh})
+				} else {
+					attempt = max(attempt, n+1)
+				}
 			}
 		}
 	}

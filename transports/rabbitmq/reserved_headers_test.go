@@ -150,3 +150,34 @@ func TestAttemptHeaderInRangeIsTrusted(t *testing.T) {
 		t.Errorf("warnings for a trusted header: %v", w)
 	}
 }
+
+// A classic queue leaves a publisher's x-delivery-count as it is, even on
+// a redelivery: a forged count above the maximum attempts is ignored, with
+// a warning, rather than taken for the message's attempts.
+func TestForgedDeliveryCountOnARedeliveryIsIgnored(t *testing.T) {
+	e := newEnv(t)
+	ctx := testContext(t, time.Minute)
+	first := e.transport(t)
+	setUp(ctx, t, first, e.endpoint)
+	e.adm.publish(t, e.endpoint, amqp.Publishing{Type: "test.forged", MessageId: "m-forged", Body: []byte("{}"),
+		Headers: amqp.Table{"x-delivery-count": int64(1000)}})
+	if d := receive(ctx, t, first, 5*time.Second); d.Attempt != 1 {
+		t.Fatalf("first delivery: attempt %d, want 1", d.Attempt)
+	}
+	if err := first.Close(ctx); err != nil { // unsettled: the broker redelivers it
+		t.Fatal(err)
+	}
+	second := e.transport(t)
+	setUp(ctx, t, second, e.endpoint)
+	d := receive(ctx, t, second, 5*time.Second)
+	raw := d.Raw.(*amqp.Delivery)
+	if !raw.Redelivered {
+		t.Fatal("the second delivery is not a redelivery")
+	}
+	if d.Attempt > 5 {
+		t.Errorf("redelivery: attempt %d from a forged x-delivery-count, want at most the maximum attempts (5)", d.Attempt)
+	}
+	if err := second.Delete(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -303,8 +303,9 @@ func (t *Transport) Delete(_ context.Context, d *bus.Delivery) error {
 // Return publishes a copy of d to the end of the endpoint's queue with its
 // attempt count raised and, once the broker confirmed the copy,
 // acknowledges d. The copy keeps the properties and headers of d, except
-// a user-id of another user (see [HeaderUserID]) and x-delivery-count,
-// and carries d.Retries, the retry history the bus updated, in
+// a user-id of another user (see [HeaderUserID]), x-delivery-count, and
+// CC and BCC (moved to [HeaderOriginalCC] and [HeaderOriginalBCC], so that
+// the broker routes the copy nowhere else), and carries d.Retries, the retry history the bus updated, in
 // [HeaderRetries]. When the broker refuses the copy, d is requeued (nack)
 // and the error returned: the broker redelivers d with its attempt count
 // unchanged.
@@ -352,6 +353,7 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 		f.Time = time.Now()
 	}
 	msg, h := t.republishing(m, 5)
+	msg.Expiration = "" // a dead letter waits for a person, not for a publisher's TTL
 	history := f.History
 	if history.IsZero() {
 		history = d.Retries

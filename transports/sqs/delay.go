@@ -103,6 +103,10 @@ func readCarried(text string) carried {
 // carried in hops of 15 minutes, each a send, a receive and a delete.
 func (t *Transport) MaxDelay() time.Duration { return maxDelay }
 
+// instanceMaxDelay is the longest delay of a message of the instance
+// queue, which SQS keeps for 60 s from when it was sent.
+const instanceMaxDelay = 45 * time.Second
+
 // ReturnAfter gives d back to its queue for redelivery with Attempt+1, no
 // earlier than delay from now (none for a delay of 0 or less; a delay
 // longer than [Transport.MaxDelay] is cut to it, with a warning).
@@ -128,6 +132,11 @@ func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause erro
 		delay = maxDelay
 	}
 	delay = max(delay, 0)
+	if e.queue == t.instURL && delay > instanceMaxDelay {
+		// An instance queue keeps a message 60 s from when it was sent,
+		// delay included: a longer delay would lose it.
+		delay = instanceMaxDelay
+	}
 	now := time.Now()
 	var due time.Time
 	if delay > t.o.hop {

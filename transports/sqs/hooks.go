@@ -42,7 +42,7 @@ func (t *Transport) changeVisibility(ctx context.Context, queue, receiptHandle s
 		return err
 	}
 	_, err = t.sqs.ChangeMessageVisibility(context.WithoutCancel(ctx), &awssqs.ChangeMessageVisibilityInput{
-		QueueUrl: &url, ReceiptHandle: aws.String(receiptHandle), VisibilityTimeout: int32((delay + time.Second/2) / time.Second),
+		QueueUrl: &url, ReceiptHandle: aws.String(receiptHandle), VisibilityTimeout: int32((min(delay, 12*time.Hour) + time.Second/2) / time.Second),
 	})
 	return err
 }

@@ -13,11 +13,11 @@
 // that handles that name. The bus attributes travel packed in one message
 // attribute named "plugbus"; headers set by outgoing middleware become
 // native SQS/SNS message attributes, so at most [MaxHeaders] of them fit
-// on one message. A handler's failure returns the message with a growing
-// visibility timeout (exponential back-off with jitter), or, for the
-// bus's delayed retries, re-sends it with a delay ([Transport.ReturnAfter]);
-// after the bus's maximum attempts it goes to the dead-letter queue with
-// its failure in the "plugbus" attribute.
+// on one message. A handler's failure returns the message at once (its
+// visibility timeout set to zero) or, for the bus's delayed retries,
+// re-sends it with a delay ([Transport.ReturnAfter]); once the bus's retry
+// policy is used up it goes to the dead-letter queue with its failure and
+// retry history in the "plugbus" attribute.
 //
 // Build it from an aws.Config:
 //
@@ -289,7 +289,10 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 		}
 		topicARNs = append(topicARNs, arn)
 	}
-	redrive, _ := json.Marshal(map[string]any{"deadLetterTargetArn": dlqARN, "maxReceiveCount": maxAttempts})
+	// SQS takes a maxReceiveCount from 1 to 1000. A delayed retry re-sends
+	// the message, whose count starts again, so the most a policy needs is
+	// one round's receives; beyond 1000 the bus still decides by Attempt.
+	redrive, _ := json.Marshal(map[string]any{"deadLetterTargetArn": dlqARN, "maxReceiveCount": min(maxAttempts, 1000)})
 	attrs := map[string]string{
 		"VisibilityTimeout": strconv.Itoa(int(t.o.visibility / time.Second)),
 		"RedrivePolicy":     string(redrive),
