@@ -462,10 +462,12 @@ func (br *memBroker) releaseDue() {
 	if len(br.delayed) > 0 {
 		br.timer.Reset(time.Until(br.delayed[0].due))
 	}
-	br.delayMu.Unlock()
+	// Into their queues before the lock is let go: a message is always in
+	// the heap or in a queue, never between (bustest's WaitIdle counts both).
 	for _, it := range due {
 		it.q.push(it, false)
 	}
+	br.delayMu.Unlock()
 }
 
 // Delayed returns how many delayed messages wait in the broker.

@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 	"errors"
+	"log/slog"
 )
 
 // ErrPermanent is matched by every error that marks a permanent failure:
@@ -110,12 +111,24 @@ func (b *Bus) classifiedPermanent(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
 		return false
 	}
-	for _, classify := range b.permanent {
-		if classify(err) {
+	for i, classify := range b.permanent {
+		if b.classifySafely(ctx, i, classify, err) {
 			return true
 		}
 	}
 	return false
+}
+
+// classifySafely runs classifier i on err; a classifier that panics
+// marks nothing, and is reported at error level.
+func (b *Bus) classifySafely(ctx context.Context, i int, classify func(error) bool, err error) (permanent bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			b.logger.ErrorContext(ctx, "a permanent-error classifier panicked; the error counts as transient", slog.Int("classifier", i), slog.Any("panic", p), slog.Any("error", err))
+			permanent = false
+		}
+	}()
+	return classify(err)
 }
 
 // permanentCause returns the *DecodeError or *NoHandlerError of the bus,

@@ -175,6 +175,9 @@ func (h *RetryHistory) UnmarshalText(b []byte) error {
 	if t.Delayed < 0 || t.RoundStart < 0 || len(t.Errors) > MaxRetryErrors {
 		return fmt.Errorf("bus: retry history out of range: %d delayed rounds, round start %d, %d errors", t.Delayed, t.RoundStart, len(t.Errors))
 	}
+	for i, e := range t.Errors {
+		t.Errors[i] = cutUTF8(e, MaxRetryErrorLen) // written elsewhere, maybe longer
+	}
 	*h = RetryHistory{Delayed: t.Delayed, roundStart: t.RoundStart, FirstFailure: t.First, LastFailure: t.Last, Errors: t.Errors}
 	return nil
 }
@@ -186,11 +189,10 @@ func (h *RetryHistory) failed(err error, now time.Time) {
 	}
 	h.LastFailure = now
 	text := cutUTF8(err.Error(), MaxRetryErrorLen)
-	if slices.Contains(h.Errors, text) {
-		return
-	}
 	errs := slices.Clone(h.Errors) // the delivery's slice may be shared with the transport
-	if len(errs) == MaxRetryErrors {
+	if i := slices.Index(errs, text); i >= 0 {
+		errs = slices.Delete(errs, i, i+1) // recurring: now among the newest
+	} else if len(errs) == MaxRetryErrors {
 		errs = slices.Delete(errs, 0, 1) // keep the newest
 	}
 	h.Errors = append(errs, text)
@@ -221,6 +223,11 @@ const (
 // history before this failure; round is the delayed round a retryLater
 // begins (1 for the first).
 func (p RetryPolicy) next(attempt int, h RetryHistory) (step retryStep, round int) {
+	if attempt >= p.MaxAttempts() {
+		// Whatever the history says (a transport that does not carry it
+		// gives none): a message is delivered at most MaxAttempts times.
+		return giveUp, 0
+	}
 	start := max(h.roundStart, 1)
 	if attempt-start < p.Immediate {
 		return retryNow, 0
@@ -235,7 +242,9 @@ func (p RetryPolicy) next(attempt int, h RetryHistory) (step retryStep, round in
 // what p left: a history that claims more rounds than p has, or a round
 // that began after this attempt, was not written by this bus.
 func (p RetryPolicy) trusted(attempt int, h RetryHistory) bool {
-	return h.Delayed <= p.Delayed && h.roundStart <= attempt
+	// Delayed rounds come only after full rounds of 1+Immediate attempts.
+	return h.Delayed <= p.Delayed && h.roundStart <= attempt &&
+		(h.Delayed == 0 || h.roundStart >= 1+h.Delayed*(1+p.Immediate))
 }
 
 // policyFor returns the retry policy for a failure err of the message
@@ -311,7 +320,7 @@ func (b *Bus) settleFailure(ctx, settleCtx context.Context, d *Delivery, err err
 	if permanent == nil {
 		step, round = p.next(d.Attempt, d.Retries)
 	}
-	if permanent == nil && ctx.Err() != nil && (step != giveUp || !b.countsReceives) {
+	if permanent == nil && ctx.Err() != nil && (step != giveUp || !b.countsReceives || d.Attempt < b.maxAttempts) {
 		// Stop cancelled the handlers: the attempt was interrupted, not
 		// failed, so even a last attempt is retried rather than
 		// dead-lettered — unless the broker would dead-letter it on its

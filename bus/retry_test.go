@@ -319,3 +319,68 @@ func TestRetryHistoryRoundTripsAsText(t *testing.T) {
 		}
 	}
 }
+
+// forgetful is a memory transport that loses the retry history of what it
+// delivers; it reports its dead letters on failed.
+type forgetful struct {
+	*memory.Transport
+	failed chan bus.Failure
+}
+
+func (f forgetful) Fail(ctx context.Context, d *bus.Delivery, fl bus.Failure) error {
+	err := f.Transport.Fail(ctx, d, fl)
+	f.failed <- fl
+	return err
+}
+
+func (f forgetful) Receive(ctx context.Context) (*bus.Delivery, error) {
+	d, err := f.Transport.Receive(ctx)
+	if d != nil {
+		d.Retries = bus.RetryHistory{}
+	}
+	return d, err
+}
+
+// On a transport that carries no retry history, a message is still
+// delivered at most RetryPolicy.MaxAttempts times, then dead-lettered.
+func TestRetryPolicyStopsAtMaxAttemptsWithoutAHistory(t *testing.T) {
+	tr := forgetful{memory.New(), make(chan bus.Failure, 1)}
+	policy := bus.RetryPolicy{Immediate: 1, Delayed: 2, Backoff: bus.Backoff{Initial: time.Millisecond, Max: time.Millisecond}}
+	var runs atomic.Int32
+	startBus(t, bus.WithEndpoint("forgetful"), bus.WithTransport(tr), bus.WithRetry(policy),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			runs.Add(1)
+			return errors.New("always")
+		}))
+	if err := startBus(t, bus.WithTransport(memory.New(memory.WithBroker(tr.Broker())))).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("forgetful")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tr.failed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not dead-lettered after %d runs", runs.Load())
+	}
+	if n := runs.Load(); n != int32(policy.MaxAttempts()) {
+		t.Errorf("handled %d times, want %d (the policy's MaxAttempts)", n, policy.MaxAttempts())
+	}
+}
+
+// A classifier that panics marks nothing permanent and does not take the
+// process down: the message is retried as any transient failure.
+func TestPanickingClassifierCountsAsTransient(t *testing.T) {
+	tr := newDelayRecorder()
+	var runs atomic.Int32
+	startBus(t, bus.WithEndpoint("panicky-classifier"), bus.WithTransport(tr), bus.WithMaxAttempts(2),
+		bus.WithPermanentErrors(func(error) bool { panic("classifier bug") }),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			runs.Add(1)
+			return errors.New("fails")
+		}))
+	if err := startBusOn(t, tr).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("panicky-classifier")); err != nil {
+		t.Fatal(err)
+	}
+	f := tr.awaitFailure(t)
+	if runs.Load() != 2 || f.Attempts != 2 {
+		t.Errorf("handled %d times, dead-lettered after %d attempts; want 2 and 2 (retried, not permanent)", runs.Load(), f.Attempts)
+	}
+}
