@@ -3,6 +3,7 @@ package bus_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"sync"
@@ -212,3 +213,34 @@ func handlingBus(ctx context.Context) *bus.Bus {
 type memoryOutbox []bus.Outbound
 
 func (o *memoryOutbox) Add(_ context.Context, m bus.Outbound) error { *o = append(*o, m); return nil }
+
+// startBus builds and starts a bus on t, stopped when the test ends.
+func startBus(t *testing.T, opts ...bus.Option) *bus.Bus {
+	t.Helper()
+	b, err := bus.New(append([]bus.Option{bus.WithLogger(discard())}, opts...)...)
+	if err != nil {
+		t.Fatalf("bus.New: %v", err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := b.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
+	return b
+}
+
+// stopAtDeadline stops b with a context that ends before its handlers
+// return, expecting Stop to report the deadline.
+func stopAtDeadline(t *testing.T, b *bus.Bus) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want its deadline", err)
+	}
+}

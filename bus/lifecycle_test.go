@@ -168,7 +168,7 @@ func TestStopTimeoutWaitsForCancelledHandlersBeforeClosing(t *testing.T) {
 	var handlerDone, hookRan atomic.Bool
 	var hookAfterHandler atomic.Bool
 	broker := memory.NewBroker()
-	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+	b := startBus(t, bus.WithEndpoint("ep"), bus.WithTransport(memory.New(memory.WithBroker(broker))),
 		bus.WithMiddleware(bus.Middleware{Name: "store", Stop: func(context.Context) error {
 			hookRan.Store(true)
 			hookAfterHandler.Store(handlerDone.Load())
@@ -180,21 +180,11 @@ func TestStopTimeoutWaitsForCancelledHandlersBeforeClosing(t *testing.T) {
 			handlerDone.Store(true)
 			return ctx.Err()
 		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	if err := b.Send(t.Context(), orderPlaced{}); err != nil {
 		t.Fatal(err)
 	}
 	<-started
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop: %v", err)
-	}
+	stopAtDeadline(t, b)
 	if !hookRan.Load() || !hookAfterHandler.Load() {
 		t.Fatalf("Stop hook ran %v, after the handler returned %v", hookRan.Load(), hookAfterHandler.Load())
 	}
@@ -209,7 +199,7 @@ func TestStopTimeoutWaitsForCancelledHandlersBeforeClosing(t *testing.T) {
 func TestStopTimeoutReturnsTheLastAttemptAndFlushesWhatSucceeded(t *testing.T) {
 	broker := memory.NewBroker()
 	inWaiting, inSending := make(chan struct{}), make(chan struct{})
-	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+	b := startBus(t, bus.WithEndpoint("ep"), bus.WithTransport(memory.New(memory.WithBroker(broker))),
 		bus.WithConcurrency(2), bus.WithMaxAttempts(1),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 			close(inWaiting)
@@ -222,12 +212,6 @@ func TestStopTimeoutReturnsTheLastAttemptAndFlushesWhatSucceeded(t *testing.T) {
 			b, _, _ := bus.MessageContext(ctx)
 			return b.Send(ctx, orderPlaced{ID: "after-stop"}, bus.To("elsewhere"))
 		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	if err := b.Send(t.Context(), orderPlaced{}); err != nil {
 		t.Fatal(err)
 	}
@@ -236,11 +220,7 @@ func TestStopTimeoutReturnsTheLastAttemptAndFlushesWhatSucceeded(t *testing.T) {
 	}
 	<-inWaiting
 	<-inSending
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop: %v", err)
-	}
+	stopAtDeadline(t, b)
 	if dl := broker.DeadLetters("ep"); len(dl) != 0 {
 		t.Fatalf("Stop dead-lettered %d message(s): %+v", len(dl), dl[0].Failure)
 	}

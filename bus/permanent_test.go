@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/bus/bustest"
@@ -192,28 +191,18 @@ func TestHandlerDecodeErrorIsRetriedUnlessMarked(t *testing.T) {
 func TestClassifierNotAskedAboutAnAttemptStopInterrupted(t *testing.T) {
 	broker := memory.NewBroker()
 	started := make(chan struct{})
-	b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(memory.New(memory.WithBroker(broker))),
+	b := startBus(t, bus.WithEndpoint("ep"), bus.WithTransport(memory.New(memory.WithBroker(broker))),
 		bus.WithPermanentErrors(func(error) bool { return true }),
 		bus.WithHandler(func(ctx context.Context, _ orderPlaced, _ bus.Attributes) error {
 			close(started)
 			<-ctx.Done()
 			return ctx.Err()
 		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	if err := b.Send(t.Context(), orderPlaced{}); err != nil {
 		t.Fatal(err)
 	}
 	<-started
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop: %v", err)
-	}
+	stopAtDeadline(t, b)
 	if dl := broker.DeadLetters("ep"); len(dl) != 0 {
 		t.Fatalf("Stop dead-lettered %+v", dl[0].Failure)
 	}

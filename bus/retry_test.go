@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -41,18 +40,6 @@ func (r *delayRecorder) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure
 	return err
 }
 
-// awaitFailure waits for the next dead letter.
-func (r *delayRecorder) awaitFailure(t *testing.T) bus.Failure {
-	t.Helper()
-	select {
-	case f := <-r.failed:
-		return f
-	case <-time.After(10 * time.Second):
-		t.Fatal("no message was dead-lettered")
-		return bus.Failure{}
-	}
-}
-
 // attemptsOf is a handler-stage middleware sending each handled attempt to
 // the channel it returns.
 func attemptsOf() (bus.Middleware, chan int) {
@@ -77,26 +64,6 @@ func (r *delayRecorder) recorded() []time.Duration {
 	return slices.Clone(r.delays)
 }
 
-// startBus builds and starts a bus on t, stopped when the test ends.
-func startBus(t *testing.T, opts ...bus.Option) *bus.Bus {
-	t.Helper()
-	b, err := bus.New(append([]bus.Option{bus.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
-	if err != nil {
-		t.Fatalf("bus.New: %v", err)
-	}
-	if err := b.Start(t.Context()); err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := b.Stop(ctx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	})
-	return b
-}
-
 func TestRetryPolicyRunsRoundsThenDeadLettersWithTheHistory(t *testing.T) {
 	tr := newDelayRecorder()
 	policy := bus.RetryPolicy{Immediate: 1, Delayed: 2, Backoff: bus.Backoff{Initial: 2 * time.Millisecond, Max: 4 * time.Millisecond}}
@@ -107,10 +74,10 @@ func TestRetryPolicyRunsRoundsThenDeadLettersWithTheHistory(t *testing.T) {
 			return fmt.Errorf("failure %d", failures.Add(1))
 		}))
 	began := time.Now()
-	if err := startBusOn(t, tr).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("retry-rounds")); err != nil {
+	if err := startSender(t, tr.Broker()).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("retry-rounds")); err != nil {
 		t.Fatal(err)
 	}
-	f := tr.awaitFailure(t)
+	f := await(t, tr.failed)
 	var got []int
 	for len(seen) > 0 {
 		got = append(got, <-seen)
@@ -154,16 +121,12 @@ func TestTransientFailureIsHealedByADelayedRetry(t *testing.T) {
 			handled <- struct{}{}
 			return nil
 		}))
-	if err := startBusOn(t, tr).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("healed")); err != nil {
+	if err := startSender(t, tr.Broker()).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("healed")); err != nil {
 		t.Fatal(err)
 	}
-	<-tr.asked // the first round is used up: the dependency comes back during the delay
+	await(t, tr.asked) // the first round is used up: the dependency comes back during the delay
 	healthy.Store(true)
-	select {
-	case <-handled:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the message was not handled after the dependency came back")
-	}
+	await(t, handled) // after the dependency came back
 	var attempts []int
 	for len(seen) > 0 {
 		attempts = append(attempts, <-seen)
@@ -176,9 +139,9 @@ func TestTransientFailureIsHealedByADelayedRetry(t *testing.T) {
 	}
 }
 
-// startBusOn starts a send-only bus on t's broker.
-func startBusOn(t *testing.T, tr *delayRecorder) *bus.Bus {
-	return startBus(t, bus.WithTransport(memory.New(memory.WithBroker(tr.Broker()))))
+// startSender starts a send-only bus on broker.
+func startSender(t *testing.T, broker *memory.Broker) *bus.Bus {
+	return startBus(t, bus.WithTransport(memory.New(memory.WithBroker(broker))))
 }
 
 func TestRetryPolicyOfTheMessageAndOfTheHandlerOverrideTheBus(t *testing.T) {
@@ -197,15 +160,15 @@ func TestRetryPolicyOfTheMessageAndOfTheHandlerOverrideTheBus(t *testing.T) {
 			refunds.Add(1)
 			return errors.New("no")
 		}, bus.HandlerRetry(twice)))
-	sender := startBusOn(t, tr)
+	sender := startSender(t, tr.Broker())
 	if err := sender.Send(t.Context(), orderPlaced{ID: "1"}, bus.To("overrides")); err != nil {
 		t.Fatal(err)
 	}
 	if err := sender.Send(t.Context(), refund{ID: "2"}, bus.To("overrides")); err != nil {
 		t.Fatal(err)
 	}
-	tr.awaitFailure(t)
-	tr.awaitFailure(t)
+	await(t, tr.failed)
+	await(t, tr.failed)
 	if o, r := orders.Load(), refunds.Load(); o != 1 || r != 2 {
 		t.Errorf("order handled %d times (want 1: its message's policy), refund %d (want 2: its handler's policy)", o, r)
 	}
@@ -251,7 +214,7 @@ func TestRandomTransientFailuresLoseNothing(t *testing.T) {
 			}
 			return nil
 		}))
-	sender := startBusOn(t, tr)
+	sender := startSender(t, tr.Broker())
 	for i := range n {
 		if err := sender.Send(t.Context(), orderPlaced{ID: fmt.Sprint(i)}, bus.To("random-failures")); err != nil {
 			t.Fatal(err)
@@ -352,14 +315,10 @@ func TestRetryPolicyStopsAtMaxAttemptsWithoutAHistory(t *testing.T) {
 			runs.Add(1)
 			return errors.New("always")
 		}))
-	if err := startBus(t, bus.WithTransport(memory.New(memory.WithBroker(tr.Broker())))).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("forgetful")); err != nil {
+	if err := startSender(t, tr.Broker()).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("forgetful")); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-tr.failed:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("not dead-lettered after %d runs", runs.Load())
-	}
+	await(t, tr.failed)
 	if n := runs.Load(); n != int32(policy.MaxAttempts()) {
 		t.Errorf("handled %d times, want %d (the policy's MaxAttempts)", n, policy.MaxAttempts())
 	}
@@ -376,10 +335,10 @@ func TestPanickingClassifierCountsAsTransient(t *testing.T) {
 			runs.Add(1)
 			return errors.New("fails")
 		}))
-	if err := startBusOn(t, tr).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("panicky-classifier")); err != nil {
+	if err := startSender(t, tr.Broker()).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("panicky-classifier")); err != nil {
 		t.Fatal(err)
 	}
-	f := tr.awaitFailure(t)
+	f := await(t, tr.failed)
 	if runs.Load() != 2 || f.Attempts != 2 {
 		t.Errorf("handled %d times, dead-lettered after %d attempts; want 2 and 2 (retried, not permanent)", runs.Load(), f.Attempts)
 	}
