@@ -116,6 +116,9 @@ func New(opts ...Option) (*Bus, error) {
 	if err := b.instantiatePlugins(c.plugins); err != nil {
 		return nil, err
 	}
+	if err := b.instantiateHandlerMiddleware(c.handlers); err != nil {
+		return nil, err
+	}
 	b.stopping = make(chan struct{})
 	b.incomingRuns.New = func() any { return newIncomingRun(b, b.incoming, b.endpoint) }
 	b.handlingRuns.New = func() any { return newHandlingRun(b, b.handling) }

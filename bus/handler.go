@@ -22,6 +22,12 @@ type handler struct {
 	// receives, for Handling.Message; nil when they are the same.
 	asReceived func(any) Message
 	retry      *RetryPolicy // HandlerRetry; nil: the message's or the bus's
+	plugins    []Plugin     // HandlerMiddleware, in order
+
+	// runs pools the handler stage's runs of this handler when it has
+	// middleware of its own (its chain is the bus's followed by its own);
+	// nil: the bus's pool.
+	runs *sync.Pool
 }
 
 // HandlerOption configures one handler.

@@ -132,6 +132,13 @@ type PluginInfo struct {
 	Logger *slog.Logger
 	// Transport is the bus's transport.
 	Transport Transport
-	// Handles lists the message names the bus handles.
+	// Handles lists the message names the bus handles; for a plugin
+	// given to one handler ([HandlerMiddleware]), that handler's message
+	// name alone.
 	Handles []string
+	// Handler is the name of the handler the plugin is instantiated for
+	// with [HandlerMiddleware]; empty for a plugin of the whole bus
+	// ([WithMiddleware]). A plugin that works at both levels reads it to
+	// return only a handler stage for one handler.
+	Handler string
 }

@@ -176,7 +176,8 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, parent *incomingRun) error {
 	// The scope is the handler's context too: one allocation for both.
 	scope := &handlerScope{Context: ctx, bus: b, attrs: d.Attributes, handler: h.name}
-	r := b.handlingRuns.Get().(*handlingRun)
+	runs := b.handlingRunsOf(h)
+	r := runs.Get().(*handlingRun)
 	r.h, r.msg, r.d, r.scope = h, msg, d, scope
 	err := func() (err error) {
 		defer func() {
@@ -188,7 +189,7 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, 
 	}()
 	if r.reusable() {
 		r.h, r.msg, r.d, r.scope = nil, nil, nil, nil
-		b.handlingRuns.Put(r)
+		runs.Put(r)
 	} else {
 		parent.deliveryInUse = true // its middleware may still read d on another goroutine
 	}

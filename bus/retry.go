@@ -316,6 +316,21 @@ func (b *Bus) settleFailure(ctx, settleCtx context.Context, d *Delivery, err err
 			slog.String("attribute", "retries"), slog.Int("attempt", d.Attempt), slog.Int("delayed", d.Retries.Delayed))...)
 		d.Retries = RetryHistory{}
 	}
+	if permanent == nil && b.delayer != nil {
+		if delay, ok := retryAfter(err); ok {
+			// Not a failure: the message could not be tried now. No
+			// round used up, nothing in the history, and never the
+			// dead-letter queue for it (see RetryAfter).
+			delay = min(max(delay, 0), b.delayer.MaxDelay())
+			if b.logger.Enabled(ctx, slog.LevelInfo) {
+				b.logger.InfoContext(ctx, "message returned to be tried again later", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Duration("delay", delay), slog.Any("error", err))...)
+			}
+			if delay == 0 {
+				return b.t.Return(settleCtx, d, err)
+			}
+			return b.delayer.ReturnAfter(settleCtx, d, err, delay)
+		}
+	}
 	step, round := giveUp, 0
 	if permanent == nil {
 		step, round = p.next(d.Attempt, d.Retries)

@@ -1,0 +1,131 @@
+package bus_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
+)
+
+var errBusy = errors.New("dependency busy")
+
+// A message whose handler asks to be retried later is returned with that
+// delay, even on its last attempt, without a failure in its history, and
+// handled when it comes back.
+func TestRetryAfterReturnsWithTheDelayOutsideThePolicy(t *testing.T) {
+	var calls atomic.Int32
+	e := newEnv(t, nil, bus.WithMaxAttempts(1),
+		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error {
+			if calls.Add(1) == 1 {
+				return bus.RetryAfter(errBusy, 20*time.Millisecond)
+			}
+			return nil
+		}))
+	if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	s := e.expect(bustest.Returned)
+	if s.Delay != 20*time.Millisecond || !errors.Is(s.Cause, bus.ErrRetryAfter) || !errors.Is(s.Cause, errBusy) {
+		t.Fatalf("returned with delay %v, cause %v; want 20ms and the RetryAfter error", s.Delay, s.Cause)
+	}
+	s = e.expect(bustest.Deleted)
+	if s.Attempt != 2 {
+		t.Fatalf("handled on attempt %d, want 2 (a return counts as a delivery)", s.Attempt)
+	}
+	if !strings.Contains(e.logs.String(), "message returned to be tried again later") {
+		t.Fatalf("no INFO log of the return:\n%s", e.logs)
+	}
+}
+
+// The history of a message returned for later records no failure: the
+// policy's rounds are left whole for real failures.
+func TestRetryAfterLeavesTheRetryHistoryUntouched(t *testing.T) {
+	var calls atomic.Int32
+	e := newEnv(t, nil, bus.WithMaxAttempts(2),
+		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error {
+			if calls.Add(1) == 1 {
+				return bus.RetryAfter(errBusy, time.Millisecond)
+			}
+			return errors.New("real failure")
+		}))
+	if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	e.expect(bustest.Returned)
+	s := e.expect(bustest.DeadLettered) // attempt 2 of 2: the policy is used up
+	if h := s.Failure.History; len(h.Errors) != 1 || !strings.Contains(h.Errors[0], "real failure") {
+		t.Fatalf("history %+v, want the real failure alone", h)
+	}
+}
+
+// Mixed failures, a permanent one, and a transport that cannot delay
+// leave the decision to the policy.
+func TestRetryAfterOnlyWhenEveryFailureAsksAndTheTransportDelays(t *testing.T) {
+	t.Run("one of two handlers", func(t *testing.T) {
+		e := newEnv(t, nil, bus.WithMaxAttempts(1),
+			bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return bus.RetryAfter(errBusy, time.Hour) }, bus.HandlerName("x")),
+			bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return errors.New("broken") }, bus.HandlerName("y")))
+		if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+			t.Fatal(err)
+		}
+		e.expect(bustest.DeadLettered)
+	})
+	t.Run("two handlers: the longest delay", func(t *testing.T) {
+		var calls atomic.Int32
+		e := newEnv(t, nil, bus.WithMaxAttempts(1),
+			bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error {
+				if calls.Add(1) <= 2 {
+					return bus.RetryAfter(errBusy, time.Millisecond)
+				}
+				return nil
+			}, bus.HandlerName("x")),
+			bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error {
+				if calls.Add(1) <= 2 {
+					return bus.RetryAfter(errBusy, 30*time.Millisecond)
+				}
+				return nil
+			}, bus.HandlerName("y")))
+		if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+			t.Fatal(err)
+		}
+		if s := e.expect(bustest.Returned); s.Delay != 30*time.Millisecond {
+			t.Fatalf("delay %v, want the longest, 30ms", s.Delay)
+		}
+		e.expect(bustest.Deleted)
+	})
+	t.Run("permanent", func(t *testing.T) {
+		e := newEnv(t, nil,
+			bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error {
+				return bus.RetryAfter(bus.Permanent(errBusy), time.Hour)
+			}))
+		if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+			t.Fatal(err)
+		}
+		e.expect(bustest.DeadLettered)
+	})
+	t.Run("no delayer", func(t *testing.T) {
+		e := newEnvOver(t, nil, func(r *bustest.Transport) bus.Transport { return struct{ bus.Transport }{r} }, bus.WithMaxAttempts(1),
+			bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return bus.RetryAfter(errBusy, time.Hour) }))
+		if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+			t.Fatal(err)
+		}
+		e.expect(bustest.DeadLettered)
+	})
+}
+
+// RetryAfter(nil) is nil; the error reads as its cause and the delay.
+func TestRetryAfterError(t *testing.T) {
+	if bus.RetryAfter(nil, time.Second) != nil {
+		t.Fatal("RetryAfter(nil) is not nil")
+	}
+	err := bus.RetryAfter(errBusy, time.Second)
+	var ra *bus.RetryAfterError
+	if !errors.As(err, &ra) || ra.Delay != time.Second || errors.Unwrap(err) != errBusy || err.Error() != "dependency busy (returned to be tried again after 1s)" {
+		t.Fatalf("got %v", err)
+	}
+}
