@@ -113,13 +113,13 @@ func New(opts ...Option) (*Bus, error) {
 		return nil, err
 	}
 	b.maxAttempts = b.mostAttempts()
+	b.stopping = make(chan struct{}) // before the plugins, which may keep Stopping()
 	if err := b.instantiatePlugins(c.plugins); err != nil {
 		return nil, err
 	}
 	if err := b.instantiateHandlerMiddleware(c.handlers); err != nil {
 		return nil, err
 	}
-	b.stopping = make(chan struct{})
 	b.incomingRuns.New = func() any { return newIncomingRun(b, b.incoming, b.endpoint) }
 	b.handlingRuns.New = func() any { return newHandlingRun(b, b.handling) }
 	b.outgoingRuns.New = func() any { return newOutgoingRun(b, b.outgoing) }
