@@ -40,6 +40,38 @@
 //
 //	WithMiddleware(a, b):  a ─▶ b ─▶ terminal ─▶ b returns ─▶ a returns
 //
+// Middleware is given at two levels: to the bus ([WithMiddleware]: every
+// message, every handler, every send) and to one handler
+// ([HandlerMiddleware]: the handler stage of that handler only). A
+// handler's own middleware is the innermost, inside the bus's
+// handler-stage middleware, in the order given; a plugin bundles
+// middleware for either level:
+//
+//	bus.WithMiddleware(a, b)
+//	bus.WithHandler(charge, bus.HandlerMiddleware(x, y))
+//	bus.WithHandler(email)
+//
+//	┌ a.Incoming ────────────────────────────────────────────────────┐
+//	│ ┌ b.Incoming ────────────────────────────────────────────────┐ │
+//	│ │ decode, then each handler in a scope of its own:           │ │
+//	│ │                                                            │ │
+//	│ │ ┌ a.Handling ──────────────────┐  ┌ a.Handling ──────────┐ │ │
+//	│ │ │ ┌ b.Handling ──────────────┐ │  │ ┌ b.Handling ──────┐ │ │ │
+//	│ │ │ │ ┌ x.Handling ──────────┐ │ │  │ │                  │ │ │ │
+//	│ │ │ │ │ ┌ y.Handling ──────┐ │ │ │  │ │      email       │ │ │ │
+//	│ │ │ │ │ │      charge      │ │ │ │  │ │                  │ │ │ │
+//	│ │ │ │ │ └──────────────────┘ │ │ │  │ └──────────────────┘ │ │ │
+//	│ │ │ │ └──────────────────────┘ │ │  └──────────────────────┘ │ │
+//	│ │ │ └──────────────────────────┘ │                           │ │
+//	│ │ └──────────────────────────────┘                           │ │
+//	│ └────────────────────────────────────────────────────────────┘ │
+//	└────────────────────────────────────────────────────────────────┘
+//
+//	bus level (a, b): every stage; handler level (x, y): charge's handler stage
+//
+// A handler's own middleware follows the handler stage's rules and costs
+// the same: nothing allocated per layer.
+//
 // next may be called at most once per invocation, and only while the
 // middleware runs; otherwise it returns a [*NextMisuseError] naming
 // the stage and the middleware. The chains are composed once, in [New], so
@@ -53,6 +85,11 @@
 // durable outbox plugin replaces the buffer ([Handling.UseOutbox]).
 //
 // # Failures
+//
+// A handler or middleware that could not try the message now (a circuit
+// breaker is open, a concurrency limit is full) returns [RetryAfter]: the
+// message is handed back with a delay, outside its retry policy, and is
+// never dead-lettered for it.
 //
 // A failed message is retried as its retry policy says ([RetryPolicy]):
 // at once, then in delayed rounds; it comes back with its attempt raised,

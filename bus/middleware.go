@@ -82,6 +82,13 @@ type OutgoingFunc func(ctx context.Context, out *Outgoing, next Next) error
 //
 //	a.Incoming ─▶ b.Incoming ─▶ handlers ─▶ b returns ─▶ a returns
 //
+// Given to one handler with [HandlerMiddleware], a middleware runs in that
+// handler's handler stage only, inside the bus's:
+//
+//	WithMiddleware(a, b), WithHandler(h, HandlerMiddleware(x))
+//
+//	a.Handling ─▶ b.Handling ─▶ x.Handling ─▶ h
+//
 // A Middleware value is itself a [Plugin] that returns itself, so a
 // stateless middleware can be passed to [WithMiddleware] directly.
 type Middleware struct {
