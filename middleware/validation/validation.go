@@ -49,7 +49,9 @@ type Error struct {
 }
 
 // Error names the message and says why it is invalid.
-func (e *Error) Error() string { return fmt.Sprintf("validation: message %s is invalid: %v", e.Message, e.Err) }
+func (e *Error) Error() string {
+	return fmt.Sprintf("validation: message %s is invalid: %v", e.Message, e.Err)
+}
 
 // Is reports whether target is ErrInvalid.
 func (e *Error) Is(target error) bool { return target == ErrInvalid }
