@@ -96,8 +96,7 @@ type breakers struct {
 	config
 	logger *slog.Logger
 	one    *gobreaker.TwoStepCircuitBreaker[struct{}] // given to one handler
-	mu     sync.Mutex
-	each   map[string]*gobreaker.TwoStepCircuitBreaker[struct{}] // by handler name
+	each   sync.Map                                   // handler name → *gobreaker.TwoStepCircuitBreaker[struct{}], at the bus level
 }
 
 // New returns a plugin with a circuit breaker per handler.
@@ -121,8 +120,6 @@ func New(opts ...Option) bus.Plugin {
 		}
 		if info.Handler != "" {
 			b.one = b.newBreaker(info.Handler)
-		} else {
-			b.each = make(map[string]*gobreaker.TwoStepCircuitBreaker[struct{}])
 		}
 		return bus.Middleware{Name: "breaker", Handling: b.handle}, nil
 	})
@@ -163,14 +160,11 @@ func (b *breakers) breaker(h *bus.Handling) *gobreaker.TwoStepCircuitBreaker[str
 		return b.one
 	}
 	name := h.HandlerName()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	cb, ok := b.each[name]
-	if !ok {
-		cb = b.newBreaker(name)
-		b.each[name] = cb
+	if cb, ok := b.each.Load(name); ok {
+		return cb.(*gobreaker.TwoStepCircuitBreaker[struct{}])
 	}
-	return cb
+	cb, _ := b.each.LoadOrStore(name, b.newBreaker(name))
+	return cb.(*gobreaker.TwoStepCircuitBreaker[struct{}])
 }
 
 func (b *breakers) handle(ctx context.Context, h *bus.Handling, next bus.Next) (err error) {

@@ -54,12 +54,12 @@ func TestSlowKindCannotTakeEveryWorker(t *testing.T) {
 	}
 	<-started
 	// While the first export runs, the others are returned, not waiting on a worker …
-	for {
-		settled, err := tr.WaitSettled(t.Context(), 1)
+	for n := 1; ; n++ {
+		settled, err := tr.WaitSettled(t.Context(), n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s := settled[0]; s.Outcome == bustest.Returned {
+		if s := settled[n-1]; s.Outcome == bustest.Returned {
 			var full *concurrency.FullError
 			if !errors.As(s.Cause, &full) || full.Limit != 1 || full.Message != "reports.export" || s.Delay != 5*time.Millisecond {
 				t.Fatalf("returned with %v after %v, want a FullError for reports.export after 5ms", s.Cause, s.Delay)
