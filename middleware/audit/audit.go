@@ -140,12 +140,14 @@ func outcome(err error, success string) (string, bool) {
 	return "failed", true
 }
 
-func (a *auditor) log(ctx context.Context, failed bool, attrs []slog.Attr) {
+// level returns the level of a record of an outcome, and whether the
+// logger takes it: when it does not, the record is not even built.
+func (a *auditor) level(ctx context.Context, failed bool) (slog.Level, bool) {
 	level := a.success
 	if failed {
 		level = a.failure
 	}
-	a.logger.LogAttrs(ctx, level, "audit", attrs...)
+	return level, a.logger.Enabled(ctx, level)
 }
 
 func (a *auditor) common(attrs []slog.Attr, name string, ba bus.Attributes, started time.Time, err error) []slog.Attr {
@@ -190,6 +192,10 @@ func (a *auditor) incoming(ctx context.Context, in *bus.Incoming, next bus.Next)
 	if err == nil && in.Unhandled() {
 		name = "discarded"
 	}
+	level, enabled := a.level(ctx, failed)
+	if !enabled {
+		return err
+	}
 	attrs := make([]slog.Attr, 0, 12)
 	attrs = append(attrs, slog.String("audit", "incoming"), slog.String("outcome", name))
 	attrs = a.common(attrs, in.Name(), in.Attributes(), started, err)
@@ -202,7 +208,7 @@ func (a *auditor) incoming(ctx context.Context, in *bus.Incoming, next bus.Next)
 	if a.fields&Body != 0 {
 		attrs = append(attrs, bodyAttr(in.Body()))
 	}
-	a.log(ctx, failed, attrs)
+	a.logger.LogAttrs(ctx, level, "audit", attrs...)
 	return err
 }
 
@@ -210,6 +216,10 @@ func (a *auditor) handling(ctx context.Context, h *bus.Handling, next bus.Next) 
 	started := time.Now()
 	err := next(ctx)
 	name, failed := outcome(err, "succeeded")
+	level, enabled := a.level(ctx, failed)
+	if !enabled {
+		return err
+	}
 	attrs := make([]slog.Attr, 0, 12)
 	attrs = append(attrs, slog.String("audit", "handler"), slog.String("outcome", name))
 	attrs = a.common(attrs, h.MessageName(), h.Attributes(), started, err)
@@ -222,7 +232,7 @@ func (a *auditor) handling(ctx context.Context, h *bus.Handling, next bus.Next) 
 	if a.fields&Body != 0 {
 		attrs = append(attrs, bodyAttr(h.Body()))
 	}
-	a.log(ctx, failed, attrs)
+	a.logger.LogAttrs(ctx, level, "audit", attrs...)
 	return err
 }
 
@@ -230,6 +240,10 @@ func (a *auditor) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Next
 	started := time.Now()
 	err := next(ctx)
 	name, failed := outcome(err, "sent")
+	level, enabled := a.level(ctx, failed)
+	if !enabled {
+		return err
+	}
 	attrs := make([]slog.Attr, 0, 12)
 	attrs = append(attrs, slog.String("audit", "outgoing"), slog.String("outcome", name))
 	attrs = a.common(attrs, out.Name(), out.Attributes(), started, err)
@@ -242,6 +256,6 @@ func (a *auditor) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Next
 	if a.fields&Body != 0 {
 		attrs = append(attrs, slog.Any("body", out.Message()))
 	}
-	a.log(ctx, failed, attrs)
+	a.logger.LogAttrs(ctx, level, "audit", attrs...)
 	return err
 }
