@@ -119,7 +119,10 @@
 // # Plugins
 //
 // [WithMiddleware] takes plugins ([Plugin]): factories the bus calls once,
-// in New, with [PluginInfo]. A [Middleware] value is itself a plugin.
+// in New, with [PluginInfo]; [HandlerMiddleware] takes them for one
+// handler, instantiated once for it. A [Middleware] value is itself a
+// plugin. Package middleware (middleware/...) holds the built-in ones:
+// timeout, ratelimit, breaker, concurrency, validation, audit.
 // Nothing is package-level: two buses in one process never see each
 // other's middleware or context.
 //

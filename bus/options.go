@@ -39,6 +39,7 @@ func WithTransport(t Transport) Option {
 
 // WithMiddleware adds plugins, in order: within each stage the first one
 // registered is the outermost layer. Each plugin is instantiated once, by New.
+// For middleware of one handler alone, see [HandlerMiddleware].
 func WithMiddleware(plugins ...Plugin) Option {
 	return func(c *config) error {
 		for i, p := range plugins {
