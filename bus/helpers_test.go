@@ -86,21 +86,7 @@ func newEnvOver(t *testing.T, broker *memory.Broker, wrap func(*bustest.Transpor
 	e := &env{t: t, broker: broker, rec: bustest.NewTransport(memory.WithBroker(broker)), logs: &syncBuffer{}}
 	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	base := []bus.Option{bus.WithEndpoint("ep"), bus.WithTransport(wrap(e.rec)), bus.WithMaxAttempts(3), bus.WithConcurrency(1), bus.WithLogger(logger)}
-	b, err := bus.New(append(base, opts...)...)
-	if err != nil {
-		t.Fatalf("bus.New: %v", err)
-	}
-	e.bus = b
-	if err := b.Start(t.Context()); err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := b.Stop(ctx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	})
+	e.bus = startBus(t, append(base, opts...)...)
 	return e
 }
 
