@@ -10,7 +10,7 @@ FUZZTIME ?= 60s
 .PHONY: demo test services vet bench fuzz
 
 demo:
-	$(GO) run ./cmd/plugbus demo
+	$(GO) run ./examples/demo
 
 test: services vet
 	$(GO) test -race -count=1 -timeout 20m ./...

@@ -1,6 +1,6 @@
-// Command plugbus is plugbus's command-line tool: `plugbus demo` runs a
-// small shop on the embedded defaults; `plugbus plugin` manages external
-// plugins.
+// Command plugbus is plugbus's command-line tool: `plugbus plugin` manages
+// external plugins. It imports only what its commands need, so another
+// module can `go install` it; the demo is examples/demo.
 package main
 
 import (
@@ -14,7 +14,6 @@ import (
 const usage = `usage: plugbus <command> [arguments]
 
 commands:
-  demo      run a small shop (order placed → payment → shipped) on the memory transport
   plugin    manage out-of-process plugins (plugbus plugin help)
 `
 
@@ -33,8 +32,6 @@ func run(ctx context.Context, args []string, w io.Writer) error {
 		return fmt.Errorf("missing command")
 	}
 	switch args[0] {
-	case "demo":
-		return runDemo(ctx, w, args[1:])
 	case "plugin":
 		return runPlugin(ctx, w, args[1:])
 	case "help", "-h", "--help":

@@ -1,7 +1,7 @@
 // Package tracetree prints finished OpenTelemetry spans as an indented
 // tree: one line per span with its name, kind, duration and the attributes
 // that tell a message's journey (destination, message id, error type).
-// `plugbus demo` uses it to show the trace the otel plugin recorded.
+// The demo (examples/demo) uses it to show the trace the otel plugin recorded.
 package tracetree
 
 import (

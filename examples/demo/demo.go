@@ -67,7 +67,7 @@ func runDemo(ctx context.Context, w io.Writer, args []string) error {
 	return nil
 }
 
-// demoOptions are the flags of `plugbus demo`.
+// demoOptions are the demo's flags.
 type demoOptions struct {
 	orders   int
 	external bool

@@ -8,7 +8,7 @@ import (
 
 func TestDemo(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(t.Context(), []string{"demo", "-orders", "2"}, &out); err != nil {
+	if err := runDemo(t.Context(), &out, []string{"-orders", "2"}); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	got := out.String()
@@ -38,12 +38,5 @@ func TestDemo(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Log(got)
-	}
-}
-
-func TestUnknownCommand(t *testing.T) {
-	var out bytes.Buffer
-	if err := run(t.Context(), []string{"nope"}, &out); err == nil {
-		t.Fatal("unknown command accepted")
 	}
 }
