@@ -7,7 +7,7 @@ import (
 
 // queries is the SQL of one store, built once with its table names.
 type queries struct {
-	ddl []string
+	ddl []ddl
 
 	insertOutbox, claim, claimForUpdate, markDispatched, markFailed string
 	purgeOutbox, pendingCount, parkedCount, listParked, requeue     string
@@ -39,6 +39,20 @@ func (d Dialect) Rebind(q string) string {
 
 const outboxColumns = "id, attempts, message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers"
 
+// ddl creates one table or index, named object (as to_regclass reads it).
+type ddl struct {
+	object string
+	stmt   string
+}
+
+// indexObject returns the regclass name of index name, in t's schema.
+func indexObject(t Table, name string) string {
+	if t.Schema != "" {
+		return `"` + t.Schema + `"."` + name + `"`
+	}
+	return `"` + name + `"`
+}
+
 // addColumn is a column added to the outbox table after its first release:
 // Migrate adds it to tables created before.
 type addColumn struct {
@@ -51,8 +65,8 @@ func buildQueries(d Dialect, ot, it Table) queries {
 	o, i := ot.quoted(), it.quoted()
 	idx := func(t Table, suffix string) string { return `"` + t.Name + "_" + suffix + `"` }
 	q := queries{
-		ddl: []string{
-			`CREATE TABLE IF NOT EXISTS ` + o + ` (
+		ddl: []ddl{
+			{o, `CREATE TABLE IF NOT EXISTS ` + o + ` (
 	id ` + d.serialPrimaryKey() + `,
 	message_id TEXT NOT NULL,
 	kind SMALLINT NOT NULL,
@@ -70,17 +84,17 @@ func buildQueries(d Dialect, ot, it Table) queries {
 	last_error TEXT,
 	next_attempt_at BIGINT NOT NULL DEFAULT 0,
 	parked_at BIGINT
-)`,
-			`CREATE INDEX IF NOT EXISTS ` + idx(ot, "pending") + ` ON ` + o + ` (id) WHERE dispatched_at IS NULL`,
-			`CREATE INDEX IF NOT EXISTS ` + idx(ot, "dispatched") + ` ON ` + o + ` (dispatched_at) WHERE dispatched_at IS NOT NULL`,
-			`CREATE TABLE IF NOT EXISTS ` + i + ` (
+)`},
+			{indexObject(ot, ot.Name+"_pending"), `CREATE INDEX IF NOT EXISTS ` + idx(ot, "pending") + ` ON ` + o + ` (id) WHERE dispatched_at IS NULL`},
+			{indexObject(ot, ot.Name+"_dispatched"), `CREATE INDEX IF NOT EXISTS ` + idx(ot, "dispatched") + ` ON ` + o + ` (dispatched_at) WHERE dispatched_at IS NOT NULL`},
+			{i, `CREATE TABLE IF NOT EXISTS ` + i + ` (
 	endpoint TEXT NOT NULL,
 	message_id TEXT NOT NULL,
 	handler TEXT NOT NULL,
 	processed_at BIGINT NOT NULL,
 	PRIMARY KEY (endpoint, message_id, handler)
-)`,
-			`CREATE INDEX IF NOT EXISTS ` + idx(it, "processed") + ` ON ` + i + ` (processed_at)`,
+)`},
+			{indexObject(it, it.Name+"_processed"), `CREATE INDEX IF NOT EXISTS ` + idx(it, "processed") + ` ON ` + i + ` (processed_at)`},
 		},
 		insertOutbox: `INSERT INTO ` + o + ` (message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
