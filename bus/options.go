@@ -52,6 +52,23 @@ func WithMiddleware(plugins ...Plugin) Option {
 	}
 }
 
+// WithOptions bundles options into one, applied in order: a plugin that
+// registers several handlers and middleware (a saga) hands them to [New]
+// as one option. A nil option is skipped.
+func WithOptions(opts ...Option) Option {
+	return func(c *config) error {
+		for _, o := range opts {
+			if o == nil {
+				continue
+			}
+			if err := o(c); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
 // WithEndpoint names the endpoint: the queue this bus receives from. A bus
 // with handlers needs one; a bus without an endpoint only sends.
 func WithEndpoint(name string) Option {
