@@ -18,7 +18,9 @@ type received struct {
 	got chan string
 }
 
-func newReceived() *received { return &received{at: map[string]time.Time{}, got: make(chan string, 64)} }
+func newReceived() *received {
+	return &received{at: map[string]time.Time{}, got: make(chan string, 64)}
+}
 
 func (r *received) handle(_ context.Context, m orderPlaced, _ bus.Attributes) error {
 	r.mu.Lock()
