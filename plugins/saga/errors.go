@@ -5,10 +5,6 @@ import (
 	"fmt"
 )
 
-// ErrNoDelayedDelivery is returned by RequestTimeout when the bus cannot
-// deliver a message later.
-var ErrNoDelayedDelivery = errors.New("saga: this build of the bus has no delayed delivery; timeouts are unavailable")
-
 // ErrNotFound is matched by [*NotFoundError].
 var ErrNotFound = errors.New("saga: no instance")
 
