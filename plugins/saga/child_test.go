@@ -1,0 +1,5 @@
+package saga_test
+
+const childEnv = "SAGA_TEST_CHILD"
+
+func runChild() {}
