@@ -3,6 +3,9 @@ package sqlstore_test
 import (
 	"context"
 	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
 
 	"github.com/plugbus/plugbus/internal/sqlstore"
 	"github.com/plugbus/plugbus/store/storetest"
@@ -34,6 +37,14 @@ func TestMigrateAddsColumns(t *testing.T) {
 		}
 		if ids, n, err := dispatchedIDs(t, st, 10); n != 1 || err != nil || ids[0] != "old-1" {
 			t.Fatalf("DispatchPending on a migrated table = %d, %v, %v; want old-1", n, ids, err)
+		}
+		// The added due_at column takes the due time of a new row.
+		m := testMessage(1)
+		m.Envelope.Due = time.Unix(1800000000, 5)
+		storeEach(t, st, m)
+		var due time.Time
+		if _, err := st.DispatchPending(ctx, 10, func(_ context.Context, m bus.Outbound) error { due = m.Envelope.Due; return nil }); err != nil || !due.Equal(time.Unix(1800000000, 5)) {
+			t.Fatalf("a row stored after the migration dispatched with due %v, %v; want its due time", due, err)
 		}
 	})
 }

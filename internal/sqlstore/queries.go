@@ -37,7 +37,7 @@ func (d Dialect) Rebind(q string) string {
 	return b.String()
 }
 
-const outboxColumns = "id, attempts, message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers"
+const outboxColumns = "id, attempts, message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, due_at"
 
 // ddl creates one table or index, named object (as to_regclass reads it).
 type ddl struct {
@@ -83,7 +83,8 @@ func buildQueries(d Dialect, ot, it Table) queries {
 	attempts INTEGER NOT NULL DEFAULT 0,
 	last_error TEXT,
 	next_attempt_at BIGINT NOT NULL DEFAULT 0,
-	parked_at BIGINT
+	parked_at BIGINT,
+	due_at BIGINT NOT NULL DEFAULT 0
 )`},
 			{indexObject(ot, ot.Name+"_pending"), `CREATE INDEX IF NOT EXISTS ` + idx(ot, "pending") + ` ON ` + o + ` (id) WHERE dispatched_at IS NULL`},
 			{indexObject(ot, ot.Name+"_dispatched"), `CREATE INDEX IF NOT EXISTS ` + idx(ot, "dispatched") + ` ON ` + o + ` (dispatched_at) WHERE dispatched_at IS NOT NULL`},
@@ -96,8 +97,8 @@ func buildQueries(d Dialect, ot, it Table) queries {
 )`},
 			{indexObject(it, it.Name+"_processed"), `CREATE INDEX IF NOT EXISTS ` + idx(it, "processed") + ` ON ` + i + ` (processed_at)`},
 		},
-		insertOutbox: `INSERT INTO ` + o + ` (message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		insertOutbox: `INSERT INTO ` + o + ` (message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, created_at, due_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		claim:          `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NULL AND next_attempt_at <= ? ORDER BY id LIMIT ?`,
 		claimForUpdate: `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NULL AND next_attempt_at <= ? ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`,
 		markFailed:     `UPDATE ` + o + ` SET attempts = ?, last_error = ?, next_attempt_at = ?, parked_at = ? WHERE id = ?`,
@@ -110,6 +111,10 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		addColumns: []addColumn{
 			{ot, "next_attempt_at", "BIGINT NOT NULL DEFAULT 0"},
 			{ot, "parked_at", "BIGINT"},
+			// The message's bus.Envelope.Due in Unix nanoseconds, 0 for
+			// none: the relay hands it to the transport, which carries
+			// the delay; the relay never waits for it.
+			{ot, "due_at", "BIGINT NOT NULL DEFAULT 0"},
 		},
 		inboxProcessed: `SELECT 1 FROM ` + i + ` WHERE endpoint = ? AND message_id = ? AND handler = ?`,
 		inboxInsert:    `INSERT INTO ` + i + ` (endpoint, message_id, handler, processed_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
