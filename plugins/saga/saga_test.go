@@ -41,7 +41,7 @@ func (s *syncBuffer) String() string {
 // orderBus starts a bus of endpoint "orders" with the outbox and inbox on
 // st (unless bare) and the saga s, recording the handler names its
 // handler-stage middleware sees.
-func orderBus(t testing.TB, st *store.Store, tr bus.Transport, s *saga.Saga[Order], logs *syncBuffer, bare bool) (*bus.Bus, func() []string) {
+func orderBus(t testing.TB, st *store.Store, tr bus.Transport, s *saga.Saga[Order], logs *syncBuffer, bare bool, extra ...bus.Option) (*bus.Bus, func() []string) {
 	t.Helper()
 	var mu sync.Mutex
 	var seen []string
@@ -59,9 +59,11 @@ func orderBus(t testing.TB, st *store.Store, tr bus.Transport, s *saga.Saga[Orde
 	if logs != nil {
 		logger = slog.New(slog.NewTextHandler(logs, nil))
 	}
+	if s != nil {
+		extra = append(extra, s.Option())
+	}
 	b, err := bus.New(bus.WithEndpoint("orders"), bus.WithTransport(tr), bus.WithLogger(logger),
-		bus.WithMiddleware(mw...), s.Option(),
-		bus.WithRetry(bus.RetryPolicy{Immediate: 3}))
+		bus.WithMiddleware(mw...), bus.WithRetry(bus.RetryPolicy{Immediate: 3}), bus.WithOptions(extra...))
 	if err != nil {
 		t.Fatal(err)
 	}
