@@ -120,8 +120,14 @@ type sink struct {
 func newSink(t testing.TB, tr bus.Transport) *sink {
 	s := &sink{fulfilled: map[string]int{}, cancelled: map[string]int{}, at: map[string]time.Time{}, changed: make(chan struct{}, 1)}
 	b, err := bus.New(bus.WithEndpoint("sink"), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)),
-		bus.WithHandler(func(_ context.Context, m Fulfilled, _ bus.Attributes) error { s.add(s.fulfilled, m.OrderID); return nil }),
-		bus.WithHandler(func(_ context.Context, m Cancelled, _ bus.Attributes) error { s.add(s.cancelled, m.OrderID); return nil }))
+		bus.WithHandler(func(_ context.Context, m Fulfilled, _ bus.Attributes) error {
+			s.add(s.fulfilled, m.OrderID)
+			return nil
+		}),
+		bus.WithHandler(func(_ context.Context, m Cancelled, _ bus.Attributes) error {
+			s.add(s.cancelled, m.OrderID)
+			return nil
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,7 +93,11 @@ func TestOrderFlow(t *testing.T) {
 		sk := newSink(t, memTransport(broker))
 		s := orderSaga(st, time.Hour)
 		logs := &syncBuffer{}
-		t.Cleanup(func() { if t.Failed() { t.Log(logs.String()) } })
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Log(logs.String())
+			}
+		})
 		b, seen := orderBus(t, st, memTransport(broker), s, logs, false)
 
 		send(t, b, Placed{OrderID: "o-1", Amount: 42})
