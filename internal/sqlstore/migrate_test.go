@@ -48,3 +48,43 @@ func TestMigrateAddsColumns(t *testing.T) {
 		}
 	})
 }
+
+// TestMigrateBesideRunningBuses: a bus that starts (and migrates) while
+// others write to the tables in open transactions does not wait for them,
+// and stores migrating at once all succeed. CREATE INDEX IF NOT EXISTS
+// takes a SHARE lock on PostgreSQL even when the index exists, which used
+// to deadlock a starting bus with running handlers.
+func TestMigrateBesideRunningBuses(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		ctx := context.Background()
+		st := openMigrated(t, db)
+		errs := make(chan error, 4)
+		for range 4 {
+			go func() { errs <- (*sqlstore.Store)(db.Open(t)).Migrate(ctx) }()
+		}
+		for range 4 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if db.Kind != storetest.Postgres {
+			return // SQLite's writers take turns: an open write transaction blocks any other
+		}
+		tx, err := st.DB().BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+st.SagaTable()+` (saga, correlation, instance_id, version, state, created_at, updated_at) VALUES ('s', 'k', 'i', 1, '\x7b7d', 0, 0)`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+st.InboxTable()+` (endpoint, message_id, handler, processed_at) VALUES ('e', 'm', 'h', 0)`); err != nil {
+			t.Fatal(err)
+		}
+		mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := (*sqlstore.Store)(db.Open(t)).Migrate(mctx); err != nil {
+			t.Fatalf("Migrate beside an open transaction writing the tables: %v", err)
+		}
+	})
+}
