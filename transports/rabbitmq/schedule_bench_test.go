@@ -1,7 +1,10 @@
 package rabbitmq_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/testenv"
@@ -21,5 +24,29 @@ func BenchmarkSchedulingLateness(b *testing.B) {
 	b.Cleanup(func() { adm.deleteExchange(b, exchange) })
 	transporttest.SchedulingLateness(b, func(tb testing.TB) bus.Transport {
 		return open(tb, url, adm, rabbitmq.WithExchange(exchange))
-	}, transporttest.LatenessOptions{})
+	}, transporttest.LatenessOptions{Group: func(delay time.Duration) string {
+		return fmt.Sprintf("%02d delay queues", rabbitmq.DelayHops(delay))
+	}})
+}
+
+// BenchmarkSchedulingLatenessDLXPrefetch is BenchmarkSchedulingLateness
+// on a node of its own, with RabbitMQ's default prefetch of the workers
+// that move dead letters between quorum queues at least once (32) and a
+// raised one: the delay queues' hops are such moves, and a burst of
+// messages expiring together in one level waits for its worker.
+//
+//	go test -run '^$' -bench SchedulingLatenessDLXPrefetch -benchtime 1x ./transports/rabbitmq/
+func BenchmarkSchedulingLatenessDLXPrefetch(b *testing.B) {
+	for _, prefetch := range []int{32, 512} {
+		b.Run(fmt.Sprintf("prefetch=%d", prefetch), func(b *testing.B) {
+			url, node := testenv.StartRabbitMQNode(b)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := node.Ctl(ctx, "eval", fmt.Sprintf("application:set_env(rabbit, dead_letter_worker_consumer_prefetch, %d).", prefetch)); err != nil {
+				b.Fatal(err)
+			}
+			adm := newAdmin(b, url)
+			transporttest.SchedulingLateness(b, func(tb testing.TB) bus.Transport { return open(tb, url, adm) }, transporttest.LatenessOptions{})
+		})
+	}
 }

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,12 +28,20 @@ type LatenessOptions struct {
 	Senders int
 	// Concurrency is the receiving bus's; default 16.
 	Concurrency int
+	// Group, when set, names the group of a delay (for example how many
+	// delay queues it passes through): the lateness of each group is
+	// logged too.
+	Group func(delay time.Duration) string
 }
 
 // scheduled is the message SchedulingLateness sends: its due time.
 type scheduled struct {
-	Due int64 `json:"due"` // Unix nanoseconds
+	Due   int64         `json:"due"`   // Unix nanoseconds
+	Delay time.Duration `json:"delay"` // as asked
 }
+
+// lateSample is how late one message arrived, and the delay it asked for.
+type lateSample struct{ late, delay time.Duration }
 
 func (scheduled) MessageName() string { return "transporttest.scheduled" }
 
@@ -56,9 +66,13 @@ func SchedulingLateness(b *testing.B, newTransport Factory, o LatenessOptions) {
 		o.Concurrency = 16
 	}
 	for range b.N {
-		late := latenessRun(b, newTransport, o)
+		samples := latenessRun(b, newTransport, o)
 		if b.Failed() {
 			return
+		}
+		late := make([]time.Duration, len(samples))
+		for i, s := range samples {
+			late[i] = s.late
 		}
 		slices.Sort(late)
 		q := func(p float64) time.Duration { return late[min(len(late)-1, int(p*float64(len(late))))] }
@@ -67,16 +81,58 @@ func SchedulingLateness(b *testing.B, newTransport Factory, o LatenessOptions) {
 		b.ReportMetric(float64(late[len(late)-1])/1e6, "max-late-ms")
 		b.Logf("%d messages, delays 0-%v: lateness p50 %v, p99 %v, max %v; none early",
 			len(late), o.MaxDelay, q(0.50).Round(time.Millisecond), q(0.99).Round(time.Millisecond), late[len(late)-1].Round(time.Millisecond))
+		logByDelay(b, samples, o.MaxDelay)
+		if o.Group != nil {
+			logByGroup(b, samples, o.Group)
+		}
 	}
 }
 
-func latenessRun(b *testing.B, newTransport Factory, o LatenessOptions) []time.Duration {
+// logByGroup logs the lateness of the messages in each group of delays.
+func logByGroup(b *testing.B, samples []lateSample, group func(time.Duration) string) {
+	by := map[string][]time.Duration{}
+	for _, s := range samples {
+		g := group(s.delay)
+		by[g] = append(by[g], s.late)
+	}
+	var out strings.Builder
+	for _, g := range slices.Sorted(maps.Keys(by)) {
+		l := by[g]
+		slices.Sort(l)
+		fmt.Fprintf(&out, "; %s: %d, p50 %v p99 %v max %v", g, len(l),
+			l[len(l)/2].Round(time.Millisecond), l[min(len(l)-1, len(l)*99/100)].Round(time.Millisecond), l[len(l)-1].Round(time.Millisecond))
+	}
+	b.Log("lateness by group" + out.String()) // one line: a benchmark's log is cut after ten
+}
+
+// logByDelay logs the lateness of the messages in each tenth of the range
+// of delays: where it comes from (the send burst, long delays).
+func logByDelay(b *testing.B, samples []lateSample, maxDelay time.Duration) {
+	const buckets = 10
+	var by [buckets][]time.Duration
+	for _, s := range samples {
+		i := min(buckets-1, int(s.delay*buckets/maxDelay))
+		by[i] = append(by[i], s.late)
+	}
+	var out strings.Builder
+	for i, l := range by {
+		if len(l) == 0 {
+			continue
+		}
+		slices.Sort(l)
+		fmt.Fprintf(&out, "; %v-%v: %d, p50 %v p99 %v max %v", maxDelay*time.Duration(i)/buckets, maxDelay*time.Duration(i+1)/buckets,
+			len(l), l[len(l)/2].Round(time.Millisecond), l[min(len(l)-1, len(l)*99/100)].Round(time.Millisecond), l[len(l)-1].Round(time.Millisecond))
+	}
+	b.Log("lateness by delay" + out.String())
+}
+
+func latenessRun(b *testing.B, newTransport Factory, o LatenessOptions) []lateSample {
 	ctx, cancel := context.WithTimeout(context.Background(), o.MaxDelay+5*time.Minute)
 	defer cancel()
 	endpoint := Name("tt-late")
 	var (
 		mu    sync.Mutex
-		late  = make([]time.Duration, 0, o.Messages)
+		late  = make([]lateSample, 0, o.Messages)
 		early atomic.Int64
 		all   = make(chan struct{})
 	)
@@ -88,7 +144,7 @@ func latenessRun(b *testing.B, newTransport Factory, o LatenessOptions) []time.D
 				early.Add(1)
 			}
 			mu.Lock()
-			late = append(late, d)
+			late = append(late, lateSample{d, m.Delay})
 			if len(late) == o.Messages {
 				close(all)
 			}
@@ -117,8 +173,9 @@ func latenessRun(b *testing.B, newTransport Factory, o LatenessOptions) []time.D
 	for s := range o.Senders {
 		wg.Go(func() {
 			for i := s; i < o.Messages; i += o.Senders {
-				due := time.Now().Add(rand.N(o.MaxDelay))
-				if err := sender.Send(ctx, scheduled{Due: due.UnixNano()}, bus.At(due)); err != nil {
+				delay := rand.N(o.MaxDelay)
+				due := time.Now().Add(delay)
+				if err := sender.Send(ctx, scheduled{Due: due.UnixNano(), Delay: delay}, bus.At(due)); err != nil {
 					errs <- fmt.Errorf("send %d: %w", i, err)
 					return
 				}
