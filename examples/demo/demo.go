@@ -104,8 +104,8 @@ type shop struct {
 
 	billingDB *store.Store
 	ordersDB  *store.Store // the order saga's instances, with the orders service's outbox and inbox
-	buses     []*bus.Bus // every bus made, stopped by stop
-	front     *bus.Bus   // sends from outside any handler
+	buses     []*bus.Bus   // every bus made, stopped by stop
+	front     *bus.Bus     // sends from outside any handler
 
 	ordersClosed   sync.WaitGroup
 	closed         sync.Map            // order ids closed, so that a redelivery does not count twice
