@@ -126,6 +126,9 @@ func TestKilledProcessLosesAndDoublesNothing(t *testing.T) {
 				}
 				break
 			}
+			if kills == 0 {
+				t.Fatal("no child was killed mid-run: the first finished every instance first; raise n")
+			}
 			verifyTriples(t, st, db, n, sink)
 			t.Logf("%s: %d instances completed across %d SIGKILLs", kind, n, kills)
 		})
