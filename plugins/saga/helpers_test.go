@@ -59,6 +59,11 @@ type Order struct {
 // orderSaga is placed → paid → shipped, completing when shipped, with a
 // payment timeout that cancels it. Shipped for no order is dead-lettered.
 func orderSaga(st *store.Store, paymentTimeout time.Duration, opts ...saga.Option) *saga.Saga[Order] {
+	return orderSagaTo("sink", st, paymentTimeout, opts...)
+}
+
+// orderSagaTo is orderSaga sending to the endpoint sink.
+func orderSagaTo(sink string, st *store.Store, paymentTimeout time.Duration, opts ...saga.Option) *saga.Saga[Order] {
 	s := saga.New[Order]("order", st, opts...)
 	saga.StartedBy(s, saga.By(func(m Placed) string { return m.OrderID }), func(c *saga.Context[Order], m Placed) error {
 		c.State.Amount = m.Amount
@@ -74,7 +79,7 @@ func orderSaga(st *store.Store, paymentTimeout time.Duration, opts ...saga.Optio
 		}
 		c.State.Shipped = true
 		c.Complete()
-		return c.Send(Fulfilled(m), bus.To("sink"))
+		return c.Send(Fulfilled(m), bus.To(sink))
 	}, saga.WhenMissing(saga.DeadLetter))
 	saga.Handles(s, saga.ByAttribute[Noted]("order-id"), func(c *saga.Context[Order], m Noted) error {
 		c.State.Notes = append(c.State.Notes, m.Text)
@@ -85,7 +90,7 @@ func orderSaga(st *store.Store, paymentTimeout time.Duration, opts ...saga.Optio
 			return nil
 		}
 		c.Complete()
-		return c.Send(Cancelled(m), bus.To("sink"))
+		return c.Send(Cancelled(m), bus.To(sink))
 	})
 	return s
 }
@@ -117,9 +122,12 @@ type sink struct {
 	changed   chan struct{}
 }
 
-func newSink(t testing.TB, tr bus.Transport) *sink {
+func newSink(t testing.TB, tr bus.Transport) *sink { return newSinkAt(t, tr, "sink") }
+
+// newSinkAt is newSink on endpoint.
+func newSinkAt(t testing.TB, tr bus.Transport, endpoint string) *sink {
 	s := &sink{fulfilled: map[string]int{}, cancelled: map[string]int{}, at: map[string]time.Time{}, changed: make(chan struct{}, 1)}
-	b, err := bus.New(bus.WithEndpoint("sink"), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)),
+	b, err := bus.New(bus.WithEndpoint(endpoint), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)),
 		bus.WithHandler(func(_ context.Context, m Fulfilled, _ bus.Attributes) error {
 			s.add(s.fulfilled, m.OrderID)
 			return nil

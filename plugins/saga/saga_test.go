@@ -175,7 +175,7 @@ func TestRetention(t *testing.T) {
 		st := db.Open(t)
 		broker := memory.NewBroker()
 		sk := newSink(t, memTransport(broker))
-		s := orderSaga(st, time.Hour, saga.WithRetention(300*time.Millisecond), saga.WithCleanupInterval(20*time.Millisecond))
+		s := orderSaga(st, time.Hour, saga.WithRetention(time.Second), saga.WithCleanupInterval(20*time.Millisecond))
 		b, _ := orderBus(t, st, memTransport(broker), s, nil, false)
 		send(t, b, Placed{OrderID: "o-2", Amount: 1})
 		waitFor(t, 10*time.Second, "placed", func() bool { _, _, ok := row(t, st, "order", "o-2"); return ok })
