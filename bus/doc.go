@@ -145,6 +145,7 @@
 //	ReceiveCounter        its broker counts receives and dead-letters          the bus, at Stop on a last attempt
 //	Connector             holds a connection; Connect waits for it             the bus, at Start of a send-only bus
 //	Delayer               delivers a returned message after a delay            the bus, for delayed retries (RetryPolicy)
+//	                      and honours Envelope.Due in Send and Publish         Delay, At (scheduling)
 //	InstanceQueuer        a queue of this bus instance alone                   New, for middleware such as requestreply
 //	InstanceReceiver      receives from the instance queue alone               the bus, for replies while handlers wait
 //	MessagingSystemNamer  names its messaging system                           plugins/otel (messaging.system)

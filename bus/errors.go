@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 var (
@@ -28,6 +29,8 @@ var (
 	// ErrNoRoute is returned by Send for a message with no destination: give
 	// one with [To] or [WithRoute].
 	ErrNoRoute = errors.New("bus: no route for message")
+	// ErrDelayTooLong is matched by [*DelayTooLongError].
+	ErrDelayTooLong = errors.New("bus: delivery delay beyond what the transport carries")
 	// ErrPanic is matched by [*PanicError].
 	ErrPanic = errors.New("bus: panic")
 )
@@ -207,3 +210,30 @@ func (e *PanicError) Unwrap() error {
 	}
 	return nil
 }
+
+// DelayTooLongError is returned by Send and Publish for a message whose
+// due time ([Delay], [At], [Outgoing.SetDue]) lies further ahead than the
+// transport carries ([Delayer.MaxDelay]), or that has a due time on a
+// transport that cannot delay at all (Max is then 0). Nothing was sent.
+type DelayTooLongError struct {
+	// Message is the message name.
+	Message string
+	// Transport is the transport's Go type, for example "*rabbitmq.Transport".
+	Transport string
+	// Delay is how far ahead the due time lay when the message was sent.
+	Delay time.Duration
+	// Max is the longest delay the transport carries; 0 when it cannot
+	// delay a message.
+	Max time.Duration
+}
+
+// Error implements error.
+func (e *DelayTooLongError) Error() string {
+	if e.Max <= 0 {
+		return fmt.Sprintf("bus: %s is due in %s, but the transport %s cannot delay a message (it does not implement bus.Delayer)", e.Message, e.Delay, e.Transport)
+	}
+	return fmt.Sprintf("bus: %s is due in %s, beyond the %s the transport %s carries (its MaxDelay): schedule it nearer, or keep it in a store and send it later", e.Message, e.Delay, e.Max, e.Transport)
+}
+
+// Is reports whether target is ErrDelayTooLong.
+func (e *DelayTooLongError) Is(target error) bool { return target == ErrDelayTooLong }

@@ -252,7 +252,8 @@ func copyEnvelope(env *Envelope) Envelope {
 // copy of the envelope.
 func (t *memTransport) CopiesEnvelopes() bool { return true }
 
-// Send puts env on the queue of the endpoint named to.
+// Send puts env on the queue of the endpoint named to; an env.Due ahead
+// waits in the broker's delay heap until then.
 func (t *memTransport) Send(ctx context.Context, env *Envelope, to string) error {
 	if err := t.check(ctx); err != nil {
 		return err
@@ -264,11 +265,23 @@ func (t *memTransport) Send(ctx context.Context, env *Envelope, to string) error
 	if gone {
 		return nil // the instance that asked is gone: like RabbitMQ and SQS, drop it
 	}
-	q.push(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, false)
+	t.broker.enqueue(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, env.Due)
 	return nil
 }
 
-// Publish puts env on the queue of every endpoint subscribed to env.Name.
+// enqueue puts it into its queue, or into the delay heap when due lies
+// ahead.
+func (br *memBroker) enqueue(it *memItem, due time.Time) {
+	if !due.IsZero() && time.Until(due) > 0 {
+		br.delay(it, due)
+		return
+	}
+	it.q.push(it, false)
+}
+
+// Publish puts env on the queue of every endpoint subscribed to env.Name
+// (subscribed now, when a due time lies ahead: each copy then waits in the
+// broker's delay heap).
 func (t *memTransport) Publish(ctx context.Context, env *Envelope) error {
 	if err := t.check(ctx); err != nil {
 		return err
@@ -282,7 +295,7 @@ func (t *memTransport) Publish(ctx context.Context, env *Envelope) error {
 	t.broker.mu.Unlock()
 	for _, e := range dests {
 		q := t.broker.queue(e)
-		q.push(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, false)
+		t.broker.enqueue(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, env.Due)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 )
 
 // Option configures a bus. Options are applied once, by [New].
@@ -48,6 +49,23 @@ func WithMiddleware(plugins ...Plugin) Option {
 			}
 		}
 		c.plugins = append(c.plugins, plugins...)
+		return nil
+	}
+}
+
+// WithOptions bundles options into one, applied in order: a plugin that
+// registers several handlers and middleware (a saga) hands them to [New]
+// as one option. A nil option is skipped.
+func WithOptions(opts ...Option) Option {
+	return func(c *config) error {
+		for _, o := range opts {
+			if o == nil {
+				continue
+			}
+			if err := o(c); err != nil {
+				return err
+			}
+		}
 		return nil
 	}
 }
@@ -195,6 +213,8 @@ type sendConfig struct {
 	to, correlationID, messageID string
 	values, sticky               map[string]string
 	immediate                    bool
+	delay                        time.Duration // Delay's; used when at is zero
+	at                           time.Time     // At's
 }
 
 // To sends the message to endpoint, overriding routes.
@@ -237,4 +257,24 @@ func WithStickyAttribute(key, value string) SendOption {
 		}
 		s.sticky[key] = value
 	}
+}
+
+// Delay asks for the message to be delivered no earlier than d after the
+// call to Send or Publish. Inside a handler the delay counts from the call,
+// not from when the handler's messages are flushed: the due time is fixed
+// when Send is called, and a handler that ran long delivers it sooner
+// after the flush. A zero or negative d means now. The transport carries
+// the delay ([Delayer]); a delay beyond its [Delayer.MaxDelay] is refused
+// at Send with a [*DelayTooLongError]. A later Delay or At replaces it.
+// docs/scheduling.md tells where each transport keeps it.
+func Delay(d time.Duration) SendOption {
+	return func(s *sendConfig) { s.delay, s.at = d, time.Time{} }
+}
+
+// At asks for the message to be delivered no earlier than t. A t that has
+// passed (or the zero time) means now; one beyond the transport's
+// [Delayer.MaxDelay] from now is refused at Send with a
+// [*DelayTooLongError]. A later Delay or At replaces it.
+func At(t time.Time) SendOption {
+	return func(s *sendConfig) { s.at, s.delay = t, 0 }
 }

@@ -116,3 +116,19 @@ func TestNewRefusesTwoHandlersWithOneName(t *testing.T) {
 		t.Fatalf("New with two handlers named x: %v", err)
 	}
 }
+
+// WithOptions applies its options in order, skips nil ones, and fails New
+// with the first error.
+func TestWithOptionsBundles(t *testing.T) {
+	b, err := bus.New(bus.WithOptions(bus.WithEndpoint("bundled"), nil, bus.WithName("first")), bus.WithOptions(bus.WithName("second")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Endpoint() != "bundled" || b.Name() != "second" {
+		t.Fatalf("endpoint %q name %q; want bundled and second (applied in order)", b.Endpoint(), b.Name())
+	}
+	_, err = bus.New(bus.WithOptions(bus.WithEndpoint("x"), bus.WithEndpoint(""), bus.WithName("never")))
+	if err == nil || !strings.Contains(err.Error(), "WithEndpoint: empty name") {
+		t.Fatalf("New = %v; want the bundled option's error", err)
+	}
+}

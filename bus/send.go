@@ -49,6 +49,12 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 	}
 	r := b.outgoingRuns.Get().(*outgoingRun)
 	r.kind, r.msg, r.msgName, r.dest, r.scope, r.bufferInHandler = kind, msg, name, dest, scope, scope != nil && !cfg.immediate
+	switch {
+	case !cfg.at.IsZero():
+		r.due = cfg.at
+	case cfg.delay > 0:
+		r.due = now.Add(cfg.delay)
+	}
 	r.attrs = Attributes{MessageID: id, CorrelationID: cfg.correlationID, SentAt: now.Truncate(time.Millisecond).UTC(), values: cfg.values, sticky: cfg.sticky}
 	if cfg.values != nil {
 		r.owned |= ownValues
@@ -155,12 +161,16 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 			return err
 		}
 	}
+	due, err := b.checkDue(r.msgName, r.due)
+	if err != nil {
+		return err
+	}
 	body, err := b.serializer.Marshal(r.msg)
 	if err != nil {
 		return fmt.Errorf("bus: encoding %s: %w", r.msgName, err)
 	}
 	m := Outbound{Kind: r.kind, Destination: r.dest}
-	env := Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers}
+	env := Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers, Due: due}
 	r.owned = 0 // the envelope owns the maps now
 	r.headers = nil
 	if !r.holds() {
@@ -180,6 +190,27 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 	*m.Envelope = env
 	r.held = m
 	return nil
+}
+
+// checkDue returns the due time a message named name is sent with: zero
+// when due is zero or has passed (now), due itself when the transport
+// carries a delay that long, else a [*DelayTooLongError].
+func (b *Bus) checkDue(name string, due time.Time) (time.Time, error) {
+	if due.IsZero() {
+		return due, nil
+	}
+	delay := time.Until(due)
+	if delay <= 0 {
+		return time.Time{}, nil
+	}
+	var most time.Duration
+	if b.delayer != nil {
+		most = b.delayer.MaxDelay()
+	}
+	if delay > most {
+		return time.Time{}, &DelayTooLongError{Message: name, Transport: fmt.Sprintf("%T", b.t), Delay: delay, Max: most}
+	}
+	return due, nil
 }
 
 // transmit hands a finished message to the transport. It never runs middleware.

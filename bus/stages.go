@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"sync/atomic"
+	"time"
 )
 
 // Incoming is the incoming stage's view of one received message. It is
@@ -188,6 +189,7 @@ type outgoingRun struct {
 	attrs           Attributes
 	owned           uint8 // which of attrs's maps the run may change in place: ownValues, ownSticky
 	headers         Headers
+	due             time.Time     // zero: now
 	scope           *handlerScope // the handler scope it inherits from, if any
 	bufferInHandler bool          // into scope's outbox (not Immediately)
 	lentEnvelope    Envelope      // handed to a transport that copies envelopes (see EnvelopeCopier)
@@ -226,6 +228,7 @@ func (r *outgoingRun) reset() {
 	r.held, r.contextOutbox = Outbound{}, nil
 	r.attrs = Attributes{}
 	r.owned = 0
+	r.due = time.Time{}
 	r.lentEnvelope = Envelope{}
 }
 
@@ -299,6 +302,17 @@ func (o *Outgoing) SetSticky(key, value string) {
 
 // SetCorrelationID replaces the correlation id.
 func (o *Outgoing) SetCorrelationID(id string) { o.r.attrs.CorrelationID = id }
+
+// Due returns the earliest time the message may be delivered, as it is
+// now ([Delay], [At], or a middleware's SetDue); zero when it goes now. A
+// due time that has passed also means now.
+func (o *Outgoing) Due() time.Time { return o.r.due }
+
+// SetDue changes the earliest time the message may be delivered: zero (or
+// a time that has passed) delivers it now. The bus checks it against the
+// transport's [Delayer.MaxDelay] once the chain reached its end, and Send
+// returns a [*DelayTooLongError] for one too far ahead.
+func (o *Outgoing) SetDue(t time.Time) { o.r.due = t }
 
 // Headers returns the native headers bag of the message, to read or change.
 func (o *Outgoing) Headers() Headers {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"time"
 
 	"github.com/plugbus/plugbus/internal/lazylog"
 )
@@ -65,12 +66,14 @@ type OutgoingMessage struct {
 	Attributes  Attributes
 	Headers     Headers
 	InHandler   bool
+	Due         time.Time // zero: now
 }
 
 // NewOutgoing returns an outgoing stage context for m outside any bus.
-// Read the result of a middleware with its Attributes and Headers methods.
+// Read the result of a middleware with its Attributes, Headers and Due
+// methods.
 func NewOutgoing(m OutgoingMessage, info StageInfo) *Outgoing {
-	r := &outgoingRun{kind: m.Kind, msg: m.Message, msgName: m.Name, dest: m.Destination, attrs: m.Attributes, headers: maps.Clone(m.Headers)}
+	r := &outgoingRun{kind: m.Kind, msg: m.Message, msgName: m.Name, dest: m.Destination, attrs: m.Attributes, headers: maps.Clone(m.Headers), due: m.Due}
 	if m.Name == "" && m.Message != nil {
 		r.msgName = m.Message.MessageName()
 	}

@@ -83,6 +83,14 @@ type Envelope struct {
 	Attributes Attributes
 	// Headers are the transport-native headers set by outgoing middleware.
 	Headers Headers
+	// Due, when not zero, is the earliest time the message may be
+	// delivered ([Delay], [At]). A transport that implements [Delayer]
+	// honours it in Send and Publish with the mechanism that carries its
+	// delayed retries: a Due that has passed means now, and it may
+	// refuse one further ahead than its MaxDelay (the bus refuses those
+	// before they reach it). A transport need not set it on the envelopes
+	// it receives.
+	Due time.Time
 }
 
 // Delivery is one received message, owned by the transport that returned it
@@ -187,6 +195,10 @@ type ReceiveCounter interface {
 // at once, and the bus warns at Start. The delay is durable where the
 // broker is: a delayed message survives a restart of the process that
 // returned it (and of a durable broker).
+//
+// A Delayer also schedules: its Send and Publish deliver an envelope whose
+// [Envelope.Due] is set no earlier than Due, with the same mechanism, and
+// MaxDelay is then the longest a due time may lie ahead ([Delay], [At]).
 type Delayer interface {
 	// ReturnAfter gives d back for redelivery with Attempt+1, like
 	// Return, delivered no earlier than delay from now, carrying

@@ -172,6 +172,9 @@ func (inst *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.
 	}
 	m := &pluginproto.OutgoingMessage{Kind: int32(out.Kind()), Name: out.Name(), Body: body, Destination: out.Destination(),
 		Attributes: pluginproto.FromAttributes(out.Attributes()), InHandler: out.InHandler()}
+	if due := out.Due(); !due.IsZero() {
+		m.DueUnixNano = due.UnixNano()
+	}
 	if h := out.Headers(); len(h) > 0 {
 		m.Headers = maps.Clone(h)
 	}
@@ -349,5 +352,8 @@ func apply(out *bus.Outgoing, m *pluginproto.Mutation) {
 		h := out.Headers()
 		clear(h)
 		maps.Copy(h, m.Headers)
+	}
+	if m.DueChanged {
+		out.SetDue(pluginproto.ToDue(m.DueUnixNano))
 	}
 }

@@ -352,7 +352,8 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		}
 		c.outBase = m
 		c.out = bus.NewOutgoing(bus.OutgoingMessage{Kind: bus.Kind(m.Kind), Name: m.Name, Message: RawMessage{Name: m.Name, Body: m.Body},
-			Destination: m.Destination, Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers, InHandler: m.InHandler}, info)
+			Destination: m.Destination, Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers, InHandler: m.InHandler,
+			Due: pluginproto.ToDue(m.DueUnixNano)}, info)
 		return inst.mw.Outgoing(c.ctx, c.out, c.next)
 	}
 	return fmt.Errorf("sdk: invocation without a subject (host speaks a newer protocol?)")
@@ -448,6 +449,9 @@ func mutation(out *bus.Outgoing, base *pluginproto.OutgoingMessage) *pluginproto
 	}
 	if h := out.Headers(); !maps.Equal(h, base.Headers) {
 		m.HeadersChanged, m.Headers, changed = true, maps.Clone(h), true
+	}
+	if due := pluginproto.FromDue(out.Due()); due != base.DueUnixNano {
+		m.DueChanged, m.DueUnixNano, changed = true, due, true
 	}
 	if !changed {
 		return nil

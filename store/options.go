@@ -15,6 +15,7 @@ type Option func(*config) error
 
 type config struct {
 	outbox, inbox    string
+	saga             string
 	notifier         Notifier
 	logger           *slog.Logger
 	closeDB          bool
@@ -70,6 +71,13 @@ func WithOutboxTable(name string) Option {
 // PostgreSQL it may be schema-qualified ("app.inbox"); the schema must exist.
 func WithInboxTable(name string) Option {
 	return func(c *config) error { c.inbox = name; return nil }
+}
+
+// WithSagaTable names the table of saga instances (default
+// "plugbus_saga"), shared by every saga of plugins/saga on this store. On
+// PostgreSQL it may be schema-qualified ("app.sagas"); the schema must exist.
+func WithSagaTable(name string) Option {
+	return func(c *config) error { c.saga = name; return nil }
 }
 
 // WithNotifier wakes relays in other processes on commit. Package

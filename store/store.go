@@ -1,4 +1,4 @@
-// Package store keeps the durable state of the inbox and outbox plugins in
+// Package store keeps the durable state of the inbox, outbox and saga plugins in
 // a SQL database: SQLite (the embedded default, package store/sqlite) or
 // PostgreSQL (package store/postgres).
 //
@@ -35,6 +35,7 @@ import (
 const (
 	DefaultOutboxTable = "plugbus_outbox"
 	DefaultInboxTable  = "plugbus_inbox"
+	DefaultSagaTable   = "plugbus_saga"
 )
 
 // Dialect is the SQL flavour of a database: [SQLite] or [PostgreSQL].
@@ -106,7 +107,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if d.sql() == 0 {
 		return nil, errors.New("store: New: unknown Dialect; use store.SQLite or store.PostgreSQL")
 	}
-	c := config{outbox: DefaultOutboxTable, inbox: DefaultInboxTable,
+	c := config{outbox: DefaultOutboxTable, inbox: DefaultInboxTable, saga: DefaultSagaTable,
 		dispatchAttempts: DefaultDispatchAttempts, backoff: bus.Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax}}
 	for _, o := range opts {
 		if o == nil {
@@ -127,10 +128,17 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if outbox == inbox {
 		return nil, &InvalidNameError{Option: "WithInboxTable", Name: c.inbox, Reason: "the inbox and the outbox need different tables"}
 	}
+	saga, err := parseTable("WithSagaTable", c.saga, d)
+	if err != nil {
+		return nil, err
+	}
+	if saga == outbox || saga == inbox {
+		return nil, &InvalidNameError{Option: "WithSagaTable", Name: c.saga, Reason: "the saga table must differ from the inbox and the outbox"}
+	}
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
-	return (*Store)(sqlstore.New(db, sqlstore.Config{Dialect: d.sql(), Outbox: outbox, Inbox: inbox, Notifier: c.notifier,
+	return (*Store)(sqlstore.New(db, sqlstore.Config{Dialect: d.sql(), Outbox: outbox, Inbox: inbox, Saga: saga, Notifier: c.notifier,
 		Logger: c.logger, CloseDB: c.closeDB, DispatchAttempts: c.dispatchAttempts, DispatchBackoff: c.backoff})), nil
 }
 
@@ -146,11 +154,21 @@ func (s *Store) OutboxTable() string { return s.impl().OutboxTable() }
 // InboxTable returns the inbox table's name.
 func (s *Store) InboxTable() string { return s.impl().InboxTable() }
 
+// SagaTable returns the saga table's name.
+func (s *Store) SagaTable() string { return s.impl().SagaTable() }
+
+// ActiveSagas returns how many instances of the saga named saga are
+// running: started and not completed (completed instances kept for
+// saga.WithRetention are not counted).
+func (s *Store) ActiveSagas(ctx context.Context, saga string) (int64, error) {
+	return s.impl().ActiveSagas(ctx, saga)
+}
+
 // Close closes the database when the store opened it (sqlite.Open,
 // postgres.Open); otherwise it does nothing.
 func (s *Store) Close() error { return s.impl().Close() }
 
-// Migrate creates the outbox and inbox tables and their indexes when they
+// Migrate creates the outbox, inbox and saga tables and their indexes when they
 // do not exist, and adds the columns of this release to tables created by
 // an earlier one. It is idempotent and safe to run from several processes
 // at once; the plugins run it when the bus starts.

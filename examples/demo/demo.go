@@ -28,9 +28,12 @@ import (
 )
 
 // runDemo runs the shop: orders, billing and shipping, three buses on one
-// in-memory broker, traced with the otel plugin. It places the orders
-// (shipping's courier API fails the first order's first round: a delayed
-// retry heals it), replays a message to show the inbox skipping it, sends
+// in-memory broker, traced with the otel plugin. Each order is an instance
+// of the order saga in the orders service (placed → paid → shipped, with a
+// payment timeout). It places the orders (shipping's courier API fails the
+// first order's first round: a delayed retry heals it), replays a message
+// to show the inbox skipping it, places an order billing declines, which
+// the saga's payment timeout cancels, sends
 // a message without a tenant to show the tenancy plugin's permanent
 // failure dead-lettering it at once, and prints the trace.
 func runDemo(ctx context.Context, w io.Writer, args []string) error {
@@ -52,10 +55,15 @@ func runDemo(ctx context.Context, w io.Writer, args []string) error {
 		return err
 	}
 	defer closeBillingDB()
+	closeOrdersDB, err := s.openOrdersDB()
+	if err != nil {
+		return err
+	}
+	defer closeOrdersDB()
 	if err := s.startServices(ctx); err != nil {
 		return errors.Join(err, s.stop(ctx))
 	}
-	s.out.printf("plugbus demo: orders → billing → shipping on the in-memory transport, billing on SQLite\n\n")
+	s.out.printf("plugbus demo: orders → billing → shipping on the in-memory transport, billing and the order saga on SQLite\n\n")
 	if err := s.play(ctx, opts.orders); err != nil {
 		return errors.Join(err, s.stop(ctx))
 	}
@@ -95,10 +103,13 @@ type shop struct {
 	plugins []bus.Plugin // the tenancy plugin, when loaded
 
 	billingDB *store.Store
-	buses     []*bus.Bus // every bus made, stopped by stop
-	front     *bus.Bus   // sends from outside any handler
+	ordersDB  *store.Store // the order saga's instances, with the orders service's outbox and inbox
+	buses     []*bus.Bus   // every bus made, stopped by stop
+	front     *bus.Bus     // sends from outside any handler
 
 	ordersClosed   sync.WaitGroup
+	closed         sync.Map            // order ids closed, so that a redelivery does not count twice
+	cancelled      chan OrderCancelled // orders the saga cancelled
 	deadLettered   chan bus.Failure
 	billingDeleted chan string // ids of the messages billing handled or skipped
 	firstPlaced    firstOrderPlaced
@@ -121,7 +132,7 @@ func newShop(w io.Writer, verbose bool) *shop {
 	spans := tracetest.NewSpanRecorder()
 	s := &shop{out: out, logger: slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level})),
 		spans: spans, tracing: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)), broker: memory.NewBroker(),
-		deadLettered: make(chan bus.Failure, 1), billingDeleted: make(chan string, 64)}
+		deadLettered: make(chan bus.Failure, 1), billingDeleted: make(chan string, 64), cancelled: make(chan OrderCancelled, 16)}
 	s.courierDown.Store(int32(demoRetry().Immediate + 1)) // the first order's first round
 	return s
 }
@@ -174,6 +185,25 @@ func (s *shop) openBillingDB(ctx context.Context) (closeDB func(), err error) {
 	return closeDB, nil
 }
 
+// openOrdersDB opens the orders service's SQLite database: the order
+// saga's instances, its outbox and its inbox.
+func (s *shop) openOrdersDB() (closeDB func(), err error) {
+	dir, err := os.MkdirTemp("", "plugbus-demo-orders-")
+	if err != nil {
+		return nil, err
+	}
+	st, err := sqlite.Open(filepath.Join(dir, "orders.db"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	s.ordersDB = st
+	return func() {
+		st.Close()
+		os.RemoveAll(dir)
+	}, nil
+}
+
 // newBus returns a bus on the shop's broker that prints its stages, is
 // traced, and runs the tenancy plugin when it is loaded.
 func (s *shop) newBus(service string, transport bus.Transport, opts ...bus.Option) (*bus.Bus, error) {
@@ -213,18 +243,30 @@ func (s *shop) newService(service string, opts ...bus.Option) (*bus.Bus, error) 
 func (s *shop) startServices(ctx context.Context) error {
 	publisher := func(ctx context.Context) *bus.Bus { b, _, _ := bus.MessageContext(ctx); return b }
 	if _, err := s.newService("orders",
-		bus.WithHandler(func(ctx context.Context, m PlaceOrder, _ bus.Attributes) error {
-			return publisher(ctx).Publish(ctx, OrderPlaced(m))
-		}, bus.HandlerName("take-order")),
-		bus.WithHandler(func(context.Context, OrderShipped, bus.Attributes) error {
-			s.ordersClosed.Done()
+		bus.WithMiddleware(outbox.New(s.ordersDB), inbox.New(s.ordersDB)),
+		s.orderSaga(s.ordersDB).Option(), // PlaceOrder, PaymentTaken, OrderShipped and the payment timeout
+		bus.WithHandler(func(_ context.Context, m OrderShipped, _ bus.Attributes) error {
+			if _, again := s.closed.LoadOrStore(m.OrderID, true); !again {
+				s.ordersClosed.Done()
+			}
 			return nil
-		}, bus.HandlerName("close-order"))); err != nil {
+		}, bus.HandlerName("close-order")),
+		bus.WithHandler(func(_ context.Context, m OrderCancelled, _ bus.Attributes) error {
+			select {
+			case s.cancelled <- m:
+			default:
+			}
+			return nil
+		}, bus.HandlerName("notify-customer"))); err != nil {
 		return err
 	}
 	if _, err := s.newService("billing",
 		bus.WithMiddleware(outbox.New(s.billingDB), inbox.New(s.billingDB)),
 		bus.WithHandler(func(ctx context.Context, m OrderPlaced, a bus.Attributes) error {
+			if m.Amount == 0 {
+				s.out.printf("%-9s declines  %-28s no amount to charge: no payment\n", "billing", m.OrderID)
+				return nil
+			}
 			s.firstPlaced.keep(a.MessageID, m)
 			if _, err := outbox.Tx(ctx).ExecContext(ctx, `INSERT INTO payments (order_id, amount_cents) VALUES (?, ?)`, m.OrderID, m.Amount); err != nil {
 				return err
@@ -272,6 +314,9 @@ func (s *shop) play(ctx context.Context, orders int) error {
 		return err
 	}
 	if err := s.replayFirstOrderPlaced(ctx, orders); err != nil {
+		return err
+	}
+	if err := s.placeUnpaidOrder(ctx); err != nil {
 		return err
 	}
 	if len(s.plugins) > 0 {
@@ -332,6 +377,30 @@ func (s *shop) replayFirstOrderPlaced(ctx context.Context, orders int) error {
 		return fmt.Errorf("demo: billing.db holds %d payments for %d orders: the duplicate was applied", payments, orders)
 	}
 	s.out.printf("→ billing.db holds %d payment(s) for %d order(s): the duplicate was skipped by the inbox\n", payments, orders)
+	return nil
+}
+
+// placeUnpaidOrder places an order billing declines: no payment comes,
+// and the order saga's payment timeout cancels it.
+func (s *shop) placeUnpaidOrder(ctx context.Context) error {
+	s.out.printf("\nplacing order-unpaid, which billing declines:\n")
+	placed := time.Now()
+	if err := s.front.Send(ctx, PlaceOrder{OrderID: "order-unpaid"}); err != nil {
+		return err
+	}
+	select {
+	case m := <-s.cancelled:
+		s.out.printf("→ %s cancelled by the order saga after %s: %s\n", m.OrderID, time.Since(placed).Round(100*time.Millisecond), m.Reason)
+	case <-time.After(10 * time.Second):
+		return errors.New("demo: the unpaid order was not cancelled within 10s")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	active, err := s.ordersDB.ActiveSagas(ctx, "order")
+	if err != nil {
+		return err
+	}
+	s.out.printf("→ orders.db: %d order saga(s) still running\n", active)
 	return nil
 }
 

@@ -28,6 +28,16 @@ func TestDemo(t *testing.T) {
 		"→ billing.db holds 2 payment(s) for 2 order(s): the duplicate was skipped by the inbox",
 		"→ dead-lettered by orders on its first attempt: plugin \"tenancy\" (incoming stage): tenancy: message has no tenant",
 		"(permanent failure: dead-lettered at once, not retried)",
+		// The order saga: placed → paid → shipped, and the payment timeout.
+		"orders    saga      order order-1                placed; payment due within 1s",
+		"orders    saga      order order-2                paid",
+		"orders    saga      order order-1                shipped: completed",
+		"billing   declines  order-unpaid                 no amount to charge: no payment",
+		"orders    saga      order order-unpaid           payment overdue: cancelled",
+		"→ order-unpaid cancelled by the order saga after ",
+		": payment not received within 1s",
+		"→ orders.db: 0 order saga(s) still running",
+		"└─ order [internal]",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("demo output lacks %q", want)
@@ -35,6 +45,12 @@ func TestDemo(t *testing.T) {
 	}
 	if n := strings.Count(got, "close-order [internal]"); n != 2 {
 		t.Errorf("%d orders closed in the trace, want 2\n%s", n, got)
+	}
+	if n := strings.Count(got, "payment overdue: cancelled"); n != 1 {
+		t.Errorf("%d orders cancelled by the payment timeout, want 1 (paid orders keep running)", n)
+	}
+	if strings.Contains(got, "order order-1                payment overdue") || strings.Contains(got, "order order-2                payment overdue") {
+		t.Error("a paid order was cancelled by its payment timeout")
 	}
 	if t.Failed() {
 		t.Log(got)

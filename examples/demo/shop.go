@@ -48,6 +48,24 @@ type OrderShipped struct {
 // MessageName implements bus.Message.
 func (OrderShipped) MessageName() string { return "shop.order_shipped" }
 
+// OrderCancelled is published by the order saga when the payment did not
+// arrive in time.
+type OrderCancelled struct {
+	OrderID string `json:"order_id"`
+	Reason  string `json:"reason"`
+}
+
+// MessageName implements bus.Message.
+func (OrderCancelled) MessageName() string { return "shop.order_cancelled" }
+
+// PaymentOverdue is the order saga's payment timeout.
+type PaymentOverdue struct {
+	OrderID string `json:"order_id"`
+}
+
+// MessageName implements bus.Message.
+func (PaymentOverdue) MessageName() string { return "shop.payment_overdue" }
+
 // printer serialises the demo's output lines.
 type printer struct {
 	mu sync.Mutex

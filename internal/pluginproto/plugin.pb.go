@@ -966,14 +966,16 @@ func (x *HandlingMessage) GetAttempt() int32 {
 }
 
 type OutgoingMessage struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          int32                  `protobuf:"varint,1,opt,name=kind,proto3" json:"kind,omitempty"` // bus.Kind
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Body          []byte                 `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"` // the message encoded as JSON
-	Destination   string                 `protobuf:"bytes,4,opt,name=destination,proto3" json:"destination,omitempty"`
-	Attributes    *Attributes            `protobuf:"bytes,5,opt,name=attributes,proto3" json:"attributes,omitempty"`
-	Headers       map[string]string      `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	InHandler     bool                   `protobuf:"varint,7,opt,name=in_handler,json=inHandler,proto3" json:"in_handler,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Kind        int32                  `protobuf:"varint,1,opt,name=kind,proto3" json:"kind,omitempty"` // bus.Kind
+	Name        string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Body        []byte                 `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"` // the message encoded as JSON
+	Destination string                 `protobuf:"bytes,4,opt,name=destination,proto3" json:"destination,omitempty"`
+	Attributes  *Attributes            `protobuf:"bytes,5,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	Headers     map[string]string      `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	InHandler   bool                   `protobuf:"varint,7,opt,name=in_handler,json=inHandler,proto3" json:"in_handler,omitempty"`
+	// due_unix_nano: the earliest delivery time (bus.Outgoing.Due); 0: now.
+	DueUnixNano   int64 `protobuf:"varint,8,opt,name=due_unix_nano,json=dueUnixNano,proto3" json:"due_unix_nano,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1057,6 +1059,13 @@ func (x *OutgoingMessage) GetInHandler() bool {
 	return false
 }
 
+func (x *OutgoingMessage) GetDueUnixNano() int64 {
+	if x != nil {
+		return x.DueUnixNano
+	}
+	return 0
+}
+
 // Mutation carries an outgoing middleware's changes back to the host.
 type Mutation struct {
 	state                protoimpl.MessageState `protogen:"open.v1"`
@@ -1067,6 +1076,8 @@ type Mutation struct {
 	Sticky               map[string]string      `protobuf:"bytes,5,rep,name=sticky,proto3" json:"sticky,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // keys set or changed
 	HeadersChanged       bool                   `protobuf:"varint,6,opt,name=headers_changed,json=headersChanged,proto3" json:"headers_changed,omitempty"`
 	Headers              map[string]string      `protobuf:"bytes,7,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // the full bag when headers_changed
+	DueChanged           bool                   `protobuf:"varint,8,opt,name=due_changed,json=dueChanged,proto3" json:"due_changed,omitempty"`
+	DueUnixNano          int64                  `protobuf:"varint,9,opt,name=due_unix_nano,json=dueUnixNano,proto3" json:"due_unix_nano,omitempty"` // the new due time when due_changed; 0: now
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
@@ -1148,6 +1159,20 @@ func (x *Mutation) GetHeaders() map[string]string {
 		return x.Headers
 	}
 	return nil
+}
+
+func (x *Mutation) GetDueChanged() bool {
+	if x != nil {
+		return x.DueChanged
+	}
+	return false
+}
+
+func (x *Mutation) GetDueUnixNano() int64 {
+	if x != nil {
+		return x.DueUnixNano
+	}
+	return 0
 }
 
 type Invoke struct {
@@ -1833,7 +1858,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\n" +
 	"attributes\x18\x04 \x01(\v2\x1d.plugbus.plugin.v1.AttributesR\n" +
 	"attributes\x12\x18\n" +
-	"\aattempt\x18\x05 \x01(\x05R\aattempt\"\xd4\x02\n" +
+	"\aattempt\x18\x05 \x01(\x05R\aattempt\"\xf8\x02\n" +
 	"\x0fOutgoingMessage\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\x05R\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -1844,10 +1869,11 @@ const file_plugin_proto_rawDesc = "" +
 	"attributes\x12I\n" +
 	"\aheaders\x18\x06 \x03(\v2/.plugbus.plugin.v1.OutgoingMessage.HeadersEntryR\aheaders\x12\x1d\n" +
 	"\n" +
-	"in_handler\x18\a \x01(\bR\tinHandler\x1a:\n" +
+	"in_handler\x18\a \x01(\bR\tinHandler\x12\"\n" +
+	"\rdue_unix_nano\x18\b \x01(\x03R\vdueUnixNano\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaf\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x04\n" +
 	"\bMutation\x124\n" +
 	"\x16correlation_id_changed\x18\x01 \x01(\bR\x14correlationIdChanged\x12%\n" +
 	"\x0ecorrelation_id\x18\x02 \x01(\tR\rcorrelationId\x12%\n" +
@@ -1855,7 +1881,10 @@ const file_plugin_proto_rawDesc = "" +
 	"\x06values\x18\x04 \x03(\v2'.plugbus.plugin.v1.Mutation.ValuesEntryR\x06values\x12?\n" +
 	"\x06sticky\x18\x05 \x03(\v2'.plugbus.plugin.v1.Mutation.StickyEntryR\x06sticky\x12'\n" +
 	"\x0fheaders_changed\x18\x06 \x01(\bR\x0eheadersChanged\x12B\n" +
-	"\aheaders\x18\a \x03(\v2(.plugbus.plugin.v1.Mutation.HeadersEntryR\aheaders\x1a9\n" +
+	"\aheaders\x18\a \x03(\v2(.plugbus.plugin.v1.Mutation.HeadersEntryR\aheaders\x12\x1f\n" +
+	"\vdue_changed\x18\b \x01(\bR\n" +
+	"dueChanged\x12\"\n" +
+	"\rdue_unix_nano\x18\t \x01(\x03R\vdueUnixNano\x1a9\n" +
 	"\vValuesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

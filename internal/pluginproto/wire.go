@@ -210,3 +210,19 @@ func NextCalledTwice(e *Error) *bus.NextMisuseError {
 	}
 	return &bus.NextMisuseError{Stage: BusStage(e.Stage), Middleware: e.Middleware, AfterReturn: e.AfterReturn}
 }
+
+// FromDue returns a due time on the wire: 0 for the zero time (now).
+func FromDue(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// ToDue reads a due time from the wire: the zero time for 0.
+func ToDue(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}

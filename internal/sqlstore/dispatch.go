@@ -50,8 +50,12 @@ func encodeOutbound(m bus.Outbound) ([]any, error) {
 	if body == nil {
 		body = []byte{}
 	}
+	var due int64
+	if !e.Due.IsZero() {
+		due = e.Due.UnixNano()
+	}
 	return []any{e.Attributes.MessageID, int16(m.Kind), m.Destination, e.Name, e.ContentType, body,
-		e.Attributes.CorrelationID, e.Attributes.SentAt.UnixNano(), string(attrs), string(headers), time.Now().UnixNano()}, nil
+		e.Attributes.CorrelationID, e.Attributes.SentAt.UnixNano(), string(attrs), string(headers), time.Now().UnixNano(), due}, nil
 }
 
 // batchRow is one row the relay claimed: a message to dispatch, or a row
@@ -69,10 +73,10 @@ func scanOutbound(rows *sql.Rows) (batchRow, error) {
 		msgID, dest, name, ct, corr string
 		kind                        int16
 		body                        []byte
-		sentAt                      int64
+		sentAt, dueAt               int64
 		attrs, headers              string
 	)
-	if err := rows.Scan(&r.id, &r.attempts, &msgID, &kind, &dest, &name, &ct, &body, &corr, &sentAt, &attrs, &headers); err != nil {
+	if err := rows.Scan(&r.id, &r.attempts, &msgID, &kind, &dest, &name, &ct, &body, &corr, &sentAt, &attrs, &headers, &dueAt); err != nil {
 		return r, fmt.Errorf("store: reading the outbox: %w", err)
 	}
 	var sa storedAttrs
@@ -87,6 +91,12 @@ func scanOutbound(rows *sql.Rows) (batchRow, error) {
 	}
 	env := &bus.Envelope{Name: name, ContentType: ct, Body: body, Headers: h,
 		Attributes: bus.NewAttributes(msgID, corr, time.Unix(0, sentAt).UTC(), sa.Values, sa.Sticky)}
+	if dueAt != 0 {
+		// Handed to the transport as it is: a due time that has passed
+		// while the row waited means now, one ahead is the transport's
+		// to carry. The relay never waits for it.
+		env.Due = time.Unix(0, dueAt)
+	}
 	r.msg = bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Destination: dest}
 	return r, nil
 }

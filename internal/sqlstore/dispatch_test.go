@@ -312,3 +312,27 @@ func TestCancelMidBatchMarksDispatched(t *testing.T) {
 		}
 	})
 }
+
+// A stored message's due time is kept and handed to the transport at
+// once, whether it lies ahead or has passed: the relay never waits for it
+// (the transport carries the delay), and a message without one has none.
+func TestDueTimeIsStoredAndHandedOnAtOnce(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		st := openMigrated(t, db)
+		ahead, passed := time.Now().Add(time.Hour).Round(0), time.Now().Add(-time.Hour).Round(0)
+		ms := testMessages(3)
+		ms[0].Envelope.Due, ms[1].Envelope.Due = ahead, passed
+		storeEach(t, st, ms...)
+		var dues []time.Time
+		n, err := st.DispatchPending(context.Background(), 10, func(_ context.Context, m bus.Outbound) error {
+			dues = append(dues, m.Envelope.Due)
+			return nil
+		})
+		if err != nil || n != 3 {
+			t.Fatalf("DispatchPending = %d, %v; want all 3 at once", n, err)
+		}
+		if !dues[0].Equal(ahead) || !dues[1].Equal(passed) || !dues[2].IsZero() {
+			t.Fatalf("dispatched with due times %v, want %v, %v and zero", dues, ahead, passed)
+		}
+	})
+}

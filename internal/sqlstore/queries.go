@@ -7,7 +7,7 @@ import (
 
 // queries is the SQL of one store, built once with its table names.
 type queries struct {
-	ddl []string
+	ddl []ddl
 
 	insertOutbox, claim, claimForUpdate, markDispatched, markFailed string
 	purgeOutbox, pendingCount, parkedCount, listParked, requeue     string
@@ -37,7 +37,21 @@ func (d Dialect) Rebind(q string) string {
 	return b.String()
 }
 
-const outboxColumns = "id, attempts, message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers"
+const outboxColumns = "id, attempts, message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, due_at"
+
+// ddl creates one table or index, named object (as to_regclass reads it).
+type ddl struct {
+	object string
+	stmt   string
+}
+
+// indexObject returns the regclass name of index name, in t's schema.
+func indexObject(t Table, name string) string {
+	if t.Schema != "" {
+		return `"` + t.Schema + `"."` + name + `"`
+	}
+	return `"` + name + `"`
+}
 
 // addColumn is a column added to the outbox table after its first release:
 // Migrate adds it to tables created before.
@@ -51,8 +65,8 @@ func buildQueries(d Dialect, ot, it Table) queries {
 	o, i := ot.quoted(), it.quoted()
 	idx := func(t Table, suffix string) string { return `"` + t.Name + "_" + suffix + `"` }
 	q := queries{
-		ddl: []string{
-			`CREATE TABLE IF NOT EXISTS ` + o + ` (
+		ddl: []ddl{
+			{o, `CREATE TABLE IF NOT EXISTS ` + o + ` (
 	id ` + d.serialPrimaryKey() + `,
 	message_id TEXT NOT NULL,
 	kind SMALLINT NOT NULL,
@@ -69,21 +83,22 @@ func buildQueries(d Dialect, ot, it Table) queries {
 	attempts INTEGER NOT NULL DEFAULT 0,
 	last_error TEXT,
 	next_attempt_at BIGINT NOT NULL DEFAULT 0,
-	parked_at BIGINT
-)`,
-			`CREATE INDEX IF NOT EXISTS ` + idx(ot, "pending") + ` ON ` + o + ` (id) WHERE dispatched_at IS NULL`,
-			`CREATE INDEX IF NOT EXISTS ` + idx(ot, "dispatched") + ` ON ` + o + ` (dispatched_at) WHERE dispatched_at IS NOT NULL`,
-			`CREATE TABLE IF NOT EXISTS ` + i + ` (
+	parked_at BIGINT,
+	due_at BIGINT NOT NULL DEFAULT 0
+)`},
+			{indexObject(ot, ot.Name+"_pending"), `CREATE INDEX IF NOT EXISTS ` + idx(ot, "pending") + ` ON ` + o + ` (id) WHERE dispatched_at IS NULL`},
+			{indexObject(ot, ot.Name+"_dispatched"), `CREATE INDEX IF NOT EXISTS ` + idx(ot, "dispatched") + ` ON ` + o + ` (dispatched_at) WHERE dispatched_at IS NOT NULL`},
+			{i, `CREATE TABLE IF NOT EXISTS ` + i + ` (
 	endpoint TEXT NOT NULL,
 	message_id TEXT NOT NULL,
 	handler TEXT NOT NULL,
 	processed_at BIGINT NOT NULL,
 	PRIMARY KEY (endpoint, message_id, handler)
-)`,
-			`CREATE INDEX IF NOT EXISTS ` + idx(it, "processed") + ` ON ` + i + ` (processed_at)`,
+)`},
+			{indexObject(it, it.Name+"_processed"), `CREATE INDEX IF NOT EXISTS ` + idx(it, "processed") + ` ON ` + i + ` (processed_at)`},
 		},
-		insertOutbox: `INSERT INTO ` + o + ` (message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		insertOutbox: `INSERT INTO ` + o + ` (message_id, kind, destination, name, content_type, body, correlation_id, sent_at, attrs, headers, created_at, due_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		claim:          `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NULL AND next_attempt_at <= ? ORDER BY id LIMIT ?`,
 		claimForUpdate: `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NULL AND next_attempt_at <= ? ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`,
 		markFailed:     `UPDATE ` + o + ` SET attempts = ?, last_error = ?, next_attempt_at = ?, parked_at = ? WHERE id = ?`,
@@ -96,6 +111,10 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		addColumns: []addColumn{
 			{ot, "next_attempt_at", "BIGINT NOT NULL DEFAULT 0"},
 			{ot, "parked_at", "BIGINT"},
+			// The message's bus.Envelope.Due in Unix nanoseconds, 0 for
+			// none: the relay hands it to the transport, which carries
+			// the delay; the relay never waits for it.
+			{ot, "due_at", "BIGINT NOT NULL DEFAULT 0"},
 		},
 		inboxProcessed: `SELECT 1 FROM ` + i + ` WHERE endpoint = ? AND message_id = ? AND handler = ?`,
 		inboxInsert:    `INSERT INTO ` + i + ` (endpoint, message_id, handler, processed_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,

@@ -97,6 +97,7 @@ type Notifier interface {
 type Config struct {
 	Dialect       Dialect
 	Outbox, Inbox Table
+	Saga          Table    // the saga table
 	Notifier      Notifier // nil without one
 	Logger        *slog.Logger
 	CloseDB       bool // Close closes the database
@@ -127,11 +128,13 @@ type Store struct {
 	dialect  Dialect
 	outbox   Table
 	inbox    Table
+	saga     Table
 	notifier Notifier
 	logger   *slog.Logger
 	closeDB  bool
 	retry    retryPolicy
 	queries  queries
+	sagaQ    sagaQueries
 
 	commitMu sync.Mutex
 	commit   chan struct{} // closed, and replaced, at every commit that stores messages
@@ -144,10 +147,17 @@ type Store struct {
 
 // New returns a store on db. It does not touch the database.
 func New(db *sql.DB, c Config) *Store {
-	return &Store{db: db, dialect: c.Dialect, outbox: c.Outbox, inbox: c.Inbox, notifier: c.Notifier, closeDB: c.CloseDB,
+	s := &Store{db: db, dialect: c.Dialect, outbox: c.Outbox, inbox: c.Inbox, saga: c.Saga, notifier: c.Notifier, closeDB: c.CloseDB,
 		retry:  retryPolicy{attempts: c.DispatchAttempts, backoff: c.DispatchBackoff},
 		logger: c.Logger.With(slog.String("store", c.Dialect.String())), commit: make(chan struct{}),
 		queries: buildQueries(c.Dialect, c.Outbox, c.Inbox)}
+	if s.saga.Name == "" {
+		s.saga = Table{Name: "plugbus_saga"}
+	}
+	var sagaDDL []ddl
+	sagaDDL, s.sagaQ = buildSagaQueries(c.Dialect, s.saga)
+	s.queries.ddl = append(s.queries.ddl, sagaDDL...)
+	return s
 }
 
 // DB returns the database.
@@ -181,7 +191,7 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Migrate creates the outbox and inbox tables and their indexes when they
+// Migrate creates the outbox, inbox and saga tables and their indexes when they
 // do not exist, and adds the columns of this release to tables created by
 // an earlier one. It is idempotent and safe to run from several processes
 // at once.
@@ -204,9 +214,24 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return fmt.Errorf("store: migrate: taking the migration lock: %w", err)
 		}
 	}
-	for _, stmt := range s.queries.ddl {
-		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("store: migrate: %s: %w", firstLine(stmt), err)
+	for _, d := range s.queries.ddl {
+		if s.dialect == PostgreSQL {
+			// CREATE ... IF NOT EXISTS takes its lock before it looks:
+			// CREATE INDEX a SHARE lock on the table, which waits for the
+			// handlers of running buses writing to it while this
+			// transaction holds the locks of the statements before, and
+			// the handlers wait for those: a deadlock when a bus starts
+			// beside running ones. Look first, as addColumn does.
+			var exists bool
+			if err := tx.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, d.object).Scan(&exists); err != nil {
+				return fmt.Errorf("store: migrate: looking for %s: %w", d.object, err)
+			}
+			if exists {
+				continue
+			}
+		}
+		if _, err := tx.ExecContext(ctx, d.stmt); err != nil {
+			return fmt.Errorf("store: migrate: %s: %w", firstLine(d.stmt), err)
 		}
 	}
 	for _, c := range s.queries.addColumns {

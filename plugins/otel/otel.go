@@ -63,6 +63,12 @@ const (
 	// unhandled message the bus dead-letters (the default) has error.type
 	// *bus.NoHandlerError instead.
 	UnhandledKey = attribute.Key("plugbus.message.unhandled")
+	// DueKey is the earliest delivery time of a scheduled message
+	// (bus.Delay, bus.At, bus.Outgoing.SetDue), on send spans, in RFC
+	// 3339 with nanoseconds, UTC; absent for a message that goes now. It
+	// is read after the rest of the chain ran, so it is the due time the
+	// transport was given.
+	DueKey = attribute.Key("plugbus.message.due")
 )
 
 // Option configures the plugin. Options are applied once, by [New].

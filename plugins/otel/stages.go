@@ -149,6 +149,9 @@ func (m *middleware) outgoing(ctx context.Context, out *bus.Outgoing, next bus.N
 	}()
 	err := next(ctx)
 	returned = true
+	if due := out.Due(); !due.IsZero() && span.IsRecording() {
+		span.SetAttributes(DueKey.String(due.UTC().Format(time.RFC3339Nano)))
+	}
 	if err != nil {
 		et := errorType(err)
 		failSpan(span, et, err)

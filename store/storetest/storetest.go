@@ -48,7 +48,7 @@ func (d DB) Table(name string) string {
 // OpenStore opens a store on d with its tables in the test's schema
 // (options given later win). The caller closes it.
 func (d DB) OpenStore(opts ...store.Option) (*store.Store, error) {
-	opts = append([]store.Option{store.WithOutboxTable(d.Table("outbox")), store.WithInboxTable(d.Table("inbox"))}, opts...)
+	opts = append([]store.Option{store.WithOutboxTable(d.Table("outbox")), store.WithInboxTable(d.Table("inbox")), store.WithSagaTable(d.Table("saga"))}, opts...)
 	if d.Kind == SQLite {
 		return sqlite.Open(d.DSN, opts...)
 	}

@@ -124,12 +124,17 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 // waits there. A send to the instance queue of a closed transport is
 // dropped, as on RabbitMQ and SQS (the instance that waited for it is
 // gone). With no destination it returns an error wrapping bus.ErrNoRoute.
+// An env.Due ahead (bus.Delay, bus.At) keeps the copy in the broker's
+// delay heap, beside the delayed retries, until it is due; it does not
+// survive the process.
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
 	return t.impl.Send(ctx, env, to)
 }
 
 // Publish puts a copy of env on the queue of every endpoint subscribed to
-// env.Name. With no subscriber the broker keeps no copy.
+// env.Name. With no subscriber the broker keeps no copy. An env.Due ahead
+// keeps each copy in the broker's delay heap until it is due: the
+// endpoints subscribed at the publish get it.
 func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
 	return t.impl.Publish(ctx, env)
 }

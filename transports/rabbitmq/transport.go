@@ -15,7 +15,11 @@ import (
 )
 
 // Send publishes env to the queue of the endpoint named to through
-// the default exchange and returns once the broker confirmed it. A missing
+// the default exchange and returns once the broker confirmed it. An
+// env.Due ahead (bus.Delay, bus.At) sends it through the delay queues
+// instead, which carry the delayed retries too: it reaches the queue no
+// earlier than Due (see [Transport.MaxDelay]; a missing queue then sends
+// it to [DelayUndeliverableQueue]). A missing
 // queue is an [*UnroutableError], except for an instance queue
 // ([Transport.InstanceAddress]): that message is dropped with a warning.
 // The first Send of a transport connects. While there is no connection,
@@ -27,6 +31,9 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) erro
 	}
 	if len(to) > maxShortString {
 		return fmt.Errorf("rabbitmq: send %s: destination %.40q is longer than %d bytes", env.Name, to, maxShortString)
+	}
+	if delay := dueIn(env); delay > 0 {
+		return t.emitAfter(ctx, env, to, delay)
 	}
 	err := t.emit(ctx, env, "", to, true)
 	if err != nil && strings.HasPrefix(to, InstanceQueuePrefix) && errors.Is(err, ErrUnroutable) {
@@ -47,10 +54,15 @@ func (t *Transport) CopiesEnvelopes() bool { return true }
 // every endpoint that handles the name gets a copy. It returns once the
 // broker confirmed it; when no endpoint subscribes it is an
 // [*UnroutableError] unless [WithUnroutablePublish] was given. It waits
-// for a connection as Send does.
+// for a connection as Send does. An env.Due ahead publishes it through the
+// delay queues: when it is due, every endpoint that handles the name then
+// gets a copy (none: [DelayUndeliverableQueue]).
 func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
 	if env.Name == "" || len(env.Name) > maxShortString {
 		return fmt.Errorf("rabbitmq: publish: message name %.40q must be 1 to %d bytes", env.Name, maxShortString)
+	}
+	if delay := dueIn(env); delay > 0 {
+		return t.emitAfter(ctx, env, "", delay)
 	}
 	return t.emit(ctx, env, t.o.exchange, env.Name, !t.o.unroutablePublish)
 }
@@ -444,4 +456,12 @@ func (t *Transport) requeue(s *session, d *bus.Delivery, m *amqp.Delivery, r rou
 		return fmt.Errorf("rabbitmq: moving %s (id %s) to %v: %w; requeueing it failed too: %w", d.Name, d.Attributes.MessageID, r, err, nerr)
 	}
 	return fmt.Errorf("rabbitmq: moving %s (id %s) to %v: %w; the original was requeued with its attempt count unchanged and the broker redelivers it", d.Name, d.Attributes.MessageID, r, err)
+}
+
+// dueIn returns how far env.Due lies ahead: 0 when it is zero or passed.
+func dueIn(env *bus.Envelope) time.Duration {
+	if env.Due.IsZero() {
+		return 0
+	}
+	return time.Until(env.Due)
 }

@@ -585,9 +585,11 @@ func (t *Transport) CountsReceives() bool { return true }
 // [Transport.InstanceAddress]) is used as it is. A missing queue is a
 // [*NoQueueError], except for an instance queue (one whose name contains
 // "instance-"): a message to an instance queue that no longer exists is
-// dropped with a warning, since no one could ever receive it.
+// dropped with a warning, since no one could ever receive it. An env.Due
+// ahead (bus.Delay, bus.At) is carried with DelaySeconds, and beyond 15
+// minutes in hops, as the delayed retries are (delay.go).
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
-	return t.send(ctx, env, to, time.Time{})
+	return t.send(ctx, env, to, env.Due)
 }
 
 // send puts env on the queue of the endpoint (or queue URL) to, to be
@@ -643,9 +645,11 @@ func (t *Transport) send(ctx context.Context, env *bus.Envelope, to string, due 
 // Publish puts env on the SNS topic of env.Name (creating the topic when
 // it does not exist yet), which delivers it to the queue of every endpoint
 // subscribed to it. A message published before any endpoint subscribed
-// reaches no one.
+// reaches no one. An env.Due ahead travels in the "plugbus" attribute: each
+// receiving transport holds its copy in its queue (DelaySeconds, hops)
+// until it is due.
 func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
-	return t.publish(ctx, env, time.Time{})
+	return t.publish(ctx, env, env.Due)
 }
 
 // publish puts env on the SNS topic of env.Name, for every subscribed

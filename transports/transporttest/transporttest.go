@@ -117,6 +117,10 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 		if f.DurableDelays {
 			t.Run("DelayedMessageSurvivesKill9OfItsConsumer", s.delayedSurvivesKill)
 		}
+		// Scheduling is carried by the same mechanism (docs/scheduling.md).
+		t.Run("ScheduledSendNoneEarly", s.scheduledSendNoneEarly)
+		t.Run("ScheduledPublishReachesEachSubscriberOnce", s.scheduledPublishOncePerSubscriber)
+		t.Run("ScheduledSurvivesTransportRestart", s.scheduledSurvivesTransportRestart)
 	}
 	if instances {
 		t.Run("InstanceQueue", s.instanceQueue)

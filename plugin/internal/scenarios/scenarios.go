@@ -76,6 +76,20 @@ func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 			out.Headers()["x-mw"] = "3"
 			return next(ctx)
 		}
+	case "due":
+		// Reads the due time into a header and postpones it by a minute;
+		// one without a due time gets one a minute from now.
+		m.Outgoing = func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			due := out.Due()
+			if due.IsZero() {
+				out.Headers()["x-due"] = "none"
+				out.SetDue(time.Now().Add(time.Minute))
+				return next(ctx)
+			}
+			out.Headers()["x-due"] = due.UTC().Format(time.RFC3339Nano)
+			out.SetDue(due.Add(time.Minute))
+			return next(ctx)
+		}
 	case "deadline":
 		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
 			dl, ok := ctx.Deadline()

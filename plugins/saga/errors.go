@@ -1,0 +1,79 @@
+package saga
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrNotFound is matched by [*NotFoundError].
+var ErrNotFound = errors.New("saga: no instance")
+
+// NotFoundError is the permanent failure of a message declared with
+// WhenMissing(DeadLetter) for which no instance runs.
+type NotFoundError struct {
+	Saga, Message, Key string
+}
+
+// Error implements error.
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("saga %s: no running instance %q for message %s", e.Saga, e.Key, e.Message)
+}
+
+// Is reports whether target is ErrNotFound.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// ErrCorrelation is matched by [*CorrelationError].
+var ErrCorrelation = errors.New("saga: no correlation value")
+
+// CorrelationError is the permanent failure of a message whose
+// correlation value is empty: it cannot be matched to an instance.
+type CorrelationError struct {
+	Saga, Message string
+	Attribute     string // the attribute of ByAttribute; empty for By
+}
+
+// Error implements error.
+func (e *CorrelationError) Error() string {
+	if e.Attribute != "" {
+		return fmt.Sprintf("saga %s: message %s has no attribute %q to find its instance by", e.Saga, e.Message, e.Attribute)
+	}
+	return fmt.Sprintf("saga %s: the correlation of message %s returned an empty value", e.Saga, e.Message)
+}
+
+// Is reports whether target is ErrCorrelation.
+func (e *CorrelationError) Is(target error) bool { return target == ErrCorrelation }
+
+// ErrConflict is matched by [*ConflictError].
+var ErrConflict = errors.New("saga: concurrency conflict")
+
+// ConflictError is returned when a handler lost an optimistic concurrency
+// conflict more times than WithConflictRetries allows (or once, without the
+// outbox on the saga's store): the message goes back to the bus's retry
+// policy, which handles it again on the new state.
+type ConflictError struct {
+	Saga, Key string
+	Attempts  int
+}
+
+// Error implements error.
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("saga %s: instance %q was changed concurrently %d time(s); the message is retried", e.Saga, e.Key, e.Attempts)
+}
+
+// Is reports whether target is ErrConflict.
+func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// StateError is the permanent failure of a message whose instance's
+// stored state cannot be decoded into the saga's state type.
+type StateError struct {
+	Saga, Key string
+	Err       error
+}
+
+// Error implements error.
+func (e *StateError) Error() string {
+	return fmt.Sprintf("saga %s: decoding the state of instance %q: %v", e.Saga, e.Key, e.Err)
+}
+
+// Unwrap returns the decoding error.
+func (e *StateError) Unwrap() error { return e.Err }

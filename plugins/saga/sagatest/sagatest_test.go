@@ -1,0 +1,154 @@
+package sagatest_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/plugins/saga"
+	"github.com/plugbus/plugbus/plugins/saga/sagatest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type (
+	Placed         struct{ OrderID string }
+	Paid           struct{ OrderID string }
+	PaymentOverdue struct{ OrderID string }
+	Cancelled      struct{ OrderID string }
+)
+
+func (Placed) MessageName() string         { return "t.placed" }
+func (Paid) MessageName() string           { return "t.paid" }
+func (PaymentOverdue) MessageName() string { return "t.overdue" }
+func (Cancelled) MessageName() string      { return "t.cancelled" }
+
+type Order struct {
+	Paid      bool
+	PlacedAt  time.Time
+	Reminders int
+}
+
+func orders() *saga.Saga[Order] {
+	s := saga.New[Order]("order", nil)
+	saga.StartedBy(s, saga.By(func(m Placed) string { return m.OrderID }), func(c *saga.Context[Order], m Placed) error {
+		c.State.PlacedAt = c.Now()
+		return c.RequestTimeout(30*time.Minute, PaymentOverdue(m))
+	})
+	saga.Handles(s, saga.By(func(m Paid) string { return m.OrderID }), func(c *saga.Context[Order], m Paid) error {
+		c.State.Paid = true
+		c.Complete()
+		return nil
+	}, saga.WhenMissing(saga.DeadLetter))
+	saga.HandlesTimeout(s, func(c *saga.Context[Order], m PaymentOverdue) error {
+		c.Complete()
+		return c.Publish(Cancelled(m))
+	})
+	return s
+}
+
+var epoch = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+func TestTimeoutCancelsUnpaidOrder(t *testing.T) {
+	h := sagatest.New(orders(), epoch)
+	if err := h.Deliver(Placed{OrderID: "o-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := h.State("o-1"); !ok || !s.PlacedAt.Equal(epoch) {
+		t.Fatalf("state %+v %v; want placed at the harness's clock", s, ok)
+	}
+	if ts := h.Timeouts(); len(ts) != 1 || !ts[0].Due.Equal(epoch.Add(30*time.Minute)) || ts[0].Key != "o-1" {
+		t.Fatalf("timeouts %+v; want one due in 30m for o-1", ts)
+	}
+	if err := h.Advance(29 * time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Messages()) != 0 || !h.Running("o-1") {
+		t.Fatal("the timeout fired early")
+	}
+	if err := h.Advance(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Messages(); len(got) != 1 || got[0] != (Cancelled{OrderID: "o-1"}) {
+		t.Fatalf("sent %v; want Cancelled o-1", got)
+	}
+	if h.Running("o-1") {
+		t.Fatal("the cancelled order still runs")
+	}
+	if e := h.Sent()[0]; e.Kind != saga.EffectPublish {
+		t.Fatalf("effect kind %s; want publish", e.Kind)
+	}
+	if !h.Now().Equal(epoch.Add(30 * time.Minute)) {
+		t.Fatalf("clock %s; want 30m after the start", h.Now())
+	}
+}
+
+func TestPaidOrderIgnoresItsTimeout(t *testing.T) {
+	h := sagatest.New(orders(), epoch)
+	for _, m := range []bus.Message{Placed{OrderID: "o-2"}, Paid{OrderID: "o-2"}} {
+		if err := h.Deliver(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := h.State("o-2"); ok {
+		t.Fatal("the completed order is still kept (no retention)")
+	}
+	if err := h.Advance(time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Messages(); len(got) != 0 {
+		t.Fatalf("sent %v after the paid order's timeout; want nothing", got)
+	}
+	if len(h.Timeouts()) != 0 {
+		t.Fatal("the timeout is still pending after its due time")
+	}
+}
+
+func TestMissingInstanceIsDeadLettered(t *testing.T) {
+	h := sagatest.New(orders(), epoch)
+	err := h.Deliver(Paid{OrderID: "nobody"})
+	if !errors.Is(err, saga.ErrNotFound) || !bus.IsPermanent(err) {
+		t.Fatalf("Deliver = %v; want a permanent saga.ErrNotFound", err)
+	}
+}
+
+func TestAttributeCorrelation(t *testing.T) {
+	s := saga.New[Order]("tagged", nil, saga.WithRetention(time.Hour))
+	saga.StartedBy(s, saga.ByAttribute[Placed]("tenant"), func(c *saga.Context[Order], m Placed) error {
+		c.State.Reminders++
+		return nil
+	})
+	h := sagatest.New(s, epoch)
+	for range 2 {
+		if err := h.Deliver(Placed{OrderID: "x"}, sagatest.WithAttribute("tenant", "acme")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, ok := h.State("acme"); !ok || st.Reminders != 2 {
+		t.Fatalf("state %+v %v; want 2 messages on instance acme", st, ok)
+	}
+	if err := h.Deliver(Placed{OrderID: "x"}); !errors.Is(err, saga.ErrCorrelation) {
+		t.Fatalf("Deliver without the attribute = %v; want saga.ErrCorrelation", err)
+	}
+}
+
+func TestFailedHandlerChangesNothing(t *testing.T) {
+	s := saga.New[Order]("failing", nil)
+	saga.StartedBy(s, saga.By(func(m Placed) string { return m.OrderID }), func(c *saga.Context[Order], m Placed) error {
+		c.State.Reminders++
+		if err := c.Send(Cancelled(m)); err != nil {
+			return err
+		}
+		return errors.New("boom")
+	})
+	h := sagatest.New(s, epoch)
+	if err := h.Deliver(Placed{OrderID: "f"}); err == nil {
+		t.Fatal("Deliver succeeded")
+	}
+	if _, ok := h.State("f"); ok || len(h.Messages()) != 0 {
+		t.Fatal("a failed handler created an instance or sent")
+	}
+}
