@@ -38,7 +38,7 @@ func TestDelayedSendThroughTheOutbox(t *testing.T) {
 		}
 		sent := <-sentAt
 		r := receive(t, got)
-		if early := sent.Add(delay).Sub(time.Now()); early > 0 || r.msg.N != 3 {
+		if early := time.Until(sent.Add(delay)); early > 0 || r.msg.N != 3 {
 			t.Fatalf("received %+v %v before it was due", r.msg, early)
 		}
 		table := db.Table("outbox")

@@ -67,7 +67,7 @@ func (s *suite) scheduledPublishOncePerSubscriber(t *testing.T) {
 	}
 	for i, tr := range subs {
 		d := s.receive(t, tr)
-		if early := env.Due.Sub(time.Now()); early > 0 {
+		if early := time.Until(env.Due); early > 0 {
 			t.Errorf("subscriber %d got it %v before it was due", i, early)
 		}
 		if d.Attributes.MessageID != env.Attributes.MessageID || string(d.Body) != `{"scheduled":true}` {
@@ -102,7 +102,7 @@ func (s *suite) scheduledSurvivesTransportRestart(t *testing.T) {
 	}
 	again := s.open(t, ep, name)
 	d := s.receive(t, again)
-	if early := env.Due.Sub(time.Now()); early > 0 {
+	if early := time.Until(env.Due); early > 0 {
 		t.Errorf("delivered %v before it was due", early)
 	}
 	if d.Attributes.MessageID != env.Attributes.MessageID {
