@@ -472,7 +472,7 @@ func TestDelayedMessagesSurviveABrokerRestart(t *testing.T) {
 	ctx := testContext(t, 4*time.Minute)
 	setUp(ctx, t, tr, e.endpoint)
 	name := transporttest.Name(delayTestName)
-	delays := map[string]time.Duration{"during": 3 * time.Second, "after": 20 * time.Second}
+	delays := map[string]time.Duration{"during": 8 * time.Second, "after": 25 * time.Second}
 	due := map[string]time.Time{}
 	for _, id := range []string{"during", "after"} {
 		sendTo(ctx, t, tr, e.endpoint, message(name, id))
