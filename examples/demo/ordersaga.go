@@ -18,8 +18,9 @@ type Order struct {
 	Shipped bool `json:"shipped"`
 }
 
-// orderSaga is the orders service's workflow: placed → paid → shipped, and
-// a payment timeout that cancels an order whose payment never came.
+// orderSaga is the orders service's workflow: placed → paid → shipped (the
+// last two in either order: the order completes when it has both), and a
+// payment timeout that cancels an order whose payment never came.
 func (s *shop) orderSaga(st *store.Store) *saga.Saga[Order] {
 	orders := saga.New[Order]("order", st)
 	saga.StartedBy(orders, saga.By(func(m PlaceOrder) string { return m.OrderID }), func(c *saga.Context[Order], m PlaceOrder) error {
@@ -32,11 +33,22 @@ func (s *shop) orderSaga(st *store.Store) *saga.Saga[Order] {
 	})
 	saga.Handles(orders, saga.By(func(m PaymentTaken) string { return m.OrderID }), func(c *saga.Context[Order], m PaymentTaken) error {
 		c.State.Paid = true
+		if c.State.Shipped {
+			c.Complete()
+			s.out.printf("%-9s saga      order %-22s paid: completed\n", "orders", m.OrderID)
+			return nil
+		}
 		s.out.printf("%-9s saga      order %-22s paid\n", "orders", m.OrderID)
 		return nil
 	})
 	saga.Handles(orders, saga.By(func(m OrderShipped) string { return m.OrderID }), func(c *saga.Context[Order], m OrderShipped) error {
+		// Shipping and the saga both hear of the payment: the shipment can
+		// reach the saga before the payment does.
 		c.State.Shipped = true
+		if !c.State.Paid {
+			s.out.printf("%-9s saga      order %-22s shipped; waiting for the payment\n", "orders", m.OrderID)
+			return nil
+		}
 		c.Complete()
 		s.out.printf("%-9s saga      order %-22s shipped: completed\n", "orders", m.OrderID)
 		return nil
