@@ -1,0 +1,102 @@
+package faults
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// Case is one fault injected under a stream of messages.
+type Case struct {
+	Name   string
+	Toxics []Toxic
+	// Hold keeps the fault this long; or, with UntilLog set, until a log
+	// message containing UntilLog says the client noticed it.
+	Hold     time.Duration
+	UntilLog string
+	// ReplacedLog, with UntilLog, is the message logged once the
+	// connection is replaced: Report.Replacement is measured to it.
+	ReplacedLog string
+	// MaxDetection bounds how long noticing the fault (UntilLog) may take.
+	MaxDetection time.Duration
+}
+
+// Target is what a case runs against: the proxy in front of the service,
+// the bus's logs, and how to send message id and count dead letters.
+type Target struct {
+	Proxy        *Proxy
+	Logs         *Logs
+	Tally        *Tally
+	PerSecond    float64
+	InFlight     int
+	Send         func(ctx context.Context, id int) error
+	DeadLettered func(ctx context.Context) (int, error)
+	// LostLog is the message the client logs when it loses its
+	// connection: Report.Reconnects counts them.
+	LostLog string
+}
+
+// Run streams the target's messages, injects c once a fifth of them were
+// sent, clears it, waits until every message was handled and returns the
+// report. It fails t unless nothing was lost and nothing dead-lettered.
+func Run(ctx context.Context, t testing.TB, c Case, tg Target) Report {
+	t.Helper()
+	streamed := Stream(ctx, tg.Tally, tg.PerSecond, tg.InFlight, tg.Send)
+	select {
+	case <-tg.Tally.SentReached(tg.Tally.n / 5):
+	case <-ctx.Done():
+		t.Fatalf("%s: the stream did not start: %v", c.Name, tg.Tally.Report(c.Name, 0, time.Now()))
+	}
+	tg.Proxy.Add(t, c.Toxics...)
+	start := time.Now()
+	var detection, replacement time.Duration
+	if c.UntilLog != "" {
+		bound, cancel := context.WithTimeout(ctx, c.MaxDetection)
+		r, ok := tg.Logs.Await(bound, c.UntilLog, start)
+		cancel()
+		if !ok {
+			tg.Proxy.Clear()
+			t.Fatalf("%s: no log %q within %v of the fault", c.Name, c.UntilLog, c.MaxDetection)
+		}
+		detection = r.At.Sub(start)
+	} else {
+		select {
+		case <-time.After(c.Hold):
+		case <-ctx.Done():
+		}
+	}
+	tg.Proxy.Clear()
+	end := time.Now()
+	if c.ReplacedLog != "" {
+		r, ok := tg.Logs.Await(ctx, c.ReplacedLog, start.Add(detection))
+		if !ok {
+			t.Fatalf("%s: no log %q after the fault was cleared", c.Name, c.ReplacedLog)
+		}
+		replacement = r.At.Sub(start.Add(detection))
+	}
+	select {
+	case <-streamed:
+	case <-ctx.Done():
+	}
+	select {
+	case <-tg.Tally.All():
+	case <-ctx.Done():
+	}
+	dead, err := tg.DeadLettered(context.WithoutCancel(ctx))
+	if err != nil {
+		t.Errorf("%s: counting dead letters: %v", c.Name, err)
+	}
+	r := tg.Tally.Report(c.Name, dead, end)
+	r.Detection, r.Replacement = detection, replacement
+	if tg.LostLog != "" {
+		r.Reconnects = tg.Logs.Count(tg.LostLog)
+	}
+	t.Log(r)
+	if r.Lost > 0 || r.Unique < tg.Tally.n || r.DeadLettered > 0 {
+		t.Errorf("%s: %d of %d handled, %d sent and lost, %d dead-lettered", c.Name, r.Unique, tg.Tally.n, r.Lost, r.DeadLettered)
+	}
+	if r.Recovery < 0 {
+		t.Errorf("%s: no message sent after the fault was cleared was handled", c.Name)
+	}
+	return r
+}
