@@ -84,6 +84,13 @@ func Reset() []Toxic {
 	return []Toxic{{Name: "reset", Type: "reset_peer", Stream: "upstream", Attributes: map[string]any{"timeout": 0}}}
 }
 
+// ResetReplies resets each connection as soon as the service sends
+// anything back through it (a reply is lost after the request arrived),
+// and every new connection likewise, until cleared.
+func ResetReplies() []Toxic {
+	return []Toxic{{Name: "reset_replies", Type: "reset_peer", Stream: "downstream", Attributes: map[string]any{"timeout": 0}}}
+}
+
 // Stall stops every byte each way while the sockets stay open (the
 // timeout toxic with no timeout): a half-open connection, until cleared.
 func Stall() []Toxic {

@@ -32,12 +32,12 @@ const heartbeat = time.Second
 // rabbitCases are the faults injected between the bus and RabbitMQ.
 func rabbitCases() []faults.Case {
 	return []faults.Case{
-		{Name: "latency 2s±1s", Toxics: faults.Latency(2000, 1000), Hold: 4 * time.Second},
+		{Name: "latency 2s±1s", Toxics: faults.Latency(2000, 1000), Hold: 3 * time.Second},
 		{Name: "reset while publishing", Toxics: faults.Reset(), UntilLog: "connection to RabbitMQ lost", MaxDetection: 10 * time.Second,
 			ReplacedLog: "connected to RabbitMQ"},
 		{Name: "silent stall", Toxics: faults.Stall(), UntilLog: "connection to RabbitMQ lost", MaxDetection: 3*heartbeat/2 + 2*time.Second,
 			ReplacedLog: "connected to RabbitMQ"},
-		{Name: "trickle 2KB/s", Toxics: faults.Trickle(2), Hold: 4 * time.Second},
+		{Name: "trickle 2KB/s", Toxics: faults.Trickle(2), Hold: 3 * time.Second},
 	}
 }
 
@@ -89,7 +89,7 @@ func TestRabbitMQFaultsLoseNothing(t *testing.T) {
 				}
 			})
 			faults.Run(ctx, t, c, faults.Target{
-				Proxy: proxy, Logs: logs, Tally: tally, PerSecond: 1000, InFlight: 256,
+				Proxy: proxy, Logs: logs, Tally: tally, PerSecond: float64(n) / 10, InFlight: 256,
 				Send:    func(ctx context.Context, id int) error { return b.Send(ctx, work{ID: id}, bus.To(endpoint)) },
 				LostLog: "connection to RabbitMQ lost",
 				DeadLettered: func(context.Context) (int, error) {

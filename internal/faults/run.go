@@ -19,6 +19,11 @@ type Case struct {
 	ReplacedLog string
 	// MaxDetection bounds how long noticing the fault (UntilLog) may take.
 	MaxDetection time.Duration
+	// Trigger, when set, starts the fault instead of the fifth message
+	// sent: it is closed by whoever injected the fault (a handler adding
+	// Toxics in the middle of its transaction, say); Toxics are then not
+	// added by Run.
+	Trigger <-chan struct{}
 }
 
 // Target is what a case runs against: the proxy in front of the service,
@@ -42,12 +47,20 @@ type Target struct {
 func Run(ctx context.Context, t testing.TB, c Case, tg Target) Report {
 	t.Helper()
 	streamed := Stream(ctx, tg.Tally, tg.PerSecond, tg.InFlight, tg.Send)
-	select {
-	case <-tg.Tally.SentReached(tg.Tally.n / 5):
-	case <-ctx.Done():
-		t.Fatalf("%s: the stream did not start: %v", c.Name, tg.Tally.Report(c.Name, 0, time.Now()))
+	if c.Trigger != nil {
+		select {
+		case <-c.Trigger:
+		case <-ctx.Done():
+			t.Fatalf("%s: the fault was never triggered: %v", c.Name, tg.Tally.Report(c.Name, 0, time.Now()))
+		}
+	} else {
+		select {
+		case <-tg.Tally.SentReached(tg.Tally.n / 5):
+		case <-ctx.Done():
+			t.Fatalf("%s: the stream did not start: %v", c.Name, tg.Tally.Report(c.Name, 0, time.Now()))
+		}
+		tg.Proxy.Add(t, c.Toxics...)
 	}
-	tg.Proxy.Add(t, c.Toxics...)
 	start := time.Now()
 	var detection, replacement time.Duration
 	if c.UntilLog != "" {

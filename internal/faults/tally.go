@@ -115,12 +115,15 @@ type Report struct {
 	Replacement time.Duration
 	// Reconnects is how many times the client lost its connection.
 	Reconnects int
+	// Drained is the time from the end of the fault until every message
+	// was handled.
+	Drained time.Duration
 }
 
 // String is the report on one line, for the test log.
 func (r Report) String() string {
-	s := fmt.Sprintf("%s: sent %d (send errors %d) / handled-unique %d / duplicates %d / lost %d / dead-lettered %d / recovered in %v",
-		r.Case, r.Sent, r.SendErrors, r.Unique, r.Duplicates, r.Lost, r.DeadLettered, r.Recovery.Round(time.Millisecond))
+	s := fmt.Sprintf("%s: sent %d (send errors %d) / handled-unique %d / duplicates %d / lost %d / dead-lettered %d / recovered in %v, all handled %v after the fault",
+		r.Case, r.Sent, r.SendErrors, r.Unique, r.Duplicates, r.Lost, r.DeadLettered, r.Recovery.Round(time.Millisecond), r.Drained.Round(time.Millisecond))
 	s += fmt.Sprintf(" / connections lost %d", r.Reconnects)
 	if r.Detection > 0 {
 		s += fmt.Sprintf(" (fault noticed in %v, connection replaced %v later)", r.Detection.Round(time.Millisecond), r.Replacement.Round(time.Millisecond))
@@ -135,6 +138,9 @@ func (t *Tally) Report(name string, deadLettered int, faultEnd time.Time) Report
 	r := Report{Case: name, Sent: t.sent, SendErrors: t.sendErrors, Unique: t.unique, Duplicates: t.total - t.unique, DeadLettered: deadLettered}
 	r.Recovery = -1
 	for id := range t.n {
+		if d := t.handledAt[id].Sub(faultEnd); t.handled[id] > 0 && d > r.Drained {
+			r.Drained = d
+		}
 		if !t.sentAt[id].IsZero() && t.handled[id] == 0 {
 			r.Lost++
 		}
