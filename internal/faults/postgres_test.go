@@ -11,8 +11,10 @@ import (
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/faults"
 	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/middleware/timeout"
 	"github.com/plugbus/plugbus/plugins/inbox"
 	"github.com/plugbus/plugbus/plugins/outbox"
+	"github.com/plugbus/plugbus/store"
 	"github.com/plugbus/plugbus/store/storetest"
 	"github.com/plugbus/plugbus/transports/rabbitmq"
 	"github.com/plugbus/plugbus/transports/transporttest"
@@ -33,11 +35,21 @@ type pgCase struct {
 	inTx []faults.Toxic
 }
 
+// pgTimeout is the handler's deadline and the store's statement timeout
+// in the cases: how long a silent PostgreSQL connection holds a handler
+// or the relay.
+const pgTimeout = 2 * time.Second
+
 func postgresCases() []pgCase {
 	return []pgCase{
 		{Case: faults.Case{Name: "latency 2s±1s", Toxics: faults.Latency(2000, 1000), Hold: 3 * time.Second}},
 		{Case: faults.Case{Name: "reset", Toxics: faults.Reset(), Hold: time.Second}},
-		{Case: faults.Case{Name: "silent stall", Toxics: faults.Stall(), Hold: 3 * time.Second}},
+		// Every statement on a silent connection hangs until a deadline:
+		// the handler's (middleware/timeout) fails its transaction, the
+		// store's (store.WithTimeout) fails the relay's round and the
+		// inbox's lookups.
+		{Case: faults.Case{Name: "silent stall", Toxics: faults.Stall(), MaxDetection: pgTimeout + 3*time.Second,
+			UntilLogs: []string{"message returned for retry", "outbox relay: dispatch failed"}}},
 		{Case: faults.Case{Name: "trickle 2KB/s", Toxics: faults.Trickle(2), Hold: 3 * time.Second}},
 		// The COMMIT never reaches the server: the transaction rolls back.
 		{Case: faults.Case{Name: "reset before the commit", Hold: time.Second}, inTx: faults.Reset()},
@@ -70,7 +82,7 @@ func TestPostgresFaultsLoseNothing(t *testing.T) {
 			direct := db.SQL(t)
 			storetest.Exec(t, direct, "CREATE TABLE "+db.Table("effects")+" (id INTEGER NOT NULL)")
 			logs := faults.NewLogs()
-			st := viaProxy.Open(t)
+			st := viaProxy.Open(t, store.WithTimeout(pgTimeout))
 
 			n := count()
 			tally := faults.NewTally(n)
@@ -85,7 +97,7 @@ func TestPostgresFaultsLoseNothing(t *testing.T) {
 			insert := db.Rebind("INSERT INTO " + db.Table("effects") + " (id) VALUES (?)")
 			worker := startBus(ctx, t, brokerURL, exchange, logs,
 				bus.WithEndpoint(endpoint), bus.WithConcurrency(8),
-				bus.WithMiddleware(outbox.New(st, outbox.WithPollInterval(200*time.Millisecond),
+				bus.WithMiddleware(timeout.New(pgTimeout), outbox.New(st, outbox.WithPollInterval(200*time.Millisecond),
 					outbox.WithBackoff(bus.Backoff{Initial: 50 * time.Millisecond, Max: time.Second})), inbox.New(st)),
 				bus.WithHandler(func(ctx context.Context, w work, _ bus.Attributes) error {
 					if _, err := outbox.Tx(ctx).ExecContext(ctx, insert, w.ID); err != nil {

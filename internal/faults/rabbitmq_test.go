@@ -33,9 +33,9 @@ const heartbeat = time.Second
 func rabbitCases() []faults.Case {
 	return []faults.Case{
 		{Name: "latency 2s±1s", Toxics: faults.Latency(2000, 1000), Hold: 3 * time.Second},
-		{Name: "reset while publishing", Toxics: faults.Reset(), UntilLog: "connection to RabbitMQ lost", MaxDetection: 10 * time.Second,
+		{Name: "reset while publishing", Toxics: faults.Reset(), UntilLogs: []string{"connection to RabbitMQ lost"}, MaxDetection: 10 * time.Second,
 			ReplacedLog: "connected to RabbitMQ"},
-		{Name: "silent stall", Toxics: faults.Stall(), UntilLog: "connection to RabbitMQ lost", MaxDetection: 3*heartbeat/2 + 2*time.Second,
+		{Name: "silent stall", Toxics: faults.Stall(), UntilLogs: []string{"connection to RabbitMQ lost"}, MaxDetection: 3*heartbeat/2 + 2*time.Second,
 			ReplacedLog: "connected to RabbitMQ"},
 		{Name: "trickle 2KB/s", Toxics: faults.Trickle(2), Hold: 3 * time.Second},
 	}

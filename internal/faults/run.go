@@ -10,14 +10,15 @@ import (
 type Case struct {
 	Name   string
 	Toxics []Toxic
-	// Hold keeps the fault this long; or, with UntilLog set, until a log
-	// message containing UntilLog says the client noticed it.
-	Hold     time.Duration
-	UntilLog string
-	// ReplacedLog, with UntilLog, is the message logged once the
+	// Hold keeps the fault this long; or, with UntilLogs set, until log
+	// messages containing each of UntilLogs say the client noticed it.
+	Hold      time.Duration
+	UntilLogs []string
+	// ReplacedLog, with UntilLogs, is the message logged once the
 	// connection is replaced: Report.Replacement is measured to it.
 	ReplacedLog string
-	// MaxDetection bounds how long noticing the fault (UntilLog) may take.
+	// MaxDetection bounds how long noticing the fault (every one of
+	// UntilLogs) may take.
 	MaxDetection time.Duration
 	// Trigger, when set, starts the fault instead of the fifth message
 	// sent: it is closed by whoever injected the fault (a handler adding
@@ -63,15 +64,19 @@ func Run(ctx context.Context, t testing.TB, c Case, tg Target) Report {
 	}
 	start := time.Now()
 	var detection, replacement time.Duration
-	if c.UntilLog != "" {
+	if len(c.UntilLogs) > 0 {
 		bound, cancel := context.WithTimeout(ctx, c.MaxDetection)
-		r, ok := tg.Logs.Await(bound, c.UntilLog, start)
-		cancel()
-		if !ok {
-			tg.Proxy.Clear()
-			t.Fatalf("%s: no log %q within %v of the fault", c.Name, c.UntilLog, c.MaxDetection)
+		for _, msg := range c.UntilLogs {
+			r, ok := tg.Logs.Await(bound, msg, start)
+			if !ok {
+				cancel()
+				tg.Proxy.Clear()
+				t.Fatalf("%s: no log %q within %v of the fault", c.Name, msg, c.MaxDetection)
+			}
+			detection = max(detection, r.At.Sub(start))
+			t.Logf("%s: noticed after %v: %s %s", c.Name, r.At.Sub(start).Round(time.Millisecond), r.Msg, r.Attrs)
 		}
-		detection = r.At.Sub(start)
+		cancel()
 	} else {
 		select {
 		case <-time.After(c.Hold):

@@ -14,16 +14,17 @@ import (
 type Tally struct {
 	n int
 
-	mu         sync.Mutex
-	sentAt     []time.Time // zero until sent
-	handledAt  []time.Time // first handling
-	handled    []int
-	sent       int
-	unique     int
-	total      int
-	sendErrors int
-	reached    []reachWaiter
-	all        chan struct{}
+	mu             sync.Mutex
+	sentAt         []time.Time // zero until sent
+	handledAt      []time.Time // first handling
+	handled        []int
+	sent           int
+	unique         int
+	total          int
+	sendErrors     int
+	firstSendError error
+	reached        []reachWaiter
+	all            chan struct{}
 }
 
 type reachWaiter struct {
@@ -57,10 +58,13 @@ func (t *Tally) Sent(id int) {
 }
 
 // SendFailed records a send that returned an error (it is tried again).
-func (t *Tally) SendFailed() {
+func (t *Tally) SendFailed(err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.sendErrors++
+	if t.firstSendError == nil {
+		t.firstSendError = err
+	}
 }
 
 // Handled records a handling of id and reports whether it was the first.
@@ -98,13 +102,15 @@ func (t *Tally) All() <-chan struct{} { return t.all }
 
 // Report is what one fault case measured.
 type Report struct {
-	Case         string
-	Sent         int // sends that returned nil
-	SendErrors   int // sends that returned an error (and were tried again)
-	Unique       int // messages handled at least once
-	Duplicates   int // handlings beyond the first
-	Lost         int // sent but never handled
-	DeadLettered int
+	Case       string
+	Sent       int // sends that returned nil
+	SendErrors int // sends that returned an error (and were tried again)
+	// FirstSendError is the error of the first send that failed.
+	FirstSendError error
+	Unique         int // messages handled at least once
+	Duplicates     int // handlings beyond the first
+	Lost           int // sent but never handled
+	DeadLettered   int
 	// Recovery is the time from the end of the fault to the handling of
 	// the first message sent after it.
 	Recovery time.Duration
@@ -125,8 +131,14 @@ func (r Report) String() string {
 	s := fmt.Sprintf("%s: sent %d (send errors %d) / handled-unique %d / duplicates %d / lost %d / dead-lettered %d / recovered in %v, all handled %v after the fault",
 		r.Case, r.Sent, r.SendErrors, r.Unique, r.Duplicates, r.Lost, r.DeadLettered, r.Recovery.Round(time.Millisecond), r.Drained.Round(time.Millisecond))
 	s += fmt.Sprintf(" / connections lost %d", r.Reconnects)
+	if r.FirstSendError != nil {
+		s += fmt.Sprintf(" / first send error: %v", r.FirstSendError)
+	}
 	if r.Detection > 0 {
-		s += fmt.Sprintf(" (fault noticed in %v, connection replaced %v later)", r.Detection.Round(time.Millisecond), r.Replacement.Round(time.Millisecond))
+		s += fmt.Sprintf(" / fault noticed in %v", r.Detection.Round(time.Millisecond))
+	}
+	if r.Replacement > 0 {
+		s += fmt.Sprintf(", connection replaced %v later", r.Replacement.Round(time.Millisecond))
 	}
 	return s
 }
@@ -135,7 +147,7 @@ func (r Report) String() string {
 func (t *Tally) Report(name string, deadLettered int, faultEnd time.Time) Report {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r := Report{Case: name, Sent: t.sent, SendErrors: t.sendErrors, Unique: t.unique, Duplicates: t.total - t.unique, DeadLettered: deadLettered}
+	r := Report{Case: name, Sent: t.sent, SendErrors: t.sendErrors, FirstSendError: t.firstSendError, Unique: t.unique, Duplicates: t.total - t.unique, DeadLettered: deadLettered}
 	r.Recovery = -1
 	for id := range t.n {
 		if d := t.handledAt[id].Sub(faultEnd); t.handled[id] > 0 && d > r.Drained {
@@ -179,7 +191,7 @@ func Stream(ctx context.Context, t *Tally, perSecond float64, inFlight int, send
 				defer func() { <-slots }()
 				for ctx.Err() == nil {
 					if err := send(ctx, id); err != nil {
-						t.SendFailed()
+						t.SendFailed(err)
 						select { // a producer backs off before it tries again
 						case <-time.After(50 * time.Millisecond):
 						case <-ctx.Done():
