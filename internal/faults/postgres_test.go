@@ -65,6 +65,7 @@ func postgresCases() []pgCase {
 // each fault in turn between the bus and PostgreSQL: every done message
 // arrives, and every row is written exactly once.
 func TestPostgresFaultsLoseNothing(t *testing.T) {
+	skipUnderRace(t)
 	brokerURL := testenv.RabbitMQ(t)
 	for _, c := range postgresCases() {
 		t.Run(c.Name, func(t *testing.T) {

@@ -45,6 +45,7 @@ func rabbitCases() []faults.Case {
 // RabbitMQ and injects each fault in turn: every message sent is
 // handled, none is dead-lettered.
 func TestRabbitMQFaultsLoseNothing(t *testing.T) {
+	skipUnderRace(t)
 	brokerURL := testenv.RabbitMQ(t)
 	for _, c := range rabbitCases() {
 		t.Run(c.Name, func(t *testing.T) {
