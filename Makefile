@@ -17,6 +17,13 @@ test: services vet
 	# The crash test again without the race detector, which slows the pure-Go
 	# SQLite thirtyfold: here it moves the full 10,000 messages on both stores.
 	$(GO) test -count=1 -timeout 10m -run '^TestCrash$$' ./plugins/outbox/
+	# The fault-injection suite (Toxiproxy between the bus and RabbitMQ,
+	# PostgreSQL and the SQS emulator, 10,000 messages a case), which the
+	# -race run skips: docs/reliability.md.
+	$(GO) test -count=1 -timeout 15m ./internal/faults/
+	# A 2-minute soak of the realistic mix: fails when heap, goroutines,
+	# open fds or the plugin's memory grow after warm-up.
+	$(GO) test -count=1 -timeout 10m -run '^TestSoak$$' ./internal/soak/ -soak=2m
 	# bench/ is a module of its own (so that its peers never become our
 	# dependencies) built against this tree: keep it building and its sides
 	# handling every message.
