@@ -97,8 +97,8 @@ func TestPostgresFaultsLoseNothing(t *testing.T) {
 			}
 			insert := db.Rebind("INSERT INTO " + db.Table("effects") + " (id) VALUES (?)")
 			worker := startBus(ctx, t, brokerURL, exchange, logs,
-				bus.WithEndpoint(endpoint), bus.WithConcurrency(8),
-				bus.WithMiddleware(timeout.New(pgTimeout), outbox.New(st, outbox.WithPollInterval(200*time.Millisecond),
+				bus.WithEndpoint(endpoint), bus.WithConcurrency(32),
+				bus.WithMiddleware(timeout.New(pgTimeout), outbox.New(st, outbox.WithPollInterval(200*time.Millisecond), outbox.WithRelays(4),
 					outbox.WithBackoff(bus.Backoff{Initial: 50 * time.Millisecond, Max: time.Second})), inbox.New(st)),
 				bus.WithHandler(func(ctx context.Context, w work, _ bus.Attributes) error {
 					if _, err := outbox.Tx(ctx).ExecContext(ctx, insert, w.ID); err != nil {
@@ -113,7 +113,7 @@ func TestPostgresFaultsLoseNothing(t *testing.T) {
 					}
 					return nil
 				}))
-			startBus(ctx, t, brokerURL, exchange, logs, bus.WithEndpoint(sink), bus.WithConcurrency(8),
+			startBus(ctx, t, brokerURL, exchange, logs, bus.WithEndpoint(sink), bus.WithConcurrency(16),
 				bus.WithHandler(func(_ context.Context, d done, _ bus.Attributes) error {
 					tally.Handled(d.ID)
 					return nil
