@@ -4,54 +4,17 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/store"
 	"github.com/plugbus/plugbus/store/postgres"
 )
 
-// silentServer accepts connections and reads from them, never answering:
-// a database behind a connection that went silent.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() { _, _ = io.Copy(io.Discard, c) })
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
-
 func TestStatementOnSilentConnectionFailsAfterTimeout(t *testing.T) {
-	addr := silentServer(t)
+	addr := testenv.SilentServer(t)
 	st, err := postgres.Open("postgres://postgres@"+addr+"/test?sslmode=disable", store.WithTimeout(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

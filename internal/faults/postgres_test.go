@@ -88,7 +88,9 @@ func TestPostgresFaultsLoseNothing(t *testing.T) {
 			n := count()
 			tally := faults.NewTally(n)
 			exchange, endpoint, sink := transporttest.Name("faults"), transporttest.Name("faults-work"), transporttest.Name("faults-sink")
-			t.Cleanup(func() { deleteRabbit(t, brokerURL, exchange, endpoint); deleteRabbit(t, brokerURL, exchange, sink) })
+			t.Cleanup(func() {
+				testenv.DeleteRabbitMQ(t, brokerURL, exchange, endpoint, rabbitmq.DeadLetterQueue(endpoint), sink, rabbitmq.DeadLetterQueue(sink))
+			})
 			c.Trigger = nil
 			var inject sync.Once
 			triggered := make(chan struct{})
@@ -96,7 +98,7 @@ func TestPostgresFaultsLoseNothing(t *testing.T) {
 				c.Trigger = triggered
 			}
 			insert := db.Rebind("INSERT INTO " + db.Table("effects") + " (id) VALUES (?)")
-			worker := startBus(ctx, t, brokerURL, exchange, logs,
+			worker := startBus(ctx, t, rabbitTransport(t, brokerURL, exchange, logs), logs,
 				bus.WithEndpoint(endpoint), bus.WithConcurrency(32),
 				bus.WithMiddleware(timeout.New(pgTimeout), outbox.New(st, outbox.WithPollInterval(200*time.Millisecond), outbox.WithRelays(4),
 					outbox.WithBackoff(bus.Backoff{Initial: 50 * time.Millisecond, Max: time.Second})), inbox.New(st)),
@@ -113,7 +115,7 @@ func TestPostgresFaultsLoseNothing(t *testing.T) {
 					}
 					return nil
 				}))
-			startBus(ctx, t, brokerURL, exchange, logs, bus.WithEndpoint(sink), bus.WithConcurrency(16),
+			startBus(ctx, t, rabbitTransport(t, brokerURL, exchange, logs), logs, bus.WithEndpoint(sink), bus.WithConcurrency(16),
 				bus.WithHandler(func(_ context.Context, d done, _ bus.Attributes) error {
 					tally.Handled(d.ID)
 					return nil
@@ -146,32 +148,4 @@ func effects(t testing.TB, db *sql.DB, table string) (rows, unique int) {
 		t.Fatal(err)
 	}
 	return rows, unique
-}
-
-// startBus starts a bus on its own RabbitMQ transport (straight to the
-// broker), stopped when t ends.
-func startBus(ctx context.Context, t testing.TB, brokerURL, exchange string, logs *faults.Logs, opts ...bus.Option) *bus.Bus {
-	t.Helper()
-	tr, err := rabbitmq.New(brokerURL, rabbitmq.WithExchange(exchange), rabbitmq.WithLogger(logs.Logger()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := bus.New(append([]bus.Option{bus.WithTransport(tr), bus.WithLogger(logs.Logger())}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := b.Stop(stopCtx); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-		if err := tr.Close(stopCtx); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
-	return b
 }

@@ -2,7 +2,6 @@ package faults_test
 
 import (
 	"context"
-	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -65,30 +64,16 @@ func TestRabbitMQFaultsLoseNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { deleteRabbit(t, brokerURL, exchange, endpoint) })
+			t.Cleanup(func() {
+				testenv.DeleteRabbitMQ(t, brokerURL, exchange, endpoint, rabbitmq.DeadLetterQueue(endpoint))
+			})
 			n := count()
 			tally := faults.NewTally(n)
-			b, err := bus.New(bus.WithEndpoint(endpoint), bus.WithTransport(tr), bus.WithConcurrency(8), bus.WithLogger(logs.Logger()),
+			b := startBus(ctx, t, tr, logs, bus.WithEndpoint(endpoint), bus.WithConcurrency(8),
 				bus.WithHandler(func(_ context.Context, w work, _ bus.Attributes) error {
 					tally.Handled(w.ID)
 					return nil
 				}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := b.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				if err := b.Stop(stopCtx); err != nil {
-					t.Errorf("Stop: %v", err)
-				}
-				if err := tr.Close(stopCtx); err != nil {
-					t.Errorf("Close: %v", err)
-				}
-			})
 			faults.Run(ctx, t, c, faults.Target{
 				Proxy: proxy, Logs: logs, Tally: tally, PerSecond: float64(n) / 10, InFlight: 256,
 				Send:    func(ctx context.Context, id int) error { return b.Send(ctx, work{ID: id}, bus.To(endpoint)) },
@@ -99,42 +84,4 @@ func TestRabbitMQFaultsLoseNothing(t *testing.T) {
 			})
 		})
 	}
-}
-
-// rabbitDepth returns how many messages wait in queue, asked of the
-// broker directly (not through the proxy).
-func rabbitDepth(brokerURL, queue string) (int, error) {
-	conn, err := amqp.Dial(brokerURL)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, err
-	}
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		return 0, fmt.Errorf("queue %s: %w", queue, err)
-	}
-	return q.Messages, nil
-}
-
-// deleteRabbit removes the exchange and the endpoint's queues of a case.
-func deleteRabbit(t testing.TB, brokerURL, exchange, endpoint string) {
-	conn, err := amqp.Dial(brokerURL)
-	if err != nil {
-		t.Errorf("cleaning up: %v", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Errorf("cleaning up: %v", err)
-		return
-	}
-	for _, q := range []string{endpoint, rabbitmq.DeadLetterQueue(endpoint)} {
-		_, _ = ch.QueueDelete(q, false, false, false)
-	}
-	_ = ch.ExchangeDelete(exchange, false, false)
 }

@@ -64,27 +64,11 @@ func TestSQSFaultsLoseNothing(t *testing.T) {
 			tr := sqs.New(viaProxy, sqstest.FastOptions(prefix, sqs.WithLogger(logs.Logger()), sqs.WithRequestTimeout(sqsRequestTimeout))...)
 			n := count()
 			tally := faults.NewTally(n)
-			b, err := bus.New(bus.WithEndpoint(endpoint), bus.WithTransport(tr), bus.WithConcurrency(16), bus.WithLogger(logs.Logger()),
+			b := startBus(ctx, t, tr, logs, bus.WithEndpoint(endpoint), bus.WithConcurrency(16),
 				bus.WithHandler(func(_ context.Context, w work, _ bus.Attributes) error {
 					tally.Handled(w.ID)
 					return nil
 				}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := b.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				if err := b.Stop(stopCtx); err != nil {
-					t.Errorf("Stop: %v", err)
-				}
-				if err := tr.Close(stopCtx); err != nil {
-					t.Errorf("Close: %v", err)
-				}
-			})
 			dlq := awssqs.NewFromConfig(direct)
 			faults.Run(ctx, t, c, faults.Target{
 				Proxy: proxy, Logs: logs, Tally: tally, PerSecond: float64(n) / 10, InFlight: 256,

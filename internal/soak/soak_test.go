@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.uber.org/goleak"
@@ -112,7 +111,7 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { deleteRabbit(t, brokerURL, exchange, endpoint) })
+	t.Cleanup(func() { testenv.DeleteRabbitMQ(t, brokerURL, exchange, endpoint, rabbitmq.DeadLetterQueue(endpoint)) })
 	var placed, quoted atomic.Int64
 	b, err := bus.New(bus.WithEndpoint(endpoint), bus.WithTransport(tr), bus.WithConcurrency(16), bus.WithLogger(logger),
 		bus.WithMiddleware(otel.New(otel.WithTracerProvider(tp), otel.WithMeterProvider(mp)), tenancy, requestreply.New(),
@@ -291,22 +290,3 @@ func (c *counter) Handle(_ context.Context, r slog.Record) error {
 }
 func (c *counter) WithAttrs([]slog.Attr) slog.Handler { return c }
 func (c *counter) WithGroup(string) slog.Handler      { return c }
-
-// deleteRabbit removes the soak's exchange and queues.
-func deleteRabbit(t testing.TB, brokerURL, exchange, endpoint string) {
-	conn, err := amqp.Dial(brokerURL)
-	if err != nil {
-		t.Errorf("cleaning up: %v", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Errorf("cleaning up: %v", err)
-		return
-	}
-	for _, q := range []string{endpoint, rabbitmq.DeadLetterQueue(endpoint)} {
-		_, _ = ch.QueueDelete(q, false, false, false)
-	}
-	_ = ch.ExchangeDelete(exchange, false, false)
-}
