@@ -155,7 +155,7 @@ func New(db *sql.DB, c Config) *Store {
 	s := &Store{db: db, dialect: c.Dialect, outbox: c.Outbox, inbox: c.Inbox, saga: c.Saga, notifier: c.Notifier, closeDB: c.CloseDB,
 		retry:   retryPolicy{attempts: c.DispatchAttempts, backoff: c.DispatchBackoff},
 		timeout: cmp.Or(c.Timeout, 30*time.Second),
-		logger: c.Logger.With(slog.String("store", c.Dialect.String())), commit: make(chan struct{}),
+		logger:  c.Logger.With(slog.String("store", c.Dialect.String())), commit: make(chan struct{}),
 		queries: buildQueries(c.Dialect, c.Outbox, c.Inbox)}
 	if s.saga.Name == "" {
 		s.saga = Table{Name: "plugbus_saga"}
