@@ -77,6 +77,19 @@ func (l *Logs) Await(ctx context.Context, msg string, since time.Time) (r Record
 	}
 }
 
+// Matching returns the records whose message contains msg.
+func (l *Logs) Matching(msg string) []Record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Record
+	for _, r := range l.records {
+		if strings.Contains(r.Msg, msg) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // Count returns how many messages containing msg were logged.
 func (l *Logs) Count(msg string) int {
 	l.mu.Lock()

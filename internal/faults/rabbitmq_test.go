@@ -3,6 +3,7 @@ package faults_test
 import (
 	"context"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,6 +75,15 @@ func TestRabbitMQFaultsLoseNothing(t *testing.T) {
 					tally.Handled(w.ID)
 					return nil
 				}))
+			defer func() {
+				// The loss is logged with its cause: a missed heartbeat or
+				// a reset, not a cancelled consumer.
+				for _, r := range logs.Matching("connection to RabbitMQ lost") {
+					if strings.Contains(r.Attrs, "cancelled the consumer") {
+						t.Errorf("%s: the lost connection is logged as %q", c.Name, r.Attrs)
+					}
+				}
+			}()
 			faults.Run(ctx, t, c, faults.Target{
 				Proxy: proxy, Logs: logs, Tally: tally, PerSecond: float64(n) / 10, InFlight: 256,
 				Send:    func(ctx context.Context, id int) error { return b.Send(ctx, work{ID: id}, bus.To(endpoint)) },

@@ -83,8 +83,8 @@ func Run(ctx context.Context, t testing.TB, c Case, tg Target) Report {
 		case <-ctx.Done():
 		}
 	}
+	end := time.Now() // clearing a latency toxic waits for the bytes it holds
 	tg.Proxy.Clear()
-	end := time.Now()
 	if c.ReplacedLog != "" {
 		r, ok := tg.Logs.Await(ctx, c.ReplacedLog, start.Add(detection))
 		if !ok {

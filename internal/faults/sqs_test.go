@@ -22,7 +22,7 @@ import (
 // sqsRequestTimeout and sqsWait are the cases' sqs.WithRequestTimeout
 // and sqs.WithWaitTime (that of sqstest.FastOptions).
 const (
-	sqsRequestTimeout = 2 * time.Second
+	sqsRequestTimeout = 5 * time.Second
 	sqsWait           = time.Second
 )
 
