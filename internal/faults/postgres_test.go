@@ -51,11 +51,12 @@ func postgresCases() []pgCase {
 		{Case: faults.Case{Name: "silent stall", Toxics: faults.Stall(), MaxDetection: pgTimeout + 3*time.Second,
 			UntilLogs: []string{"message returned for retry", "outbox relay: dispatch failed"}}},
 		{Case: faults.Case{Name: "trickle 2KB/s", Toxics: faults.Trickle(2), Hold: 3 * time.Second}},
-		// The COMMIT never reaches the server: the transaction rolls back.
+		// The transaction's last statements (NOTIFY, COMMIT) never reach
+		// the server: the transaction rolls back.
 		{Case: faults.Case{Name: "reset before the commit", Hold: time.Second}, inTx: faults.Reset()},
-		// The COMMIT reaches the server, its reply does not: the client
-		// cannot tell whether the transaction committed.
-		{Case: faults.Case{Name: "reset of the commit's reply", Hold: time.Second}, inTx: faults.ResetReplies()},
+		// The server runs the next statement (the NOTIFY before the
+		// COMMIT) and its reply is lost with the connection.
+		{Case: faults.Case{Name: "reset of a reply in the transaction", Hold: time.Second}, inTx: faults.ResetReplies()},
 	}
 }
 

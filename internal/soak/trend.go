@@ -21,11 +21,14 @@ type Series struct {
 
 // Quantities are the four series a soak watches, with their allowances:
 // heap and RSS breathe with the garbage collector, goroutines and fds
-// with the work in flight.
+// with the work in flight (TestSoak's load keeps up to 128 sends and
+// requests waiting, each a goroutine, and the database pool opens and
+// closes connections with it): a swing between idle and busy is allowed,
+// a leak of one per message is not.
 var Quantities = []Series{
 	{Name: "heap in use", Unit: "MiB", Value: func(s Sample) float64 { return float64(s.HeapInUse) / (1 << 20) }, Absolute: 8, Relative: 0.25},
-	{Name: "goroutines", Unit: "", Value: func(s Sample) float64 { return float64(s.Goroutines) }, Absolute: 20, Relative: 0.10},
-	{Name: "open fds", Unit: "", Value: func(s Sample) float64 { return float64(s.FDs) }, Absolute: 8, Relative: 0.10},
+	{Name: "goroutines", Unit: "", Value: func(s Sample) float64 { return float64(s.Goroutines) }, Absolute: 150, Relative: 0.10},
+	{Name: "open fds", Unit: "", Value: func(s Sample) float64 { return float64(s.FDs) }, Absolute: 32, Relative: 0.10},
 	{Name: "plugin RSS", Unit: "MiB", Value: func(s Sample) float64 { return float64(s.PluginRSS) / (1 << 20) }, Absolute: 8, Relative: 0.25},
 }
 
