@@ -7,6 +7,7 @@ import (
 
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
 // DefaultRequestTimeout is how long one attempt of an AWS request may go
@@ -50,7 +51,11 @@ func (a attemptTimeout) HandleFinalize(ctx context.Context, in middleware.Finali
 	if err != nil && attemptCtx.Err() != nil && ctx.Err() == nil {
 		// The SDK takes a request whose context ended for one its caller
 		// cancelled, which it never retries: this one it must.
-		err = &attemptTimeoutError{op: op, after: d}
+		e := &attemptTimeoutError{op: op, after: d}
+		if req, ok := in.Request.(*smithyhttp.Request); ok && req.URL != nil {
+			e.address = req.URL.Scheme + "://" + req.URL.Host
+		}
+		err = e
 	}
 	return out, md, err
 }
@@ -63,8 +68,9 @@ func (a attemptTimeout) add(stack *middleware.Stack) error {
 // attemptTimeoutError is an attempt that got no answer in time: a
 // connection error to the SDK's retryer, retried on a new connection.
 type attemptTimeoutError struct {
-	op    string
-	after time.Duration
+	op      string
+	after   time.Duration
+	address string // scheme and host of the request's URL
 }
 
 func (e *attemptTimeoutError) Error() string {
