@@ -21,14 +21,36 @@ type config struct {
 	closeDB          bool
 	dispatchAttempts int
 	backoff          bus.Backoff
+	timeout          time.Duration
 }
 
-// Defaults of [WithDispatchAttempts] and [WithBackoff].
+// Defaults of [WithDispatchAttempts], [WithBackoff] and [WithTimeout].
 const (
 	DefaultDispatchAttempts = 10
 	DefaultBackoffInitial   = time.Second
 	DefaultBackoffMax       = 5 * time.Minute
+	DefaultTimeout          = 30 * time.Second
 )
+
+// WithTimeout bounds each statement the store runs on its own (default
+// [DefaultTimeout], 30s): the outbox relay's claim, its marks and its
+// commit, the inbox's lookups and records, the cleanup jobs. A connection
+// that goes silent without closing (a half-open TCP connection: a
+// firewall or NAT that dropped it, a database host that vanished) then
+// fails that statement after d, and the connection is discarded, instead
+// of holding the relay or the message forever: the kernel would take many
+// minutes to notice. The handler's own transaction runs under the
+// handler's ctx: give handlers a deadline with middleware/timeout.
+// docs/reliability.md says what a silent database does to a bus.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("store: WithTimeout(%v): the timeout must be positive", d)
+		}
+		c.timeout = d
+		return nil
+	}
+}
 
 // WithDispatchAttempts sets how many times the outbox relay hands a stored
 // message to the transport before it parks it (default 10): a parked row

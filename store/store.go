@@ -108,7 +108,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 		return nil, errors.New("store: New: unknown Dialect; use store.SQLite or store.PostgreSQL")
 	}
 	c := config{outbox: DefaultOutboxTable, inbox: DefaultInboxTable, saga: DefaultSagaTable,
-		dispatchAttempts: DefaultDispatchAttempts, backoff: bus.Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax}}
+		dispatchAttempts: DefaultDispatchAttempts, backoff: bus.Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax}, timeout: DefaultTimeout}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -139,7 +139,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 		c.logger = slog.Default()
 	}
 	return (*Store)(sqlstore.New(db, sqlstore.Config{Dialect: d.sql(), Outbox: outbox, Inbox: inbox, Saga: saga, Notifier: c.notifier,
-		Logger: c.logger, CloseDB: c.closeDB, DispatchAttempts: c.dispatchAttempts, DispatchBackoff: c.backoff})), nil
+		Logger: c.logger, CloseDB: c.closeDB, DispatchAttempts: c.dispatchAttempts, DispatchBackoff: c.backoff, Timeout: c.timeout})), nil
 }
 
 // DB returns the database.

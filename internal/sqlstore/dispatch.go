@@ -161,11 +161,14 @@ func (s *Store) DispatchPending(ctx context.Context, limit int, dispatch func(co
 	}
 	s.sqliteRelay.Lock()
 	defer s.sqliteRelay.Unlock()
-	rows, err := s.db.QueryContext(ctx, s.queries.claim, time.Now().UnixNano(), limit)
+	claimCtx, cancel := s.bounded(ctx)
+	defer cancel()
+	rows, err := s.db.QueryContext(claimCtx, s.queries.claim, time.Now().UnixNano(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: reading the outbox: %w", err)
 	}
 	batch, err := readBatch(rows, limit)
+	cancel()
 	if err != nil {
 		return 0, err
 	}
@@ -183,28 +186,38 @@ type execer interface {
 func (s *Store) dispatchWithRowLocks(ctx context.Context, limit int, dispatch func(context.Context, bus.Outbound) error) (int, error) {
 	// Not ctx: database/sql rolls a transaction back when its context is
 	// done, and what was dispatched before a Stop must still be marked.
-	tx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)
+	// The watchdog cancels it when a step on the database outlives the
+	// store's timeout (a silent connection), but not while the transport
+	// takes its time.
+	txCtx, dog := s.watch(ctx)
+	defer dog.stop()
+	tx, err := s.db.BeginTx(txCtx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("store: relay: beginning a transaction: %w", err)
 	}
 	defer tx.Rollback()
+	claimCtx, cancel := s.bounded(ctx)
+	defer cancel()
 	// Losing the mark in a crash only re-dispatches (at least once), so
 	// the relay's commits need not wait for the disk.
-	if _, err := tx.ExecContext(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+	if _, err := tx.ExecContext(claimCtx, "SET LOCAL synchronous_commit = off"); err != nil {
 		return 0, fmt.Errorf("store: relay: %w", err)
 	}
-	rows, err := tx.QueryContext(ctx, s.queries.claimForUpdate, time.Now().UnixNano(), limit)
+	rows, err := tx.QueryContext(claimCtx, s.queries.claimForUpdate, time.Now().UnixNano(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: reading the outbox: %w", err)
 	}
 	batch, err := readBatch(rows, limit)
+	cancel()
 	if err != nil {
 		return 0, err
 	}
 	if len(batch) == 0 {
 		return 0, nil
 	}
+	dog.disarm()
 	sent, failed, cerr := s.dispatchAll(ctx, batch, dispatch)
+	dog.arm()
 	if err := s.recordOutcome(ctx, tx, sent, failed); err != nil {
 		return 0, err
 	}
@@ -275,7 +288,8 @@ func joinDispatch(cerr error, failed []*DispatchError) error {
 
 // recordOutcome records the dispatched rows, and the errors of the refused ones.
 func (s *Store) recordOutcome(ctx context.Context, x execer, ids []int64, failed []*DispatchError) error {
-	ctx = context.WithoutCancel(ctx) // what was dispatched must be recorded
+	ctx, cancel := s.bounded(context.WithoutCancel(ctx)) // what was dispatched must be recorded
+	defer cancel()
 	now := time.Now()
 	if len(ids) > 0 {
 		var arg any = ids

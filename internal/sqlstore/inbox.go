@@ -11,6 +11,8 @@ import (
 // Processed reports whether the inbox recorded messageID as processed by
 // endpoint (every handler succeeded).
 func (s *Store) Processed(ctx context.Context, endpoint, messageID string) (bool, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	return s.inboxHas(ctx, s.db, endpoint, messageID, "")
 }
 
@@ -31,6 +33,8 @@ func (s *Store) inboxHas(ctx context.Context, q interface {
 // MarkProcessed records that endpoint processed messageID (every handler
 // succeeded). Recording it twice is not an error.
 func (s *Store) MarkProcessed(ctx context.Context, endpoint, messageID string) error {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	if _, err := s.db.ExecContext(ctx, s.queries.inboxInsert, endpoint, messageID, "", time.Now().UnixNano()); err != nil {
 		return fmt.Errorf("store: recording %s as processed at %s: %w", messageID, endpoint, err)
 	}
@@ -77,6 +81,8 @@ func (s *Store) ReleaseHandler(ctx context.Context, tx *Tx, endpoint, messageID,
 // how many it deleted. A duplicate that arrives after its record was
 // purged is processed again.
 func (s *Store) PurgeProcessed(ctx context.Context, before time.Time) (int64, error) {
+	ctx, cancel := s.bounded(ctx)
+	defer cancel()
 	res, err := s.db.ExecContext(ctx, s.queries.purgeInbox, before.UnixNano())
 	if err != nil {
 		return 0, fmt.Errorf("store: purging the inbox: %w", err)

@@ -94,7 +94,9 @@ func (s *Store) Requeue(ctx context.Context, ids ...int64) (int64, error) {
 func (s *Store) PurgeDispatched(ctx context.Context, before time.Time) (int64, error) {
 	var total int64
 	for {
-		res, err := s.db.ExecContext(ctx, s.queries.purgeOutbox, before.UnixNano())
+		stmtCtx, cancel := s.bounded(ctx)
+		res, err := s.db.ExecContext(stmtCtx, s.queries.purgeOutbox, before.UnixNano())
+		cancel()
 		if err != nil {
 			return total, fmt.Errorf("store: purging the outbox: %w", err)
 		}

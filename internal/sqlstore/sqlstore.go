@@ -9,6 +9,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -107,6 +108,9 @@ type Config struct {
 	// DispatchBackoff.Delay(n) before its next try.
 	DispatchAttempts int
 	DispatchBackoff  bus.Backoff
+	// Timeout bounds each statement the store runs on its own (not in a
+	// handler's transaction); zero means 30s.
+	Timeout time.Duration
 }
 
 // retryPolicy says when a row the transport refused is tried again, and
@@ -133,6 +137,7 @@ type Store struct {
 	logger   *slog.Logger
 	closeDB  bool
 	retry    retryPolicy
+	timeout  time.Duration // of each statement the store runs on its own
 	queries  queries
 	sagaQ    sagaQueries
 
@@ -148,8 +153,9 @@ type Store struct {
 // New returns a store on db. It does not touch the database.
 func New(db *sql.DB, c Config) *Store {
 	s := &Store{db: db, dialect: c.Dialect, outbox: c.Outbox, inbox: c.Inbox, saga: c.Saga, notifier: c.Notifier, closeDB: c.CloseDB,
-		retry:  retryPolicy{attempts: c.DispatchAttempts, backoff: c.DispatchBackoff},
-		logger: c.Logger.With(slog.String("store", c.Dialect.String())), commit: make(chan struct{}),
+		retry:   retryPolicy{attempts: c.DispatchAttempts, backoff: c.DispatchBackoff},
+		timeout: cmp.Or(c.Timeout, 30*time.Second),
+		logger:  c.Logger.With(slog.String("store", c.Dialect.String())), commit: make(chan struct{}),
 		queries: buildQueries(c.Dialect, c.Outbox, c.Inbox)}
 	if s.saga.Name == "" {
 		s.saga = Table{Name: "plugbus_saga"}

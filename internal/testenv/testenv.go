@@ -6,8 +6,10 @@ package testenv
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 )
@@ -73,4 +75,41 @@ func SQS(t testing.TB) string {
 	t.Helper()
 	Require(t, "the SQS/SNS emulator (fauxqs)", Getenv("PLUGBUS_SQS_ADDR", "127.0.0.1:4566"), "scripts/services.sh sqs")
 	return Getenv("PLUGBUS_SQS_ENDPOINT", "http://127.0.0.1:4566")
+}
+
+// SilentServer starts a TCP server on 127.0.0.1 that accepts connections
+// and reads from them, never answering: a service behind a connection
+// that went silent without closing (half-open). It returns its host:port
+// and stops, closing every connection, when t ends.
+func SilentServer(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() { _, _ = io.Copy(io.Discard, c) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
 }

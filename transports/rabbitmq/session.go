@@ -192,6 +192,18 @@ func (s *session) fail(err error) {
 	})
 }
 
+// awaitCause waits, up to causeWait, for the watchers to record why the
+// session's connection or consumer channel closed, then marks it dead.
+func (s *session) awaitCause() {
+	t := time.NewTimer(causeWait)
+	defer t.Stop()
+	select {
+	case <-s.dead:
+	case <-t.C:
+		s.fail(amqp.ErrClosed)
+	}
+}
+
 func (s *session) isDead() bool {
 	select {
 	case <-s.dead:

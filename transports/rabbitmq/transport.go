@@ -213,6 +213,14 @@ func (t *Transport) receive(ctx context.Context, instanceOnly bool) (*bus.Delive
 			return nil, bus.ErrClosed // m goes back to the queue with its channel
 		}
 		if !ok {
+			if s.conn.IsClosed() || s.cons.IsClosed() {
+				// amqp091 closes the delivery channels when the connection
+				// or the channel shuts down, once it handed the cause to
+				// the session's watchers: let them record it (a missed
+				// heartbeat, a reset), not a cancellation.
+				s.awaitCause()
+				continue
+			}
 			s.fail(errors.New("rabbitmq: the broker cancelled the consumer (queue deleted?)"))
 			continue
 		}

@@ -52,6 +52,10 @@ func (r *retryLogger) RetryDelay(attempt int, err error) (time.Duration, error) 
 // scheme and host of its URL (never the user information, path or query),
 // else the network address.
 func address(err error) string {
+	var te *attemptTimeoutError
+	if errors.As(err, &te) {
+		return te.address
+	}
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		if u, perr := url.Parse(ue.URL); perr == nil && u.Host != "" {

@@ -73,6 +73,7 @@ type options struct {
 	snsOpts        []func(*awssns.Options)
 	deleteFlushers int
 	hop            time.Duration // the longest delay of one message (delay.go); shorter in tests
+	requestTimeout time.Duration // of each attempt of an AWS request (timeout.go)
 }
 
 // WithLogger sets the logger. The default is slog.Default().
@@ -171,7 +172,7 @@ func New(cfg aws.Config, opts ...Option) *Transport {
 	o := options{
 		visibility: 30 * time.Second, wait: DefaultWaitTime,
 		maxSize: DefaultMaxMessageSize, dlqRetention: 14 * 24 * time.Hour,
-		deleteFlushers: 2, hop: hopDelay,
+		deleteFlushers: 2, hop: hopDelay, requestTimeout: DefaultRequestTimeout,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -189,8 +190,15 @@ func New(cfg aws.Config, opts ...Option) *Transport {
 	}
 	log := o.logger.With(slog.String("transport", transportName))
 	// Last, so that the retryer they log with is the one the options chose.
-	sqsOpts := append(slices.Clip(o.sqsOpts), func(so *awssqs.Options) { so.Retryer = logRetries(so.Retryer, log, "sqs") })
-	snsOpts := append(slices.Clip(o.snsOpts), func(so *awssns.Options) { so.Retryer = logRetries(so.Retryer, log, "sns") })
+	timeout := attemptTimeout{timeout: o.requestTimeout, wait: o.wait}
+	sqsOpts := append(slices.Clip(o.sqsOpts), func(so *awssqs.Options) {
+		so.Retryer = logRetries(so.Retryer, log, "sqs")
+		so.APIOptions = append(so.APIOptions, timeout.add)
+	})
+	snsOpts := append(slices.Clip(o.snsOpts), func(so *awssns.Options) {
+		so.Retryer = logRetries(so.Retryer, log, "sns")
+		so.APIOptions = append(so.APIOptions, timeout.add)
+	})
 	t := &Transport{
 		o:        o,
 		log:      log,
