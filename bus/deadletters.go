@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 )
@@ -81,20 +80,37 @@ func (f DeadLetterFilter) Check() error {
 }
 
 // Match reports whether f selects dl (Limit aside).
-func (f DeadLetterFilter) Match(dl *DeadLetter) bool {
-	switch {
-	case len(f.IDs) > 0 && !slices.Contains(f.IDs, dl.ID):
-		return false
-	case f.Name != "" && dl.Envelope.Name != f.Name:
-		return false
-	case f.Reason != "" && !strings.Contains(strings.ToLower(dl.Failure.Reason), strings.ToLower(f.Reason)):
-		return false
-	case !f.Since.IsZero() && dl.Failure.Time.Before(f.Since):
-		return false
-	case !f.Until.IsZero() && !dl.Failure.Time.Before(f.Until):
-		return false
+func (f DeadLetterFilter) Match(dl *DeadLetter) bool { return f.Matcher()(dl) }
+
+// Matcher returns [DeadLetterFilter.Match] for many dead letters: it reads
+// f.IDs once.
+func (f DeadLetterFilter) Matcher() func(*DeadLetter) bool {
+	var ids map[string]struct{}
+	if len(f.IDs) > 0 {
+		ids = make(map[string]struct{}, len(f.IDs))
+		for _, id := range f.IDs {
+			ids[id] = struct{}{}
+		}
 	}
-	return true
+	reason := strings.ToLower(f.Reason)
+	return func(dl *DeadLetter) bool {
+		if ids != nil {
+			if _, ok := ids[dl.ID]; !ok {
+				return false
+			}
+		}
+		switch {
+		case f.Name != "" && dl.Envelope.Name != f.Name:
+			return false
+		case reason != "" && !strings.Contains(strings.ToLower(dl.Failure.Reason), reason):
+			return false
+		case !f.Since.IsZero() && dl.Failure.Time.Before(f.Since):
+			return false
+		case !f.Until.IsZero() && !dl.Failure.Time.Before(f.Until):
+			return false
+		}
+		return true
+	}
 }
 
 // Full reports whether n selected dead letters reach f's Limit.

@@ -32,7 +32,7 @@ type memBroker struct {
 	mu     sync.Mutex
 	queues map[string]*memQueue
 	subs   map[string]map[string]struct{} // message name → endpoints
-	dead   map[string][]DeadLetter
+	dead   map[string][]*DeadLetter
 	gone   map[string]struct{} // instance queues of closed transports
 	// instance marks the instance queues, which Endpoints leaves out.
 	instance map[string]bool
@@ -47,7 +47,7 @@ type memBroker struct {
 }
 
 func newMemBroker() *memBroker {
-	return &memBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]DeadLetter{}, gone: map[string]struct{}{}, instance: map[string]bool{}}
+	return &memBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]*DeadLetter{}, gone: map[string]struct{}{}, instance: map[string]bool{}}
 }
 
 func (br *memBroker) queue(endpoint string) *memQueue {
@@ -80,7 +80,12 @@ func (br *memBroker) queueLocked(endpoint string) *memQueue {
 func (br *memBroker) DeadLetters(endpoint string) []DeadLetter {
 	br.mu.Lock()
 	defer br.mu.Unlock()
-	return slices.Clone(br.dead[endpoint])
+	dead := br.dead[endpoint]
+	out := make([]DeadLetter, len(dead))
+	for i, dl := range dead {
+		out[i] = *dl
+	}
+	return out
 }
 
 // Depth returns how many messages wait in endpoint's queue, not counting
@@ -531,7 +536,7 @@ func (t *memTransport) Fail(_ context.Context, d *Delivery, f Failure) error {
 		key = t.iaddr // a bus without an endpoint: under the instance's address
 	}
 	t.broker.mu.Lock()
-	t.broker.dead[key] = append(t.broker.dead[key], DeadLetter{ID: t.broker.deadLetterID(), Envelope: it.env, Failure: f})
+	t.broker.dead[key] = append(t.broker.dead[key], &DeadLetter{ID: t.broker.deadLetterID(), Envelope: it.env, Failure: f})
 	t.broker.mu.Unlock()
 	return nil
 }

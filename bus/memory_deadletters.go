@@ -29,12 +29,12 @@ func (t *memTransport) selectDead(f DeadLetterFilter) []DeadLetter {
 	t.broker.mu.Lock()
 	defer t.broker.mu.Unlock()
 	var out []DeadLetter
-	for i := range t.broker.dead[f.Endpoint] {
-		dl := &t.broker.dead[f.Endpoint][i]
+	match := f.Matcher()
+	for _, dl := range t.broker.dead[f.Endpoint] {
 		if f.Full(len(out)) {
 			break
 		}
-		if f.Match(dl) {
+		if match(dl) {
 			out = append(out, *dl)
 		}
 	}
@@ -117,7 +117,7 @@ func (t *memTransport) eachDead(ctx context.Context, f DeadLetterFilter, done fu
 		}
 		t.broker.mu.Lock()
 		dead := t.broker.dead[f.Endpoint]
-		if i := slices.IndexFunc(dead, func(d DeadLetter) bool { return d.ID == dl.ID }); i >= 0 {
+		if i := slices.IndexFunc(dead, func(d *DeadLetter) bool { return d.ID == dl.ID }); i >= 0 {
 			t.broker.dead[f.Endpoint] = slices.Delete(dead, i, i+1)
 		}
 		t.broker.mu.Unlock()
