@@ -138,7 +138,7 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, act fu
 		}
 		_ = ch.Close() // gives back, too, what the nack could not
 	}()
-	selected := 0
+	selected, match := 0, f.Matcher()
 	for !f.Full(selected) {
 		if err := ctx.Err(); err != nil {
 			return n, err
@@ -157,7 +157,7 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, act fu
 		held = m.DeliveryTag
 		dl, _ := DecodeDeadLetter(m) // what cannot be read is shown as it came
 		dl.ID = deadLetterID(&m)
-		if !f.Match(&dl) {
+		if !match(&dl) {
 			continue
 		}
 		selected++
