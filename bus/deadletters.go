@@ -50,6 +50,13 @@ type EndpointLister interface {
 	Endpoints(ctx context.Context) ([]string, error)
 }
 
+// DeliveryCounter is implemented by a [DeadLetterManager] whose broker
+// counts the messages delivered from an endpoint's queue since it started:
+// the web console shows messages per second from it.
+type DeliveryCounter interface {
+	Delivered(ctx context.Context, endpoint string) (uint64, error)
+}
+
 // ErrNoEndpoint is returned (wrapped) by a [DeadLetterManager] for a filter
 // without an endpoint.
 var ErrNoEndpoint = errors.New("bus: the dead-letter filter names no endpoint")

@@ -112,6 +112,7 @@ type memQueue struct {
 	items  []*memItem
 	head   int
 	signal chan struct{}
+	popped uint64 // messages delivered from the queue, ever
 }
 
 func (q *memQueue) push(it *memItem, front bool) {
@@ -144,6 +145,7 @@ func (q *memQueue) pop() *memItem {
 	it := q.items[q.head]
 	q.items[q.head] = nil
 	q.head++
+	q.popped++
 	switch {
 	case q.head == len(q.items):
 		q.items, q.head = q.items[:0], 0

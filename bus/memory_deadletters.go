@@ -59,6 +59,17 @@ func (t *memTransport) QueueDepth(ctx context.Context, endpoint string) (int, er
 	return t.broker.Depth(endpoint), nil
 }
 
+// Delivered returns how many messages were delivered from endpoint's queue.
+func (t *memTransport) Delivered(ctx context.Context, endpoint string) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	q := t.broker.queue(endpoint)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.popped, nil
+}
+
 // Endpoints names the endpoints with a queue or dead letters, sorted;
 // instance queues are left out.
 func (t *memTransport) Endpoints(ctx context.Context) ([]string, error) {
@@ -132,4 +143,5 @@ func (t *memTransport) eachDead(ctx context.Context, f DeadLetterFilter, done fu
 var (
 	_ DeadLetterManager = (*memTransport)(nil)
 	_ EndpointLister    = (*memTransport)(nil)
+	_ DeliveryCounter   = (*memTransport)(nil)
 )

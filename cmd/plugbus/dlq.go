@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"os/user"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -148,6 +147,7 @@ func (d *dlqFlags) selectsAll() bool {
 	return len(f.IDs) == 0 && f.Name == "" && f.Reason == "" && f.Since.IsZero() && f.Until.IsZero() && f.Limit == 0
 }
 
+// userName names who replays: the user running plugbus.
 func userName() string {
 	u, err := user.Current()
 	if err != nil || u.Username == "" {
@@ -187,18 +187,9 @@ func writeTable(w io.Writer, dls []bus.DeadLetter) {
 		if !dl.Failure.Time.IsZero() {
 			at = dl.Failure.Time.UTC().Format(time.DateTime)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", dl.ID, dl.Envelope.Name, at, dl.Failure.Attempts, oneLine(dl.Failure.Reason, 70))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", dl.ID, dl.Envelope.Name, at, dl.Failure.Attempts, dlview.OneLine(dl.Failure.Reason, 70))
 	}
 	_ = tw.Flush()
-}
-
-// oneLine puts s on one line of at most n runes.
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
-	return s
 }
 
 func show(ctx context.Context, io stdio, m bus.DeadLetterManager, f bus.DeadLetterFilter, output string) error {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -92,3 +93,12 @@ func (v DeadLetter) PrettyBody() string { return v.pretty }
 
 // HeaderNames returns the header names, sorted.
 func (v DeadLetter) HeaderNames() []string { return slices.Sorted(maps.Keys(v.Headers)) }
+
+// OneLine puts s on one line of at most n runes, cut with an ellipsis.
+func OneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}

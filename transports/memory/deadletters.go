@@ -40,3 +40,9 @@ func (t *Transport) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilte
 func (t *Transport) DeleteDeadLetters(ctx context.Context, f bus.DeadLetterFilter, done func(bus.DeadLetter)) (int, error) {
 	return t.impl.DeleteDeadLetters(ctx, f, done)
 }
+
+// Delivered implements bus.DeliveryCounter: how many messages the broker
+// delivered from endpoint's queue.
+func (t *Transport) Delivered(ctx context.Context, endpoint string) (uint64, error) {
+	return t.impl.Delivered(ctx, endpoint)
+}

@@ -96,6 +96,7 @@ type transportImpl interface {
 	bus.Delayer
 	bus.DeadLetterManager
 	bus.EndpointLister
+	bus.DeliveryCounter
 }
 
 // New returns a transport.
@@ -205,4 +206,5 @@ var (
 	_ bus.Delayer           = (*Transport)(nil)
 	_ bus.DeadLetterManager = (*Transport)(nil)
 	_ bus.EndpointLister    = (*Transport)(nil)
+	_ bus.DeliveryCounter   = (*Transport)(nil)
 )
