@@ -64,14 +64,23 @@ func (t *Transport) QueueDepth(ctx context.Context, endpoint string) (int, error
 	return t.queueMessages(ctx, t.QueueName(endpoint))
 }
 
-func (t *Transport) queueMessages(ctx context.Context, name string) (int, error) {
+// existingQueue returns the URL of the queue name; "" when it does not exist.
+func (t *Transport) existingQueue(ctx context.Context, name string) (string, error) {
 	url, err := t.lookupQueue(ctx, name)
 	var nq *sqstypes.QueueDoesNotExist
 	if errors.As(err, &nq) {
-		return 0, nil
+		return "", nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("sqs: looking up queue %s: %w", name, err)
+		return "", fmt.Errorf("sqs: looking up queue %s: %w", name, err)
+	}
+	return url, nil
+}
+
+func (t *Transport) queueMessages(ctx context.Context, name string) (int, error) {
+	url, err := t.existingQueue(ctx, name)
+	if err != nil || url == "" {
+		return 0, err
 	}
 	out, err := t.sqs.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: &url,
 		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameApproximateNumberOfMessages}})
@@ -121,14 +130,9 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, act fu
 	if err := t.checkOpen(ctx); err != nil {
 		return 0, err
 	}
-	name := t.DeadLetterQueueName(f.Endpoint)
-	url, err := t.lookupQueue(ctx, name)
-	var nq *sqstypes.QueueDoesNotExist
-	if errors.As(err, &nq) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("sqs: looking up dead-letter queue %s: %w", name, err)
+	url, err := t.existingQueue(ctx, t.DeadLetterQueueName(f.Endpoint))
+	if err != nil || url == "" {
+		return 0, err
 	}
 	held, err := t.receiveAll(ctx, url)
 	defer func() {
