@@ -19,12 +19,14 @@ import (
 // dead-letter queue of one endpoint, named by the filter.
 //
 // ReplayDeadLetters and DeleteDeadLetters go through the queue once and
-// act on each dead letter the filter selects, one at a time: a replay
-// sends [ReplayEnvelope]'s copy and removes the dead letter only once the
-// broker confirmed the copy. When ctx ends they stop between two dead
-// letters (the one in hand is finished first, so it is never both
-// replayed and left), return what they did with ctx's error, and leave the
-// rest where it was: an interrupted bulk replay loses and doubles nothing.
+// act on each dead letter the filter selects: a replay sends
+// [ReplayEnvelope]'s copy and removes the dead letter only once the broker
+// confirmed the copy. A transport may have several replays waiting for
+// their confirmation at once; it calls done one call at a time. When ctx
+// ends they take no further dead letter, finish those in hand (so that
+// none is both replayed and left), return what they did with ctx's error,
+// and leave the rest where it was: an interrupted bulk replay loses and
+// doubles nothing.
 // A process killed between the confirmation and the removal leaves the
 // dead letter beside its copy: both carry the same message id, which an
 // inbox deduplicates.

@@ -13,7 +13,8 @@ import (
 )
 
 // BenchmarkReplayDeadLetters replays b.N dead letters in one bulk
-// operation: per dead letter, a basic.get, a confirmed publish and an ack.
+// operation: per dead letter, a basic.get, a confirmed publish (up to
+// replayWindow waiting for their confirmation at once) and an ack.
 // Run it with a fixed count: -bench ReplayDeadLetters -benchtime 10000x.
 func BenchmarkReplayDeadLetters(b *testing.B) {
 	url := testenv.RabbitMQ(b)

@@ -1,12 +1,14 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -32,7 +34,7 @@ const replayTimeout = 30 * time.Second
 // Their ID is the message id (a hash of the message when it has none).
 func (t *Transport) ListDeadLetters(ctx context.Context, f bus.DeadLetterFilter) ([]bus.DeadLetter, error) {
 	var out []bus.DeadLetter
-	_, err := t.eachDead(ctx, f, func(dl bus.DeadLetter) (bool, error) {
+	_, err := t.eachDead(ctx, f, 1, func(dl bus.DeadLetter) (bool, error) {
 		out = append(out, dl)
 		return false, nil
 	}, nil)
@@ -71,9 +73,10 @@ func (t *Transport) queueMessages(ctx context.Context, queue string) (int, error
 // ReplayDeadLetters implements bus.DeadLetterManager: each dead letter f
 // selects is sent (bus.ReplayEnvelope's copy, through the default
 // exchange, confirmed by the broker) to r.To or the endpoint that failed
-// it, then acknowledged in the dead-letter queue.
+// it, then acknowledged in the dead-letter queue. Up to 16 copies wait for
+// their confirmation at once; when ctx ends, those are finished.
 func (t *Transport) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilter, r bus.Replay, done func(bus.DeadLetter)) (int, error) {
-	return t.eachDead(ctx, f, func(dl bus.DeadLetter) (bool, error) {
+	return t.eachDead(ctx, f, replayWindow, func(dl bus.DeadLetter) (bool, error) {
 		env, to, err := bus.ReplayEnvelope(dl, f.Endpoint, r)
 		if err != nil {
 			return false, err
@@ -95,7 +98,7 @@ func (t *Transport) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilte
 // DeleteDeadLetters implements bus.DeadLetterManager: each dead letter f
 // selects is acknowledged in the dead-letter queue.
 func (t *Transport) DeleteDeadLetters(ctx context.Context, f bus.DeadLetterFilter, done func(bus.DeadLetter)) (int, error) {
-	return t.eachDead(ctx, f, func(bus.DeadLetter) (bool, error) { return true, nil }, done)
+	return t.eachDead(ctx, f, 1, func(bus.DeadLetter) (bool, error) { return true, nil }, done)
 }
 
 func brokerDeathHeader(k string) bool {
@@ -115,12 +118,18 @@ func (t *Transport) manageChannel(ctx context.Context, queue string) (*amqp.Chan
 	return ch, nil
 }
 
+// replayWindow is how many replays of one bulk operation wait for their
+// broker confirmation at once.
+const replayWindow = 16
+
 // eachDead gets the messages of f.Endpoint's dead-letter queue one by one
-// and calls act for each one f selects (up to f.Limit): when act reports
-// true, the message is acknowledged (removed) and done called. The others
-// go back to the queue at the end. It stops between two messages when ctx
-// ends, returning ctx's error.
-func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, act func(bus.DeadLetter) (bool, error), done func(bus.DeadLetter)) (n int, err error) {
+// and calls act for each one f selects (up to f.Limit), up to window of
+// them at once: when act reports true, the message is acknowledged
+// (removed) and done called, one call at a time. The others go back to
+// the queue at the end, once every act has returned. When ctx ends it gets
+// no further message and returns ctx's error once the acts in hand have
+// finished; after an act's error it does the same with that error.
+func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, window int, act func(bus.DeadLetter) (bool, error), done func(bus.DeadLetter)) (int, error) {
 	if err := f.Check(); err != nil {
 		return 0, err
 	}
@@ -129,30 +138,56 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, act fu
 	if err != nil {
 		return 0, err
 	}
-	var held uint64 // the last delivery tag got and neither acknowledged nor given back
-	defer func() {
-		if held > 0 {
-			if nerr := ch.Nack(held, true, true); nerr != nil && err == nil {
-				err = fmt.Errorf("rabbitmq: giving the dead letters back to %s: %w (closing the channel gives them back)", queue, nerr)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex // guards n, actErr and the calls of done
+		n        int
+		actErr   error
+		slots    = make(chan struct{}, max(1, window))
+		held     uint64 // the last delivery tag got
+		scanErr  error
+		selected int
+		match    = f.Matcher()
+	)
+	failed := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return actErr
+	}
+	one := func(m amqp.Delivery, dl bus.DeadLetter) {
+		remove, err := act(dl)
+		if err == nil && remove {
+			if aerr := ch.Ack(m.DeliveryTag, false); aerr != nil {
+				err = fmt.Errorf("rabbitmq: removing dead letter %s from %s: %w", dl.ID, queue, aerr)
 			}
 		}
-		_ = ch.Close() // gives back, too, what the nack could not
-	}()
-	selected, match := 0, f.Matcher()
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err != nil:
+			actErr = cmp.Or(actErr, err)
+		case remove:
+			n++
+			if done != nil {
+				done(dl)
+			}
+		}
+	}
+scan:
 	for !f.Full(selected) {
-		if err := ctx.Err(); err != nil {
-			return n, err
+		if scanErr = cmp.Or(failed(), ctx.Err()); scanErr != nil {
+			break
 		}
 		m, ok, err := ch.Get(queue, false)
 		var amqpErr *amqp.Error
-		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
-			return n, nil // no dead-letter queue: no dead letters
-		}
-		if err != nil {
-			return n, fmt.Errorf("rabbitmq: reading dead-letter queue %s: %w", queue, err)
-		}
-		if !ok {
-			return n, nil
+		switch {
+		case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
+			break scan // no dead-letter queue: no dead letters
+		case err != nil:
+			scanErr = fmt.Errorf("rabbitmq: reading dead-letter queue %s: %w", queue, err)
+			break scan
+		case !ok:
+			break scan
 		}
 		held = m.DeliveryTag
 		dl, _ := DecodeDeadLetter(m) // what cannot be read is shown as it came
@@ -161,22 +196,25 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, act fu
 			continue
 		}
 		selected++
-		remove, err := act(dl)
-		if err != nil {
-			return n, err
-		}
-		if !remove {
+		if window <= 1 {
+			one(m, dl)
 			continue
 		}
-		if err := ch.Ack(m.DeliveryTag, false); err != nil {
-			return n, fmt.Errorf("rabbitmq: removing dead letter %s from %s: %w", dl.ID, queue, err)
-		}
-		n++
-		if done != nil {
-			done(dl)
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			one(m, dl)
+		})
+	}
+	wg.Wait() // before the nack below, which would give back a message being replayed
+	err = cmp.Or(failed(), scanErr)
+	if held > 0 {
+		if nerr := ch.Nack(held, true, true); nerr != nil && err == nil {
+			err = fmt.Errorf("rabbitmq: giving the dead letters back to %s: %w (closing the channel gives them back)", queue, nerr)
 		}
 	}
-	return n, nil
+	_ = ch.Close() // gives back, too, what the nack could not
+	return n, err
 }
 
 // deadLetterID is the message id, or a hash of a message without one.

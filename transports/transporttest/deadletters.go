@@ -242,7 +242,7 @@ func (s *suite) interruptedReplay(t *testing.T) {
 	s.waitDeadLetters(t, m, ep, total)
 	ctx, cancel := context.WithCancel(s.ctx(t))
 	defer cancel()
-	calls := 0
+	calls := 0 // done is called one call at a time
 	n, err := m.ReplayDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep}, bus.Replay{By: "bulk"}, func(bus.DeadLetter) {
 		calls++
 		if calls == stopAfter {
@@ -252,8 +252,10 @@ func (s *suite) interruptedReplay(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupted ReplayDeadLetters: %d, %v, want context.Canceled", n, err)
 	}
-	if n != stopAfter || calls != n {
-		t.Fatalf("interrupted ReplayDeadLetters replayed %d (done called %d times), want %d", n, calls, stopAfter)
+	// The replays in hand when ctx ended are finished (a transport may
+	// have several waiting for their confirmation), none started after.
+	if n < stopAfter || n >= total || calls != n {
+		t.Fatalf("interrupted ReplayDeadLetters replayed %d of %d (done called %d times), want from %d, not all", n, total, calls, stopAfter)
 	}
 	s.waitDeadLetters(t, m, ep, total-n)
 	left, err := m.ListDeadLetters(s.ctx(t), bus.DeadLetterFilter{Endpoint: ep})
