@@ -1,5 +1,6 @@
 # plugbus — the two commands a fresh machine needs:
-#   make demo   runs the demo on the embedded defaults
+#   make demo   runs the demo on the embedded defaults (DEMOFLAGS="-console 127.0.0.1:8089"
+#               keeps it running with the web console)
 #   make test   starts the services the tests need, then runs every test
 # and, for decoders of foreign input:
 #   make fuzz   fuzzes every Fuzz function of the module for $(FUZZTIME) each
@@ -10,7 +11,7 @@ FUZZTIME ?= 60s
 .PHONY: demo test services vet bench fuzz
 
 demo:
-	$(GO) run ./examples/demo
+	$(GO) run ./examples/demo $(DEMOFLAGS)
 
 test: services vet
 	$(GO) test -race -count=1 -timeout 20m ./...

@@ -149,6 +149,9 @@
 //	InstanceQueuer        a queue of this bus instance alone                   New, for middleware such as requestreply
 //	InstanceReceiver      receives from the instance queue alone               the bus, for replies while handlers wait
 //	MessagingSystemNamer  names its messaging system                           plugins/otel (messaging.system)
+//	DeadLetterManager     lists, counts, replays and deletes dead letters      plugbus dlq, the console (package console)
+//	EndpointLister        names the endpoints it knows                         the console
+//	DeliveryCounter       counts the messages delivered from a queue           the console (messages per second)
 //
 // Package transports/transporttest is the conformance suite every
 // transport passes. The memory transport (transports/memory, implemented

@@ -32,8 +32,11 @@ type memBroker struct {
 	mu     sync.Mutex
 	queues map[string]*memQueue
 	subs   map[string]map[string]struct{} // message name → endpoints
-	dead   map[string][]DeadLetter
+	dead   map[string][]*DeadLetter
 	gone   map[string]struct{} // instance queues of closed transports
+	// instance marks the instance queues, which Endpoints leaves out.
+	instance map[string]bool
+	deadSeq  uint64 // numbers the dead letters: their IDs
 
 	// Delayed items wait in a heap by due time; one timer, set for the
 	// earliest, puts the due ones back into their queues. No goroutine
@@ -44,7 +47,7 @@ type memBroker struct {
 }
 
 func newMemBroker() *memBroker {
-	return &memBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]DeadLetter{}, gone: map[string]struct{}{}}
+	return &memBroker{queues: map[string]*memQueue{}, subs: map[string]map[string]struct{}{}, dead: map[string][]*DeadLetter{}, gone: map[string]struct{}{}, instance: map[string]bool{}}
 }
 
 func (br *memBroker) queue(endpoint string) *memQueue {
@@ -77,7 +80,12 @@ func (br *memBroker) queueLocked(endpoint string) *memQueue {
 func (br *memBroker) DeadLetters(endpoint string) []DeadLetter {
 	br.mu.Lock()
 	defer br.mu.Unlock()
-	return slices.Clone(br.dead[endpoint])
+	dead := br.dead[endpoint]
+	out := make([]DeadLetter, len(dead))
+	for i, dl := range dead {
+		out[i] = *dl
+	}
+	return out
 }
 
 // Depth returns how many messages wait in endpoint's queue, not counting
@@ -104,6 +112,7 @@ type memQueue struct {
 	items  []*memItem
 	head   int
 	signal chan struct{}
+	popped uint64 // messages delivered from the queue, ever
 }
 
 func (q *memQueue) push(it *memItem, front bool) {
@@ -136,6 +145,7 @@ func (q *memQueue) pop() *memItem {
 	it := q.items[q.head]
 	q.items[q.head] = nil
 	q.head++
+	q.popped++
 	switch {
 	case q.head == len(q.items):
 		q.items, q.head = q.items[:0], 0
@@ -205,6 +215,9 @@ func (t *memTransport) Setup(_ context.Context, topo Topology) error {
 				t.iaddr = topo.Endpoint + "." + t.iaddr
 			}
 			t.iq = t.broker.queue(t.iaddr)
+			t.broker.mu.Lock()
+			t.broker.instance[t.iaddr] = true
+			t.broker.mu.Unlock()
 		}
 		t.mu.Unlock()
 	}
@@ -525,7 +538,7 @@ func (t *memTransport) Fail(_ context.Context, d *Delivery, f Failure) error {
 		key = t.iaddr // a bus without an endpoint: under the instance's address
 	}
 	t.broker.mu.Lock()
-	t.broker.dead[key] = append(t.broker.dead[key], DeadLetter{Envelope: it.env, Failure: f})
+	t.broker.dead[key] = append(t.broker.dead[key], &DeadLetter{ID: t.broker.deadLetterID(), Envelope: it.env, Failure: f})
 	t.broker.mu.Unlock()
 	return nil
 }
@@ -560,6 +573,7 @@ func (t *memTransport) Close(context.Context) error {
 	if t.iq != nil {
 		t.broker.mu.Lock()
 		delete(t.broker.queues, t.iaddr)
+		delete(t.broker.instance, t.iaddr)
 		t.broker.gone[t.iaddr] = struct{}{}
 		t.broker.mu.Unlock()
 	}

@@ -147,6 +147,9 @@ type Failure struct {
 // transport reads its dead letters into this shape (memory's
 // Broker.DeadLetters, rabbitmq.DecodeDeadLetter, sqs.DecodeDeadLetter).
 type DeadLetter struct {
+	// ID names the dead letter in its queue for a [DeadLetterManager]
+	// (a [DeadLetterFilter] selects by it); empty where nothing set it.
+	ID       string
 	Envelope Envelope
 	Failure  Failure
 }

@@ -2,8 +2,11 @@
 # Starts every service the tests need when it is not already running, all
 # bound to 127.0.0.1, and waits until each answers:
 #
-#   scripts/services.sh            # RabbitMQ, PostgreSQL and the SQS/SNS emulator
-#   scripts/services.sh rabbitmq   # only the ones named (rabbitmq, postgres, sqs)
+#   scripts/services.sh            # RabbitMQ, PostgreSQL, the SQS/SNS emulator and Chromium
+#   scripts/services.sh rabbitmq   # only the ones named (rabbitmq, postgres, sqs, chromium)
+#
+# Chromium is no service: the web console's browser test drives it
+# headless (console/browser_test.go); it is installed when absent.
 #
 # It is idempotent: a service that already answers is left alone.
 set -euo pipefail
@@ -58,11 +61,18 @@ sqs() {
   tools/fauxqs/start.sh
 }
 
+chromium() {
+  if [ -x /usr/bin/chromium ]; then echo "services: Chromium already installed"; return; fi
+  echo "services: installing chromium" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  echo "services: Chromium installed at /usr/bin/chromium"
+}
+
 services=("$@")
-[ ${#services[@]} -eq 0 ] && services=(rabbitmq postgres sqs)
+[ ${#services[@]} -eq 0 ] && services=(rabbitmq postgres sqs chromium)
 for s in "${services[@]}"; do
   case "$s" in
-    rabbitmq|postgres|sqs) "$s" ;;
-    *) echo "services: unknown service $s (rabbitmq, postgres, sqs)" >&2; exit 2 ;;
+    rabbitmq|postgres|sqs|chromium) "$s" ;;
+    *) echo "services: unknown service $s (rabbitmq, postgres, sqs, chromium)" >&2; exit 2 ;;
   esac
 done

@@ -67,6 +67,11 @@ func runDemo(ctx context.Context, w io.Writer, args []string) error {
 	if err := s.play(ctx, opts.orders); err != nil {
 		return errors.Join(err, s.stop(ctx))
 	}
+	if opts.console != "" {
+		if err := s.serveConsole(ctx, opts.console); err != nil {
+			return errors.Join(err, s.stop(ctx))
+		}
+	}
 	if err := s.stop(ctx); err != nil {
 		return err
 	}
@@ -80,6 +85,7 @@ type demoOptions struct {
 	orders   int
 	external bool
 	verbose  bool
+	console  string
 }
 
 func parseDemoFlags(w io.Writer, args []string) (demoOptions, error) {
@@ -89,6 +95,7 @@ func parseDemoFlags(w io.Writer, args []string) (demoOptions, error) {
 	fs.IntVar(&o.orders, "orders", 1, "how many orders to place")
 	fs.BoolVar(&o.external, "external", true, "build and load the example out-of-process plugin (examples/tenancy-plugin; needs the Go toolchain)")
 	fs.BoolVar(&o.verbose, "v", false, "print the bus's own debug logs")
+	fs.StringVar(&o.console, "console", "", "after the demo, keep the services running with the web console on this address (127.0.0.1:8089) until Ctrl-C")
 	return o, fs.Parse(args)
 }
 

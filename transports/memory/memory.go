@@ -94,6 +94,9 @@ type transportImpl interface {
 	bus.InstanceReceiver
 	bus.EnvelopeCopier
 	bus.Delayer
+	bus.DeadLetterManager
+	bus.EndpointLister
+	bus.DeliveryCounter
 }
 
 // New returns a transport.
@@ -196,9 +199,12 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 func (t *Transport) Close(ctx context.Context) error { return t.impl.Close(ctx) }
 
 var (
-	_ bus.Transport        = (*Transport)(nil)
-	_ bus.InstanceQueuer   = (*Transport)(nil)
-	_ bus.InstanceReceiver = (*Transport)(nil)
-	_ bus.EnvelopeCopier   = (*Transport)(nil)
-	_ bus.Delayer          = (*Transport)(nil)
+	_ bus.Transport         = (*Transport)(nil)
+	_ bus.InstanceQueuer    = (*Transport)(nil)
+	_ bus.InstanceReceiver  = (*Transport)(nil)
+	_ bus.EnvelopeCopier    = (*Transport)(nil)
+	_ bus.Delayer           = (*Transport)(nil)
+	_ bus.DeadLetterManager = (*Transport)(nil)
+	_ bus.EndpointLister    = (*Transport)(nil)
+	_ bus.DeliveryCounter   = (*Transport)(nil)
 )

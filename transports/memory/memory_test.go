@@ -17,7 +17,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestConformance(t *testing.T) {
 	broker := memory.NewBroker()
 	transporttest.Run(t, func(testing.TB) bus.Transport { return memory.New(memory.WithBroker(broker)) }, transporttest.Features{
-		Ordered: true,
+		Ordered:           true,
+		DeadLetterManager: true,
 		DeadLetters: func(ctx context.Context, _ testing.TB, endpoint string, n int) []bus.DeadLetter {
 			// The broker has no event for a dead letter: poll, bounded by ctx.
 			tick := time.NewTicker(time.Millisecond)

@@ -27,11 +27,12 @@ func TestConformance(t *testing.T) {
 	transporttest.Run(t, func(tb testing.TB) bus.Transport {
 		return open(tb, url, adm, rabbitmq.WithExchange(exchange))
 	}, transporttest.Features{
-		Ordered:        true,
-		ReservedHeader: rabbitmq.HeaderAttempt,
-		DeadLetters:    adm.deadLetters,
-		Messages:       2000,
-		DurableDelays:  true,
+		Ordered:           true,
+		ReservedHeader:    rabbitmq.HeaderAttempt,
+		DeadLetters:       adm.deadLetters,
+		DeadLetterManager: true,
+		Messages:          2000,
+		DurableDelays:     true,
 	})
 }
 

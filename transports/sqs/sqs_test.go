@@ -72,10 +72,11 @@ func TestConformance(t *testing.T) {
 	newT := func(testing.TB) bus.Transport { return sqs.New(cfg, sqstest.FastOptions(prefix)...) }
 	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
 	transporttest.Run(t, newT, transporttest.Features{
-		ReservedHeader: sqs.AttributeName,
-		DelayUnit:      500 * time.Millisecond, // DelaySeconds counts whole seconds: a delay is rounded up, never carried early
-		Timeout:        2 * time.Minute,        // the outage test sends for 40 delay units
-		DurableDelays:  true,                   // a delayed copy waits in SQS
+		ReservedHeader:    sqs.AttributeName,
+		DelayUnit:         500 * time.Millisecond, // DelaySeconds counts whole seconds: a delay is rounded up, never carried early
+		Timeout:           2 * time.Minute,        // the outage test sends for 40 delay units
+		DurableDelays:     true,                   // a delayed copy waits in SQS
+		DeadLetterManager: true,
 		DeadLetters: func(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter {
 			return sqstest.DeadLetters(ctx, t, probe, endpoint, n)
 		},

@@ -59,6 +59,10 @@ type Features struct {
 	// process with SIGKILL during a delay, in a child process of the test
 	// binary, and expects the message after the delay.
 	DurableDelays bool
+	// DeadLetterManager is true when the transport implements
+	// bus.DeadLetterManager: the suite then lists, filters, counts,
+	// replays (also interrupted midway) and deletes dead letters through it.
+	DeadLetterManager bool
 }
 
 // Factory returns a fresh transport of the kind under test. Transports
@@ -103,6 +107,12 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 	t.Run("UnhandledNameDeadLettered", s.unhandledDeadLettered)
 	if f.ReservedHeader != "" {
 		t.Run("ReservedHeaderRefused", s.reservedHeader)
+	}
+	if f.DeadLetterManager {
+		t.Run("DeadLettersListedFilteredDeleted", s.deadLettersFiltered)
+		t.Run("DeadLetterReplayKeepsIDAndHistory", s.deadLetterReplayed)
+		t.Run("DeadLetterReplayedToAnotherEndpoint", s.deadLetterReplayedElsewhere)
+		t.Run("InterruptedBulkReplayLosesAndDoublesNothing", s.interruptedReplay)
 	}
 	probe := newTransport(t)
 	_, instances := probe.(bus.InstanceQueuer)

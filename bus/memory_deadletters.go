@@ -1,0 +1,147 @@
+package bus
+
+import (
+	"context"
+	"slices"
+	"strconv"
+)
+
+// This file is the in-process transport's [DeadLetterManager].
+
+// deadLetterID numbers the broker's dead letters; called with br.mu held.
+func (br *memBroker) deadLetterID() string {
+	br.deadSeq++
+	return strconv.FormatUint(br.deadSeq, 10)
+}
+
+// ListDeadLetters returns the dead letters f selects, oldest first.
+func (t *memTransport) ListDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
+	if err := f.Check(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return t.selectDead(f), nil
+}
+
+func (t *memTransport) selectDead(f DeadLetterFilter) []DeadLetter {
+	t.broker.mu.Lock()
+	defer t.broker.mu.Unlock()
+	var out []DeadLetter
+	match := f.Matcher()
+	for _, dl := range t.broker.dead[f.Endpoint] {
+		if f.Full(len(out)) {
+			break
+		}
+		if match(dl) {
+			out = append(out, *dl)
+		}
+	}
+	return out
+}
+
+// CountDeadLetters returns how many dead letters endpoint has.
+func (t *memTransport) CountDeadLetters(ctx context.Context, endpoint string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	t.broker.mu.Lock()
+	defer t.broker.mu.Unlock()
+	return len(t.broker.dead[endpoint]), nil
+}
+
+// QueueDepth returns how many messages wait in endpoint's queue.
+func (t *memTransport) QueueDepth(ctx context.Context, endpoint string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return t.broker.Depth(endpoint), nil
+}
+
+// Delivered returns how many messages were delivered from endpoint's queue.
+func (t *memTransport) Delivered(ctx context.Context, endpoint string) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	q := t.broker.queue(endpoint)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.popped, nil
+}
+
+// Endpoints names the endpoints with a queue or dead letters, sorted;
+// instance queues are left out.
+func (t *memTransport) Endpoints(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	t.broker.mu.Lock()
+	defer t.broker.mu.Unlock()
+	seen := make(map[string]struct{}, len(t.broker.queues)+len(t.broker.dead))
+	for ep := range t.broker.queues {
+		if !t.broker.instance[ep] {
+			seen[ep] = struct{}{}
+		}
+	}
+	for ep := range t.broker.dead {
+		seen[ep] = struct{}{}
+	}
+	out := make([]string, 0, len(seen))
+	for ep := range seen {
+		out = append(out, ep)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// ReplayDeadLetters sends a copy of each dead letter f selects, then
+// removes it.
+func (t *memTransport) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, r Replay, done func(DeadLetter)) (int, error) {
+	return t.eachDead(ctx, f, done, func(dl DeadLetter) error {
+		env, to, err := ReplayEnvelope(dl, f.Endpoint, r)
+		if err != nil {
+			return err
+		}
+		return t.Send(ctx, env, to)
+	})
+}
+
+// DeleteDeadLetters removes each dead letter f selects.
+func (t *memTransport) DeleteDeadLetters(ctx context.Context, f DeadLetterFilter, done func(DeadLetter)) (int, error) {
+	return t.eachDead(ctx, f, done, func(DeadLetter) error { return nil })
+}
+
+// eachDead runs act on each dead letter f selects and removes it once act
+// succeeded, stopping between two when ctx ends.
+func (t *memTransport) eachDead(ctx context.Context, f DeadLetterFilter, done func(DeadLetter), act func(DeadLetter) error) (int, error) {
+	if err := f.Check(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, dl := range t.selectDead(f) {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		if err := act(dl); err != nil {
+			return n, err
+		}
+		t.broker.mu.Lock()
+		dead := t.broker.dead[f.Endpoint]
+		if i := slices.IndexFunc(dead, func(d *DeadLetter) bool { return d.ID == dl.ID }); i >= 0 {
+			t.broker.dead[f.Endpoint] = slices.Delete(dead, i, i+1)
+		}
+		t.broker.mu.Unlock()
+		n++
+		if done != nil {
+			done(dl)
+		}
+	}
+	return n, nil
+}
+
+var (
+	_ DeadLetterManager = (*memTransport)(nil)
+	_ EndpointLister    = (*memTransport)(nil)
+	_ DeliveryCounter   = (*memTransport)(nil)
+)

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/plugbus/plugbus/console"
+)
+
+// runConsole runs `plugbus console`: the web console, until interrupted.
+func runConsole(ctx context.Context, io stdio, args []string) error {
+	var b broker
+	fs := flag.NewFlagSet("plugbus console", flag.ContinueOnError)
+	fs.SetOutput(io.err)
+	b.flags(fs)
+	addr := fs.String("addr", console.DefaultAddr, "address to listen on; beyond 127.0.0.1 it needs -token")
+	token := fs.String("token", os.Getenv("PLUGBUS_CONSOLE_TOKEN"), "token every request must carry (default $PLUGBUS_CONSOLE_TOKEN)")
+	readOnly := fs.Bool("read-only", false, "show, but refuse every replay and delete")
+	endpoints := fs.String("endpoints", "", "comma-separated endpoints to show (RabbitMQ cannot list its queues)")
+	user := fs.String("user", userName(), "who replays, recorded with each replayed message")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("console: %w", err)
+	}
+	t, err := b.open(ctx, io.err)
+	if err != nil {
+		return fmt.Errorf("console: %w", err)
+	}
+	defer func() { _ = t.Close(context.WithoutCancel(ctx)) }()
+	opts := []console.Option{console.WithUser(*user), console.WithLogger(slog.New(slog.NewTextHandler(io.err, nil)))}
+	for ep := range strings.SplitSeq(*endpoints, ",") {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			opts = append(opts, console.WithEndpoints(ep))
+		}
+	}
+	if *token != "" {
+		opts = append(opts, console.WithToken(*token))
+	}
+	if *readOnly {
+		opts = append(opts, console.WithReadOnly())
+	}
+	c, err := console.New(t, opts...)
+	if err != nil {
+		return err
+	}
+	url := "http://" + *addr + "/"
+	if *token != "" {
+		url += "?token=…"
+	}
+	fmt.Fprintf(io.out, "plugbus console on %s (Ctrl-C stops it)\n", url)
+	return c.ListenAndServe(ctx, *addr)
+}

@@ -1,0 +1,311 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/dlview"
+)
+
+const dlqUsage = `usage: plugbus dlq <command> -endpoint NAME [flags] [ID ...]
+
+commands:
+  list      list the dead letters the filters select (a table, or -o json)
+  show      show dead letters in full: attributes, headers, body, failure history
+  replay    send the selected dead letters to their endpoint again (or -to), then remove them
+  purge     delete the selected dead letters
+
+replay and purge need a selection: IDs, a filter, or -all. -dry-run lists
+what they would do. Run 'plugbus dlq <command> -h' for the flags.
+`
+
+// stdio is where a command writes; terminal is true when stderr is a
+// terminal, where bulk operations show a progress bar.
+type stdio struct {
+	out, err io.Writer
+	terminal bool
+}
+
+// dlqFlags are the flags of every dlq command.
+type dlqFlags struct {
+	broker       broker
+	f            bus.DeadLetterFilter
+	since, until string
+	output       string
+	all, dryRun  bool
+	to, by       string
+}
+
+func (d *dlqFlags) flagSet(cmd string, w io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("plugbus dlq "+cmd, flag.ContinueOnError)
+	fs.SetOutput(w)
+	d.broker.flags(fs)
+	fs.StringVar(&d.f.Endpoint, "endpoint", "", "the endpoint whose dead letters to read (required)")
+	fs.StringVar(&d.f.Name, "name", "", "select one message name")
+	fs.StringVar(&d.f.Reason, "error", "", "select failures whose error text contains this, regardless of case")
+	fs.StringVar(&d.since, "since", "", "select failures at or after this time: RFC 3339, or a duration ago (2h)")
+	fs.StringVar(&d.until, "until", "", "select failures before this time: RFC 3339, or a duration ago")
+	fs.IntVar(&d.f.Limit, "limit", 0, "select at most this many (0: all)")
+	fs.StringVar(&d.output, "o", "table", "output: table or json")
+	if cmd == "replay" || cmd == "purge" {
+		fs.BoolVar(&d.all, "all", false, "select every dead letter of the endpoint")
+		fs.BoolVar(&d.dryRun, "dry-run", false, "list what would be done, do nothing")
+	}
+	if cmd == "replay" {
+		fs.StringVar(&d.to, "to", "", "replay to this endpoint (default: the endpoint that failed each message)")
+		fs.StringVar(&d.by, "by", "", "who replays, recorded with the copy (default: the user name)")
+	}
+	return fs
+}
+
+// parseTime reads an RFC 3339 time or a duration before now.
+func parseTime(flagName, s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("-%s %q: want an RFC 3339 time (2026-01-02T15:04:05Z) or a duration (2h)", flagName, s)
+	}
+	return t, nil
+}
+
+// runDLQ runs `plugbus dlq ...`.
+func runDLQ(ctx context.Context, io stdio, args []string) error {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" {
+		fmt.Fprint(io.out, dlqUsage)
+		if len(args) == 0 {
+			return errors.New("dlq: missing command")
+		}
+		return nil
+	}
+	cmd := args[0]
+	switch cmd {
+	case "list", "show", "replay", "purge":
+	default:
+		fmt.Fprint(io.out, dlqUsage)
+		return fmt.Errorf("dlq: unknown command %q", cmd)
+	}
+	var d dlqFlags
+	fs := d.flagSet(cmd, io.err)
+	if err := fs.Parse(args[1:]); err != nil {
+		return fmt.Errorf("dlq %s: %w", cmd, err)
+	}
+	d.f.IDs = fs.Args()
+	now := time.Now()
+	var err error
+	if d.f.Since, err = parseTime("since", d.since, now); err != nil {
+		return fmt.Errorf("dlq %s: %w", cmd, err)
+	}
+	if d.f.Until, err = parseTime("until", d.until, now); err != nil {
+		return fmt.Errorf("dlq %s: %w", cmd, err)
+	}
+	if d.output != "table" && d.output != "json" {
+		return fmt.Errorf("dlq %s: -o %q: want table or json", cmd, d.output)
+	}
+	if d.f.Endpoint == "" {
+		return fmt.Errorf("dlq %s: -endpoint is required", cmd)
+	}
+	if (cmd == "replay" || cmd == "purge") && !d.all && d.selectsAll() {
+		return fmt.Errorf("dlq %s: nothing selected: give IDs, a filter (-name, -error, -since, -until, -limit) or -all", cmd)
+	}
+	t, err := d.broker.open(ctx, io.err)
+	if err != nil {
+		return fmt.Errorf("dlq %s: %w", cmd, err)
+	}
+	defer func() { _ = t.Close(context.WithoutCancel(ctx)) }()
+	switch cmd {
+	case "list":
+		return list(ctx, io, t, d.f, d.output)
+	case "show":
+		return show(ctx, io, t, d.f, d.output)
+	}
+	by := d.by
+	if by == "" {
+		by = userName()
+	}
+	return bulk(ctx, io, t, cmd, d.f, bus.Replay{To: d.to, By: by}, d.dryRun, d.output)
+}
+
+// selectsAll reports whether the filter selects every dead letter.
+func (d *dlqFlags) selectsAll() bool {
+	f := d.f
+	return len(f.IDs) == 0 && f.Name == "" && f.Reason == "" && f.Since.IsZero() && f.Until.IsZero() && f.Limit == 0
+}
+
+// userName names who replays: the user running plugbus.
+func userName() string {
+	u, err := user.Current()
+	if err != nil || u.Username == "" {
+		return "plugbus dlq"
+	}
+	return u.Username + " (plugbus dlq)"
+}
+
+func list(ctx context.Context, io stdio, m bus.DeadLetterManager, f bus.DeadLetterFilter, output string) error {
+	dls, err := m.ListDeadLetters(ctx, f)
+	if err != nil {
+		return err
+	}
+	if output == "json" {
+		return writeJSON(io.out, dls)
+	}
+	writeTable(io.out, dls)
+	fmt.Fprintf(io.out, "%d dead letters of %s\n", len(dls), f.Endpoint)
+	return nil
+}
+
+func writeJSON(w io.Writer, dls []bus.DeadLetter) error {
+	views := make([]dlview.DeadLetter, len(dls))
+	for i, dl := range dls {
+		views[i] = dlview.Of(dl)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(views)
+}
+
+func writeTable(w io.Writer, dls []bus.DeadLetter) {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tFAILED AT\tATTEMPTS\tERROR")
+	for _, dl := range dls {
+		at := "-"
+		if !dl.Failure.Time.IsZero() {
+			at = dl.Failure.Time.UTC().Format(time.DateTime)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", dl.ID, dl.Envelope.Name, at, dl.Failure.Attempts, dlview.OneLine(dl.Failure.Reason, 70))
+	}
+	_ = tw.Flush()
+}
+
+func show(ctx context.Context, io stdio, m bus.DeadLetterManager, f bus.DeadLetterFilter, output string) error {
+	dls, err := m.ListDeadLetters(ctx, f)
+	if err != nil {
+		return err
+	}
+	if len(dls) == 0 {
+		return fmt.Errorf("dlq show: no dead letter of %s selected", f.Endpoint)
+	}
+	if output == "json" {
+		return writeJSON(io.out, dls)
+	}
+	for i, dl := range dls {
+		if i > 0 {
+			fmt.Fprintln(io.out)
+		}
+		v := dlview.Of(dl)
+		tw := tabwriter.NewWriter(io.out, 0, 8, 2, ' ', 0)
+		fmt.Fprintf(tw, "ID\t%s\nName\t%s\nMessage id\t%s\nCorrelation id\t%s\nSent at\t%s\nContent type\t%s\n",
+			v.ID, v.Name, v.MessageID, v.CorrelationID, v.SentAt.UTC().Format(time.RFC3339Nano), v.ContentType)
+		for k, val := range v.Attributes {
+			fmt.Fprintf(tw, "Attribute %s\t%s\n", k, val)
+		}
+		for k, val := range v.Sticky {
+			fmt.Fprintf(tw, "Sticky attribute %s\t%s\n", k, val)
+		}
+		for _, k := range v.HeaderNames() {
+			fmt.Fprintf(tw, "Header %s\t%s\n", k, v.Headers[k])
+		}
+		fl := v.Failure
+		fmt.Fprintf(tw, "Failed at\t%s\nEndpoint\t%s\nAttempts\t%d\nDelayed rounds\t%d\nError\t%s\n",
+			fl.Time.UTC().Format(time.RFC3339Nano), fl.Endpoint, fl.Attempts, fl.Delayed, fl.Reason)
+		for _, e := range fl.Errors {
+			fmt.Fprintf(tw, "Earlier error\t%s\n", e)
+		}
+		if r := v.Replay; r != nil {
+			fmt.Fprintf(tw, "Replayed\t%d times, last at %s by %s\n", r.Count, r.At.UTC().Format(time.RFC3339), r.By)
+			for _, pf := range r.Failures {
+				fmt.Fprintf(tw, "Failure before a replay\t%s at %s\n", pf.Reason, pf.Time.UTC().Format(time.RFC3339))
+			}
+		}
+		_ = tw.Flush()
+		fmt.Fprintf(io.out, "Body:\n%s\n", v.PrettyBody())
+	}
+	return nil
+}
+
+// bulk replays or purges what f selects, with a progress bar on a
+// terminal and a summary at the end.
+func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f bus.DeadLetterFilter, r bus.Replay, dryRun bool, output string) error {
+	verb, did := "replay", "replayed"
+	if cmd == "purge" {
+		verb, did = "delete", "deleted"
+	}
+	selected, err := m.ListDeadLetters(ctx, f)
+	if err != nil {
+		return err
+	}
+	if dryRun {
+		if output == "json" {
+			return writeJSON(io.out, selected)
+		}
+		writeTable(io.out, selected)
+		fmt.Fprintf(io.out, "dry run: would %s %d dead letters of %s\n", verb, len(selected), f.Endpoint)
+		return nil
+	}
+	if len(selected) == 0 {
+		fmt.Fprintf(io.out, "no dead letter of %s selected: nothing to %s\n", f.Endpoint, verb)
+		return nil
+	}
+	// Act on what was listed: a dead letter arriving meanwhile is not touched.
+	f.IDs = make([]string, len(selected))
+	for i, dl := range selected {
+		f.IDs[i] = dl.ID
+	}
+	f.Limit = 0
+	var bar *progressbar.ProgressBar
+	if io.terminal {
+		bar = progressbar.NewOptions(len(selected), progressbar.OptionSetWriter(io.err), progressbar.OptionSetDescription(did),
+			progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionSetPredictTime(true), progressbar.OptionFullWidth(), progressbar.OptionSetRenderBlankState(true))
+	}
+	done := func(bus.DeadLetter) {
+		if bar != nil {
+			_ = bar.Add(1)
+		}
+	}
+	start := time.Now()
+	var n int
+	if cmd == "purge" {
+		n, err = m.DeleteDeadLetters(ctx, f, done)
+	} else {
+		n, err = m.ReplayDeadLetters(ctx, f, r, done)
+	}
+	if bar != nil {
+		if err == nil {
+			_ = bar.Finish()
+		}
+		fmt.Fprintln(io.err)
+	}
+	elapsed := time.Since(start).Round(time.Millisecond)
+	to := ""
+	if cmd == "replay" && r.To != "" {
+		to = " to " + r.To
+	}
+	if err != nil {
+		fmt.Fprintf(io.out, "%s %d of %d dead letters of %s%s in %v, then stopped: %d left\n", did, n, len(selected), f.Endpoint, to, elapsed, len(selected)-n)
+		return err
+	}
+	fmt.Fprintf(io.out, "%s %d of %d dead letters of %s%s in %v\n", did, n, len(selected), f.Endpoint, to, elapsed)
+	return nil
+}
+
+// isTerminal reports whether f is a terminal (a character device).
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

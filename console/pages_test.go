@@ -1,0 +1,108 @@
+package console_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/dltest"
+)
+
+func TestEndpointPageFilters(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	tr := memoryWith(t, "shop",
+		dltest.Message{Name: "shop.order", Body: `{}`, Reason: "card declined", At: at},
+		dltest.Message{Name: "shop.order", Body: `{}`, Reason: "timeout", At: at.Add(time.Hour)},
+		dltest.Message{Name: "shop.refund", Body: `{}`, Reason: "card expired", At: at.Add(2 * time.Hour)})
+	_, srv := server(t, tr)
+	for q, want := range map[string]string{
+		"":                  "3 shown of 3",
+		"?name=shop.refund": "1 shown of 3",
+		"?error=CARD":       "2 shown of 3",
+		"?since=2026-03-01T12:30&until=2026-03-01T14:00": "1 shown of 3",
+		"?limit=2": "2 shown of 3",
+	} {
+		code, html := get(t, srv.URL+"/endpoints/shop"+q)
+		if code != http.StatusOK || !strings.Contains(html, want) {
+			t.Errorf("GET /endpoints/shop%s: %d, want %q", q, code, want)
+		}
+	}
+	if code, _ := get(t, srv.URL+"/endpoints/shop?since=yesterday"); code != http.StatusBadRequest {
+		t.Errorf("a bad since: %d, want 400", code)
+	}
+}
+
+func TestReplayAndDeleteASelection(t *testing.T) {
+	tr := memoryWith(t, "shop",
+		dltest.Message{Name: "shop.order", Body: `{"n":1}`, Reason: "a"},
+		dltest.Message{Name: "shop.order", Body: `{"n":2}`, Reason: "b"},
+		dltest.Message{Name: "shop.order", Body: `{"n":3}`, Reason: "c"})
+	_, srv := server(t, tr)
+	dls, _ := tr.ListDeadLetters(t.Context(), bus.DeadLetterFilter{Endpoint: "shop"})
+	_, page := get(t, srv.URL+"/endpoints/shop")
+	token := csrf(t, page)
+	resp, _ := post(t, srv.URL+"/endpoints/shop/replay", url.Values{"id": {dls[0].ID, dls[2].ID}, "csrf": {token}})
+	if resp.StatusCode != http.StatusSeeOther || tr.Broker().Depth("shop") != 2 {
+		t.Fatalf("replay of a selection: %d, depth %d", resp.StatusCode, tr.Broker().Depth("shop"))
+	}
+	_, page = get(t, srv.URL+resp.Header.Get("Location"))
+	if !strings.Contains(page, "Replayed 2 dead letters.") || !strings.Contains(page, "1 shown of 1") {
+		t.Errorf("after the replay:\n%s", page)
+	}
+	resp, _ = post(t, srv.URL+"/endpoints/shop/delete", url.Values{"one": {dls[1].ID}, "csrf": {token}})
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("delete: %d", resp.StatusCode)
+	}
+	if n, _ := tr.CountDeadLetters(t.Context(), "shop"); n != 0 || tr.Broker().Depth("shop") != 2 {
+		t.Errorf("after the delete: %d dead letters, depth %d", n, tr.Broker().Depth("shop"))
+	}
+	if code, _ := get(t, srv.URL+"/endpoints/shop/messages/"+dls[1].ID); code != http.StatusNotFound {
+		t.Errorf("a deleted dead letter's page: %d, want 404", code)
+	}
+}
+
+func TestStatsShowDepthDeadLettersAndRate(t *testing.T) {
+	tr := memoryWith(t, "shop", dltest.Message{Name: "shop.order", Body: `{}`, Reason: "a"})
+	c, srv := server(t, tr)
+	var mu sync.Mutex
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	c.SetClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	stats := func() map[string]any {
+		_, body := get(t, srv.URL+"/api/stats")
+		var rows []map[string]any
+		if err := json.Unmarshal([]byte(body), &rows); err != nil || len(rows) != 1 {
+			t.Fatalf("/api/stats: %v %s", err, body)
+		}
+		return rows[0]
+	}
+	first := stats()
+	if first["endpoint"] != "shop" || first["dead_letters"] != 1.0 || first["depth"] != 0.0 || first["messages_per_second"] != nil {
+		t.Errorf("first stats: %v", first)
+	}
+	// 20 messages delivered in 2 seconds: 10 a second.
+	ctx := context.Background()
+	for i := range 20 {
+		env := &bus.Envelope{Name: "shop.order", Body: []byte(fmt.Sprint(i)), Attributes: bus.NewAttributes(fmt.Sprint(i), "", time.Now(), nil, nil)}
+		if err := tr.Send(ctx, env, "shop"); err != nil {
+			t.Fatal(err)
+		}
+		d, err := tr.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = tr.Delete(ctx, d)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Second)
+	mu.Unlock()
+	if got := stats(); got["messages_per_second"] != 10.0 || got["rate_kind"] != "delivered" {
+		t.Errorf("stats after 20 messages in 2s: %v, want 10 delivered a second", got)
+	}
+}

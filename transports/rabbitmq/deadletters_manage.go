@@ -1,0 +1,235 @@
+package rabbitmq
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/plugbus/plugbus/bus"
+)
+
+// This file is the transport's bus.DeadLetterManager. AMQP reads a queue
+// only from its head, so each call goes through the dead-letter queue on a
+// channel of its own: it gets each message without acknowledging it,
+// acknowledges those it replayed or deleted and, at the end, gives the
+// others back to the queue (basic.nack with requeue), where RabbitMQ puts
+// them back in their place. While a call runs, the messages it holds are
+// invisible to another one.
+
+// replayTimeout bounds the publish and acknowledgement of the dead letter in
+// hand, which a cancelled context does not interrupt (so that it is never
+// both replayed and left).
+const replayTimeout = 30 * time.Second
+
+// ListDeadLetters implements bus.DeadLetterManager: the dead letters of
+// f.Endpoint's queue [DeadLetterQueue] that f selects, in queue order.
+// Their ID is the message id (a hash of the message when it has none).
+func (t *Transport) ListDeadLetters(ctx context.Context, f bus.DeadLetterFilter) ([]bus.DeadLetter, error) {
+	var out []bus.DeadLetter
+	_, err := t.eachDead(ctx, f, 1, func(dl bus.DeadLetter) (bool, error) {
+		out = append(out, dl)
+		return false, nil
+	}, nil)
+	return out, err
+}
+
+// CountDeadLetters implements bus.DeadLetterManager: the messages ready in
+// the dead-letter queue (0 when it does not exist).
+func (t *Transport) CountDeadLetters(ctx context.Context, endpoint string) (int, error) {
+	return t.queueMessages(ctx, DeadLetterQueue(endpoint))
+}
+
+// QueueDepth implements bus.DeadLetterManager: the messages ready in the
+// endpoint's queue (0 when it does not exist).
+func (t *Transport) QueueDepth(ctx context.Context, endpoint string) (int, error) {
+	return t.queueMessages(ctx, endpoint)
+}
+
+func (t *Transport) queueMessages(ctx context.Context, queue string) (int, error) {
+	ch, err := t.manageChannel(ctx, queue)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = ch.Close() }()
+	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	var amqpErr *amqp.Error
+	if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("rabbitmq: reading the depth of queue %s: %w", queue, err)
+	}
+	return q.Messages, nil
+}
+
+// ReplayDeadLetters implements bus.DeadLetterManager: each dead letter f
+// selects is sent (bus.ReplayEnvelope's copy, through the default
+// exchange, confirmed by the broker) to r.To or the endpoint that failed
+// it, then acknowledged in the dead-letter queue. Up to 16 copies wait for
+// their confirmation at once; when ctx ends, those are finished.
+func (t *Transport) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilter, r bus.Replay, done func(bus.DeadLetter)) (int, error) {
+	return t.eachDead(ctx, f, replayWindow, func(dl bus.DeadLetter) (bool, error) {
+		env, to, err := bus.ReplayEnvelope(dl, f.Endpoint, r)
+		if err != nil {
+			return false, err
+		}
+		for k := range env.Headers {
+			if brokerDeathHeader(k) {
+				delete(env.Headers, k) // RabbitMQ's own dead-lettering record: it adds a new one
+			}
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replayTimeout)
+		defer cancel()
+		if err := t.Send(sctx, env, to); err != nil {
+			return false, fmt.Errorf("rabbitmq: replaying dead letter %s to %s: %w (it stays in %s)", dl.ID, to, err, DeadLetterQueue(f.Endpoint))
+		}
+		return true, nil
+	}, done)
+}
+
+// DeleteDeadLetters implements bus.DeadLetterManager: each dead letter f
+// selects is acknowledged in the dead-letter queue.
+func (t *Transport) DeleteDeadLetters(ctx context.Context, f bus.DeadLetterFilter, done func(bus.DeadLetter)) (int, error) {
+	return t.eachDead(ctx, f, 1, func(bus.DeadLetter) (bool, error) { return true, nil }, done)
+}
+
+func brokerDeathHeader(k string) bool {
+	return k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
+}
+
+// manageChannel opens a channel of its own for a dead-letter operation.
+func (t *Transport) manageChannel(ctx context.Context, queue string) (*amqp.Channel, error) {
+	s, err := t.session(ctx, func() string { return "reading queue " + queue })
+	if err != nil {
+		return nil, err
+	}
+	ch, err := s.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: opening a channel to read queue %s: %w", queue, err)
+	}
+	return ch, nil
+}
+
+// replayWindow is how many replays of one bulk operation wait for their
+// broker confirmation at once.
+const replayWindow = 16
+
+// eachDead gets the messages of f.Endpoint's dead-letter queue one by one
+// and calls act for each one f selects (up to f.Limit), up to window of
+// them at once: when act reports true, the message is acknowledged
+// (removed) and done called, one call at a time. The others go back to
+// the queue at the end, once every act has returned. When ctx ends it gets
+// no further message and returns ctx's error once the acts in hand have
+// finished; after an act's error it does the same with that error.
+func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, window int, act func(bus.DeadLetter) (bool, error), done func(bus.DeadLetter)) (int, error) {
+	if err := f.Check(); err != nil {
+		return 0, err
+	}
+	queue := DeadLetterQueue(f.Endpoint)
+	ch, err := t.manageChannel(ctx, queue)
+	if err != nil {
+		return 0, err
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex // guards n, actErr and the calls of done
+		n        int
+		actErr   error
+		slots    = make(chan struct{}, max(1, window))
+		held     uint64 // the last delivery tag got
+		scanErr  error
+		selected int
+		match    = f.Matcher()
+	)
+	failed := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return actErr
+	}
+	one := func(m amqp.Delivery, dl bus.DeadLetter) {
+		remove, err := act(dl)
+		if err == nil && remove {
+			if aerr := ch.Ack(m.DeliveryTag, false); aerr != nil {
+				err = fmt.Errorf("rabbitmq: removing dead letter %s from %s: %w", dl.ID, queue, aerr)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err != nil:
+			actErr = cmp.Or(actErr, err)
+		case remove:
+			n++
+			if done != nil {
+				done(dl)
+			}
+		}
+	}
+scan:
+	for !f.Full(selected) {
+		if scanErr = cmp.Or(failed(), ctx.Err()); scanErr != nil {
+			break
+		}
+		m, ok, err := ch.Get(queue, false)
+		var amqpErr *amqp.Error
+		switch {
+		case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
+			break scan // no dead-letter queue: no dead letters
+		case err != nil:
+			scanErr = fmt.Errorf("rabbitmq: reading dead-letter queue %s: %w", queue, err)
+			break scan
+		case !ok:
+			break scan
+		}
+		held = m.DeliveryTag
+		dl, _ := DecodeDeadLetter(m) // what cannot be read is shown as it came
+		dl.ID = deadLetterID(&m)
+		if !match(&dl) {
+			continue
+		}
+		selected++
+		if window <= 1 {
+			one(m, dl)
+			continue
+		}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			one(m, dl)
+		})
+	}
+	wg.Wait() // before the nack below, which would give back a message being replayed
+	err = cmp.Or(failed(), scanErr)
+	if held > 0 {
+		if nerr := ch.Nack(held, true, true); nerr != nil && err == nil {
+			err = fmt.Errorf("rabbitmq: giving the dead letters back to %s: %w (closing the channel gives them back)", queue, nerr)
+		}
+	}
+	_ = ch.Close() // gives back, too, what the nack could not
+	return n, err
+}
+
+// deadLetterID is the message id, or a hash of a message without one.
+func deadLetterID(m *amqp.Delivery) string {
+	if m.MessageId != "" {
+		return m.MessageId
+	}
+	h := sha256.New()
+	h.Write([]byte(m.Type))
+	h.Write([]byte{0})
+	h.Write(m.Body)
+	if s, ok := m.Headers[HeaderFailureTime].(string); ok {
+		h.Write([]byte(s))
+	}
+	return "sha256-" + hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+var _ bus.DeadLetterManager = (*Transport)(nil)
