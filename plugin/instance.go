@@ -192,6 +192,9 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 		return p.down(ctx, stage, next, false, nil, errors.New("the plugin process is down"))
 	}
 	inv.Instance, inv.Stage, inv.DeadlineUnixNano = inst.id, pluginproto.StageOf(stage), pluginproto.Deadline(ctx)
+	if parent, ok := ctx.Value(heldKey{inst}).(uint64); ok {
+		inv.Parent = parent
+	}
 	st := proc.pick()
 	c := st.newCall()
 	defer st.drop(c)
@@ -213,7 +216,11 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 				apply(out, k.Next.Mutation)
 				nextCalled = true
 				timer.Stop()
-				nextErr = callNext(ctx, st, c, k.Next.DeadlineUnixNano, next)
+				nctx := ctx
+				if k.Next.HoldsContext {
+					nctx = context.WithValue(ctx, heldKey{inst}, c.id)
+				}
+				nextErr = callNext(nctx, st, c, k.Next.DeadlineUnixNano, next)
 				timer.Reset(p.cfg.callTimeout)
 				if !st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}}}) {
 					return p.down(ctx, stage, next, true, nextErr, proc.cause)
@@ -223,6 +230,9 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 				d := k.Done
 				if d.Continue {
 					apply(out, d.Mutation)
+					if d.HoldsContext {
+						return inst.nextHolding(ctx, st, c.id, next)
+					}
 					return next(ctx)
 				}
 				return inst.decodeError(stage, d.Error, nextErr)
@@ -239,6 +249,19 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 			return p.down(ctx, stage, next, nextCalled, nextErr, &TimeoutError{Plugin: p.Name(), Stage: stage, Timeout: p.cfg.callTimeout})
 		}
 	}
+}
+
+// heldKey is the host context key under which the id of the instance's
+// call whose context the plugin holds travels down the chain: the
+// instance's invocations made meanwhile name it as their parent, and the
+// plugin gives them that context's values.
+type heldKey struct{ inst *instance }
+
+// nextHolding runs the rest of the chain after a before-only call whose
+// context the plugin holds, then tells the plugin to drop it.
+func (inst *instance) nextHolding(ctx context.Context, st *stream, call uint64, next bus.Next) error {
+	defer st.send(&pluginproto.HostFrame{Call: call, Kind: &pluginproto.HostFrame_Release{Release: &pluginproto.Release{}}})
+	return next(context.WithValue(ctx, heldKey{inst}, call))
 }
 
 // callNext runs the rest of the chain for call c. When the rest panics
@@ -310,7 +333,7 @@ func (inst *instance) decodeError(stage bus.Stage, e *pluginproto.Error, nextErr
 
 // pluginError is the *Error the plugin returned, with its typed cause.
 func (inst *instance) pluginError(stage bus.Stage, e *pluginproto.Error, nextErr error) error {
-	err := &Error{Plugin: inst.p.Name(), Stage: stage, Message: e.Message}
+	err := &Error{Plugin: inst.p.Name(), Stage: stage, Message: e.Message, Codes: e.Codes}
 	switch {
 	case e.WrapsNextError && nextErr != nil:
 		err.Err = nextErr

@@ -61,6 +61,7 @@ type config struct {
 	stableUptime time.Duration                   // uptime after which the back-off resets
 	streams      int
 	hungTimeouts int
+	args         []string
 }
 
 func defaults() config {
@@ -193,4 +194,11 @@ func WithStreams(n int) Option {
 		c.streams = n
 		return nil
 	}
+}
+
+// WithArgs sets the arguments the plugin binary is started with (none by
+// default). sdk/sdktest starts a test binary as the plugin with
+// "-test.run=^$", so that a test binary that does not serve runs no tests.
+func WithArgs(args ...string) Option {
+	return func(c *config) error { c.args = append([]string(nil), args...); return nil }
 }

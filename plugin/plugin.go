@@ -66,6 +66,9 @@ type Description struct {
 	Stages []ImplementedStage
 	// SDK is the plugbus version the plugin was built with.
 	SDK string
+	// Errors are the texts of the sentinel errors the plugin declares
+	// (sdk.ErrorDeclarer): errors.Is matches them on the host.
+	Errors []string
 }
 
 // Stats counts what happened to a plugin since it was loaded.
@@ -89,6 +92,7 @@ type Stats struct {
 type Plugin struct {
 	path        string
 	cfg         config
+	attach      func() (*goplugin.ReattachConfig, error) // nil: run the binary at path
 	description Description
 
 	logScope   atomic.Pointer[logScope] // replaced whole, under logScopeMu
@@ -117,14 +121,9 @@ type Plugin struct {
 // plugin is instantiated for; Close it when done (stopping the last bus
 // using it also stops the process).
 func Load(path string, opts ...Option) (*Plugin, error) {
-	c := defaults()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&c); err != nil {
-			return nil, err
-		}
+	c, err := configure(opts)
+	if err != nil {
+		return nil, err
 	}
 	if c.sum == nil && !c.unpinned {
 		return nil, fmt.Errorf("%w (loading %s)", ErrNotPinned, path)
@@ -140,13 +139,51 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 	if c.sum != nil && sum != hex.EncodeToString(c.sum) {
 		return nil, &ChecksumError{Path: abs, Want: hex.EncodeToString(c.sum), Got: sum}
 	}
-	p := &Plugin{path: abs, cfg: c, instances: make(map[uint32]*instance)}
+	return load(&Plugin{path: abs, cfg: c}, filepath.Base(abs), sum)
+}
+
+// Attach loads a plugin that is served, not started from a binary: serve
+// is called for each process the host would start (at load, after a crash,
+// when a bus needs it again after the last one stopped) and returns
+// go-plugin's reattach configuration of a plugin serving in test mode.
+// sdk/sdktest's wire mode attaches to sdk.ServeTest this way, in the test's
+// own process. The connection is gRPC over a local socket with the same
+// wire protocol as for a binary, but without checksum (nothing is run) and
+// without TLS. Options other than the checksum ones apply as for [Load].
+func Attach(serve func() (*goplugin.ReattachConfig, error), opts ...Option) (*Plugin, error) {
+	if serve == nil {
+		return nil, errors.New("plugin: Attach: nil serve function")
+	}
+	c, err := configure(opts)
+	if err != nil {
+		return nil, err
+	}
+	return load(&Plugin{path: "(attached)", cfg: c, attach: serve}, "attached", "")
+}
+
+func configure(opts []Option) (config, error) {
+	c := defaults()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&c); err != nil {
+			return config{}, err
+		}
+	}
+	return c, nil
+}
+
+// load starts p's first process and asks it to describe itself.
+func load(p *Plugin, name, sum string) (*Plugin, error) {
+	c, abs := p.cfg, p.path
+	p.instances = make(map[uint32]*instance)
 	p.closing, p.beginClose = context.WithCancel(context.Background())
 	base := c.logger
 	if base == nil {
 		base = slog.Default()
 	}
-	p.initLog(filepath.Base(abs), base)
+	p.initLog(name, base)
 
 	proc, err := p.start()
 	if err != nil {
@@ -160,7 +197,7 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 		return nil, fmt.Errorf("plugin: %s did not describe itself: %w", abs, err)
 	}
 	p.setLogScope(d.Name, nil)
-	p.description = Description{Path: abs, SHA256: sum, Name: d.Name, Version: d.Version, ProtocolVersion: proc.client.NegotiatedVersion(), SDK: d.Sdk}
+	p.description = Description{Path: abs, SHA256: sum, Name: d.Name, Version: d.Version, ProtocolVersion: proc.client.NegotiatedVersion(), SDK: d.Sdk, Errors: d.Errors}
 	for _, s := range d.Stages {
 		p.description.Stages = append(p.description.Stages, ImplementedStage{Stage: pluginproto.BusStage(s.Stage), BeforeOnly: s.BeforeOnly})
 	}
@@ -259,25 +296,30 @@ func (p *Plugin) start() (*process, error) {
 	if p.cfg.sum != nil {
 		secure = &goplugin.SecureConfig{Checksum: p.cfg.sum, Hash: sha256.New()}
 	}
-	cmd := exec.Command(p.path)
-	cmd.Env = []string{pluginproto.LogLevelEnv + "=" + pluginproto.LevelName(p.log)}
-	hl := pluginproto.NewHCLogger(p.log)
-	client := goplugin.NewClient(&goplugin.ClientConfig{
+	cc := &goplugin.ClientConfig{
 		HandshakeConfig: pluginproto.Handshake,
 		VersionedPlugins: map[int]goplugin.PluginSet{
 			pluginproto.ProtocolVersion: {pluginproto.PluginKey: &pluginproto.GRPCPlugin{}},
 		},
-		Cmd:              cmd,
-		SecureConfig:     secure,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
-		AutoMTLS:         true,
 		GRPCDialOptions:  pluginproto.DialOptions(),
-		SkipHostEnv:      true,
 		StartTimeout:     p.cfg.startTimeout,
-		Logger:           hl,
-		SyncStdout:       &lineLogger{l: p.log, stream: "stdout"},
-		SyncStderr:       &lineLogger{l: p.log, stream: "stderr"},
-	})
+		Logger:           pluginproto.NewHCLogger(p.log),
+	}
+	if p.attach != nil {
+		rc, err := p.attach()
+		if err != nil {
+			return nil, fmt.Errorf("plugin: serving the attached plugin: %w", err)
+		}
+		cc.Reattach = rc
+	} else {
+		cmd := exec.Command(p.path, p.cfg.args...)
+		cmd.Env = []string{pluginproto.LogLevelEnv + "=" + pluginproto.LevelName(p.log)}
+		cc.Cmd, cc.SecureConfig, cc.AutoMTLS, cc.SkipHostEnv = cmd, secure, true, true
+		cc.SyncStdout = &lineLogger{l: p.log, stream: "stdout"}
+		cc.SyncStderr = &lineLogger{l: p.log, stream: "stderr"}
+	}
+	client := goplugin.NewClient(cc)
 	rpc, err := client.Client()
 	if err != nil {
 		client.Kill()
@@ -293,6 +335,7 @@ func (p *Plugin) start() (*process, error) {
 		return nil, fmt.Errorf("plugin: %s: %w", p.path, err)
 	}
 	proc := newProcess(p, client, raw.(pluginproto.PluginClient))
+	proc.attached = p.attach != nil
 	if rc := client.ReattachConfig(); rc != nil {
 		proc.pid = rc.Pid
 	}

@@ -21,6 +21,9 @@ type process struct {
 	rpc     pluginproto.PluginClient
 	pid     int
 	started time.Time
+	// attached: served by Attach's serve function; Kill leaves such a
+	// plugin alone, closing the connection stops it.
+	attached bool
 
 	streamsCtx context.Context
 	endStreams context.CancelFunc
@@ -58,6 +61,9 @@ func (proc *process) stop() {
 		proc.stopping.Store(true)
 		proc.fail(errors.New("plugin stopped"))
 		proc.endStreams()
+		if proc.attached && proc.conn != nil {
+			_ = proc.conn.Close()
+		}
 		proc.client.Kill()
 		proc.wg.Wait()
 	})

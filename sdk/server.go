@@ -21,8 +21,14 @@ type server struct {
 	pluginproto.UnimplementedPluginServer
 	p          bus.Plugin
 	beforeOnly [4]bool // the stages p declared before-only
+	declared   []error // the sentinel errors p declared (ErrorDeclarer)
 	version    string
 	logger     *slog.Logger
+
+	// held maps the id of a call whose middleware gave next a context of
+	// its own to that context, while the host's next runs: invocations
+	// made meanwhile (sends while handling) take their values from it.
+	held sync.Map // uint64 → context.Context
 
 	mu        sync.Mutex // serialises Configure+Instantiate; guards instances
 	instances map[uint32]*instance
@@ -35,7 +41,7 @@ type instance struct {
 }
 
 func newServer(p bus.Plugin, version string, logger *slog.Logger) *server {
-	return &server{p: p, beforeOnly: beforeOnlyStages(p), version: version, logger: logger, instances: make(map[uint32]*instance)}
+	return &server{p: p, beforeOnly: beforeOnlyStages(p), declared: declaredErrors(p), version: version, logger: logger, instances: make(map[uint32]*instance)}
 }
 
 func (s *server) instantiate(config []byte, info bus.PluginInfo) (bus.Middleware, error) {
@@ -72,7 +78,11 @@ func (s *server) Describe(_ context.Context, req *pluginproto.DescribeRequest) (
 			}
 		}
 	}
-	return &pluginproto.DescribeResponse{Name: m.Name, Version: s.version, Stages: implementedStages(m, s.beforeOnly), Sdk: sdkVersion}, nil
+	codes := make([]string, len(s.declared))
+	for i, e := range s.declared {
+		codes[i] = e.Error()
+	}
+	return &pluginproto.DescribeResponse{Name: m.Name, Version: s.version, Stages: implementedStages(m, s.beforeOnly), Sdk: sdkVersion, Errors: codes}, nil
 }
 
 // Instantiate makes one bus's middleware.
@@ -219,6 +229,8 @@ func (ss *session) readLoop() error {
 				if c := ss.call(f.Call); c != nil {
 					c.cancel()
 				}
+			case *pluginproto.HostFrame_Release:
+				ss.server.held.Delete(f.Call)
 			}
 		}
 	}
@@ -252,6 +264,13 @@ func (ss *session) newCall(id uint64, inv *pluginproto.Invoke) *stageCall {
 	if inv.DeadlineUnixNano != 0 {
 		c.ctx, c.cancelDeadline = context.WithDeadline(c.stop, time.Unix(0, inv.DeadlineUnixNano))
 	}
+	if inv.Parent != 0 {
+		// A parent that ended meanwhile (a send from a goroutine that
+		// outlived its handler) leaves no values to take.
+		if held, ok := ss.server.held.Load(inv.Parent); ok {
+			c.ctx = &valuesFrom{Context: c.ctx, values: held.(context.Context)}
+		}
+	}
 	ss.mu.Lock()
 	ss.calls[id] = c
 	ss.mu.Unlock()
@@ -280,6 +299,7 @@ type stageCall struct {
 	state      atomic.Int32
 	beforeOnly bool
 	continued  bool
+	nextCtx    context.Context // what the middleware gave next
 	nextErr    error
 
 	out     *bus.Outgoing
@@ -303,6 +323,11 @@ func (c *stageCall) run(inv *pluginproto.Invoke) {
 		done.Continue = true
 		if c.out != nil {
 			done.Mutation = mutation(c.out, c.outBase)
+		}
+		if c.nextCtx != c.ctx {
+			// Kept until the host's Release, after its next returned.
+			c.session.server.held.Store(c.id, c.nextCtx)
+			done.HoldsContext = true
 		}
 	} else if err != nil {
 		done.Error = c.encodeError(err)
@@ -371,6 +396,7 @@ func (c *stageCall) next(ctx context.Context) error {
 	if !c.state.CompareAndSwap(callRunning, callNext) {
 		return &bus.NextMisuseError{Stage: c.stage, Middleware: c.mw, AfterReturn: c.state.Load() == callReturned}
 	}
+	c.nextCtx = ctx
 	if c.beforeOnly {
 		c.continued = true
 		return nil
@@ -378,6 +404,11 @@ func (c *stageCall) next(ctx context.Context) error {
 	nc := &pluginproto.NextCall{DeadlineUnixNano: pluginproto.Deadline(ctx)}
 	if c.out != nil {
 		nc.Mutation = mutation(c.out, c.outBase)
+	}
+	if ctx != c.ctx {
+		c.session.server.held.Store(c.id, ctx)
+		defer c.session.server.held.Delete(c.id)
+		nc.HoldsContext = true
 	}
 	c.session.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
 	// As in process, next returns what the rest of the chain returned: the
@@ -399,6 +430,11 @@ func (c *stageCall) encodeError(err error) *pluginproto.Error {
 		return &pluginproto.Error{IsNextError: true, Message: err.Error()}
 	}
 	e := pluginproto.EncodeError(err)
+	for _, d := range c.session.server.declared {
+		if errors.Is(err, d) {
+			e.Codes = append(e.Codes, d.Error())
+		}
+	}
 	if e != nil && c.stage == bus.StageIncoming {
 		// As in process: the bus's permanent failures, such as a
 		// *bus.DecodeError an incoming middleware returns, count here; in
@@ -458,5 +494,16 @@ func mutation(out *bus.Outgoing, base *pluginproto.OutgoingMessage) *pluginproto
 	}
 	return &m
 }
+
+// valuesFrom is the context of an invocation made while a parent
+// invocation's next runs: its own deadline and cancellation, the values of
+// the context the parent's middleware gave next.
+type valuesFrom struct {
+	context.Context
+	values context.Context
+}
+
+// Value returns the parent's value for key.
+func (v *valuesFrom) Value(key any) any { return v.values.Value(key) }
 
 var _ pluginproto.PluginServer = (*server)(nil)
