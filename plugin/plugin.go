@@ -312,6 +312,9 @@ func (p *Plugin) start() (*process, error) {
 			return nil, fmt.Errorf("plugin: serving the attached plugin: %w", err)
 		}
 		cc.Reattach = rc
+		// A reattached client negotiates no version: it dispenses from
+		// Plugins.
+		cc.Plugins = cc.VersionedPlugins[pluginproto.ProtocolVersion]
 	} else {
 		cmd := exec.Command(p.path, p.cfg.args...)
 		cmd.Env = []string{pluginproto.LogLevelEnv + "=" + pluginproto.LevelName(p.log)}
