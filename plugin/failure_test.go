@@ -269,3 +269,16 @@ func TestCloseLeavesNoProcess(t *testing.T) {
 		t.Fatalf("Instantiate after Close: %v", err)
 	}
 }
+
+// A manifest error says "plugin:" once, however deep its cause.
+func TestManifestErrorSaysPluginOnce(t *testing.T) {
+	mpath := filepath.Join(t.TempDir(), "plugins.json")
+	if err := os.WriteFile(mpath, []byte(`{"plugins": [{"path": "x", "failure_policy": "sometimes"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := plugin.ReadManifest(mpath)
+	var me *plugin.ManifestError
+	if !errors.As(err, &me) || me.Index != 0 || strings.Count(err.Error(), "plugin:") != 1 || !strings.Contains(err.Error(), `unknown failure policy "sometimes"`) {
+		t.Fatalf("got %v, want one manifest error for plugins[0] saying plugin: once", err)
+	}
+}

@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,30 @@ type ImplementedStage struct {
 	BeforeOnly bool
 }
 
+// String returns the stage's name, with " (before-only)" when it is.
+func (s ImplementedStage) String() string {
+	if s.BeforeOnly {
+		return s.Stage.String() + " (before-only)"
+	}
+	return s.Stage.String()
+}
+
+// ImplementedStages are the stages a plugin implements, in pipeline order.
+type ImplementedStages []ImplementedStage
+
+// String lists the stages, comma-separated ("incoming (before-only),
+// outgoing"), or says "(none)".
+func (ss ImplementedStages) String() string {
+	if len(ss) == 0 {
+		return "(none)"
+	}
+	names := make([]string, len(ss))
+	for i, s := range ss {
+		names[i] = s.String()
+	}
+	return strings.Join(names, ", ")
+}
+
 // Description is what a plugin reports about itself at load.
 type Description struct {
 	// Path is the binary; SHA256 its checksum (hex).
@@ -63,7 +88,7 @@ type Description struct {
 	// ProtocolVersion is the negotiated wire protocol major.
 	ProtocolVersion int
 	// Stages lists the stages the middleware implements.
-	Stages []ImplementedStage
+	Stages ImplementedStages
 	// SDK is the plugbus version the plugin was built with.
 	SDK string
 	// Errors are the texts of the sentinel errors the plugin declares

@@ -79,10 +79,15 @@ type ErrorDeclarer interface {
 //     Logger are set.
 //   - Incoming.Raw and Handling.Raw return nil.
 //   - Handling.Message and Outgoing.Message return a [RawMessage] (JSON).
-//   - Values stored in the ctx given to next do not cross to the host, nor
-//     does its cancellation; its deadline does: the host runs the rest of
-//     the chain under it, and next returns what the rest returned, as in
-//     process, even when that ctx expired meanwhile.
+//   - Values stored in the ctx given to next reach p's own later stages
+//     for the same message (its handler stage, its outgoing stage for
+//     sends made while handling), as in process, but not the host nor
+//     other plugins; values of the host's ctx do not reach p. The ctx's
+//     cancellation does not cross; its deadline does: the host runs the
+//     rest of the chain under it, and next returns what the rest
+//     returned, as in process, even when that ctx expired meanwhile.
+//   - errors.Is matches on the host only the bus's sentinels and those p
+//     declares ([ErrorDeclarer]).
 //   - Changes an outgoing middleware makes after next returns are not sent
 //     back (in process they have no effect either: the message is built).
 //

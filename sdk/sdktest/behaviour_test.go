@@ -180,7 +180,7 @@ func TestProbeBehavesTheSameInEveryMode(t *testing.T) {
 		for _, stage := range []string{"incoming", "handler", "outgoing"} {
 			t.Run("a short-circuit in the "+stage+" stage", func(t *testing.T) {
 				o := deliver(t, p, map[string]string{tenantHeader: "acme", modeHeader: "short-" + stage})
-			err, handled, sent := o.err, o.handled, o.sent
+				err, handled, sent := o.err, o.handled, o.sent
 				wantHandled := map[string]int{"incoming": 0, "handler": 0, "outgoing": 1}[stage]
 				if err != nil || handled != wantHandled || len(sent) != 0 {
 					t.Fatalf("err %v, handled %d, sent %d; want nil, %d, 0", err, handled, len(sent), wantHandled)
@@ -188,7 +188,7 @@ func TestProbeBehavesTheSameInEveryMode(t *testing.T) {
 			})
 			t.Run("an error in the "+stage+" stage", func(t *testing.T) {
 				o := deliver(t, p, map[string]string{tenantHeader: "acme", modeHeader: "fail-" + stage})
-			err, handled, sent := o.err, o.handled, o.sent
+				err, handled, sent := o.err, o.handled, o.sent
 				wantHandled := map[string]int{"incoming": 0, "handler": 0, "outgoing": 1}[stage]
 				if !errors.Is(err, ErrRefused) || errors.Is(err, bus.ErrPermanent) || handled != wantHandled || len(sent) != 0 {
 					t.Fatalf("err %v, handled %d, sent %d; want transient ErrRefused, %d, 0", err, handled, len(sent), wantHandled)
