@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -13,8 +14,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
@@ -67,6 +71,10 @@ type PluginCostResult struct {
 	P50, P99     time.Duration
 	AllocsPerMsg float64
 	BytesPerMsg  float64
+	// HostCPU and PluginCPU are the CPU time per message of the host
+	// process and of the plugin process (medians; the plugin's from
+	// /proc, in clock ticks, so coarse for short rounds).
+	HostCPU, PluginCPU time.Duration
 	// ThroughputRatio and P50Ratio are the medians over rounds of this
 	// side's figure divided by the raw stream's in the same round.
 	ThroughputRatio, P50Ratio float64
@@ -78,11 +86,14 @@ type PluginCostResult struct {
 // costSide is one side of the plugin cost benchmark at one concurrency.
 type costSide struct {
 	name  string
+	pid   int // the plugin process
 	round func(ctx context.Context, n int) ([]time.Duration, error)
 	close func()
 }
 
 type costSample struct {
+	hostCPU    time.Duration // per message
+	pluginCPU  time.Duration // per message
 	msgsPerSec float64
 	p50, p99   time.Duration
 	allocs     float64
@@ -168,9 +179,11 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 			runtime.GC()
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
+			hostBefore, pluginBefore := processCPU(0), processCPU(sides[i].pid)
 			start := time.Now()
 			lat, err := sides[i].round(ctx, n)
 			elapsed := time.Since(start)
+			hostAfter, pluginAfter := processCPU(0), processCPU(sides[i].pid)
 			runtime.ReadMemStats(&after)
 			if err != nil {
 				return nil, fmt.Errorf("round %d of %s: %w", r+1, sides[i].name, err)
@@ -178,6 +191,8 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 			slices.Sort(lat)
 			sm := costSample{msgsPerSec: float64(len(lat)) / elapsed.Seconds(), p50: lat[len(lat)/2], p99: lat[len(lat)*99/100],
 				allocs: float64(after.Mallocs-before.Mallocs) / float64(len(lat)), bytes: float64(after.TotalAlloc-before.TotalAlloc) / float64(len(lat))}
+			sm.hostCPU = (hostAfter - hostBefore) / time.Duration(len(lat))
+			sm.pluginCPU = (pluginAfter - pluginBefore) / time.Duration(len(lat))
 			samples[i] = append(samples[i], sm)
 			fmt.Fprintf(logw, "workers=%d round %d %-22s %8.0f msg/s p50 %6.1f µs\n", workers, r+1, sides[i].name, sm.msgsPerSec, float64(sm.p50.Nanoseconds())/1e3)
 		}
@@ -205,6 +220,8 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 			P99:             time.Duration(med(func(x costSample) float64 { return float64(x.p99) })),
 			AllocsPerMsg:    med(func(x costSample) float64 { return x.allocs }),
 			BytesPerMsg:     med(func(x costSample) float64 { return x.bytes }),
+			HostCPU:         time.Duration(med(func(x costSample) float64 { return float64(x.hostCPU) })),
+			PluginCPU:       time.Duration(med(func(x costSample) float64 { return float64(x.pluginCPU) })),
 			ThroughputRatio: ratio(func(x costSample) float64 { return x.msgsPerSec }),
 			P50Ratio:        ratio(func(x costSample) float64 { return float64(x.p50) }),
 		}
@@ -278,7 +295,11 @@ func openRawEcho(ctx context.Context, workers int, path, sum string, payload int
 			return streams[w].RecvMsg(in)
 		})
 	}
-	return costSide{name: "raw go-plugin stream", round: round, close: func() {
+	pid := 0
+	if rc := client.ReattachConfig(); rc != nil {
+		pid = rc.Pid
+	}
+	return costSide{name: "raw go-plugin stream", pid: pid, round: round, close: func() {
 		for _, s := range streams {
 			_ = s.CloseSend()
 		}
@@ -312,7 +333,7 @@ func openPlugbusSide(workers int, path, sum string, around bool, d *bus.Delivery
 	round := func(ctx context.Context, n int) ([]time.Duration, error) {
 		return runWorkers(workers, n, func(int) error { return b.Deliver(ctx, d) })
 	}
-	return costSide{name: name, round: round, close: func() {
+	return costSide{name: name, pid: p.PID(), round: round, close: func() {
 		_ = b.Stop(context.Background())
 		p.Close()
 	}}, nil
@@ -361,4 +382,33 @@ func invocationSize(d *bus.Delivery) int {
 		Instance: 1, Stage: pluginproto.Stage_STAGE_INCOMING, Subject: &pluginproto.Invoke_Incoming{Incoming: &pluginproto.IncomingMessage{
 			Name: d.Name, ContentType: d.ContentType, Body: d.Body, Attributes: pluginproto.FromAttributes(d.Attributes), Attempt: 1, Endpoint: "bench"}}}}}}}
 	return proto.Size(b)
+}
+
+// processCPU returns the user and system CPU time of process pid (this
+// process for 0), or 0 when it cannot be read.
+func processCPU(pid int) time.Duration {
+	if pid == 0 {
+		var ru syscall.Rusage
+		if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+			return 0
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// Fields after the command (which may hold spaces) start after ") ".
+	i := bytes.LastIndexByte(raw, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(raw[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	const ticksPerSecond = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / ticksPerSecond
 }

@@ -13,8 +13,8 @@
 // The binary's SHA-256 is checked before it runs (go-plugin's secure
 // config), the connection uses automatic mutual TLS, and the process gets
 // none of the host's environment. Each loaded plugin is one process,
-// serving every bus it is instantiated for over long-lived bidirectional
-// gRPC streams that multiplex all stage invocations. A crashed or hung
+// serving every bus it is instantiated for over a pool of gRPC streams,
+// one per invocation in flight. A crashed or hung
 // process is reported through the logger and restarted with back-off;
 // meanwhile the [FailurePolicy] decides whether messages are retried or the
 // plugin skipped. Stopping the last bus using a plugin stops its process;
@@ -370,11 +370,17 @@ func (p *Plugin) start() (*process, error) {
 	if gc, ok := rpc.(*goplugin.GRPCClient); ok {
 		proc.conn = gc
 	}
-	for range p.cfg.streams {
-		if err := proc.openStream(); err != nil {
+	if err := proc.watchLiveness(); err != nil {
+		proc.stop()
+		return nil, fmt.Errorf("plugin: %s: opening a stream: %w", p.path, err)
+	}
+	for range p.cfg.streams { // warm the pool
+		cs, err := proc.openCall()
+		if err != nil {
 			proc.stop()
-			return nil, fmt.Errorf("plugin: %s: opening stream: %w", p.path, err)
+			return nil, fmt.Errorf("plugin: %s: opening a stream: %w", p.path, err)
 		}
+		proc.release(cs)
 	}
 	return proc, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"runtime/debug"
@@ -258,8 +259,18 @@ func (ss *session) call(id uint64) *stageCall {
 }
 
 func (ss *session) newCall(id uint64, inv *pluginproto.Invoke) *stageCall {
-	c := &stageCall{id: id, session: ss, inv: inv, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
+	c := &stageCall{id: id, server: ss.server, session: ss, inv: inv, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
 	c.stop, c.cancel = context.WithCancel(ss.ctx)
+	c.setContext(inv)
+	ss.mu.Lock()
+	ss.calls[id] = c
+	ss.mu.Unlock()
+	return c
+}
+
+// setContext makes the middleware's ctx from c.stop: the host's deadline,
+// and the values of the parent invocation's context.
+func (c *stageCall) setContext(inv *pluginproto.Invoke) {
 	c.ctx = c.stop
 	if inv.DeadlineUnixNano != 0 {
 		c.ctx, c.cancelDeadline = context.WithDeadline(c.stop, time.Unix(0, inv.DeadlineUnixNano))
@@ -267,14 +278,10 @@ func (ss *session) newCall(id uint64, inv *pluginproto.Invoke) *stageCall {
 	if inv.Parent != 0 {
 		// A parent that ended meanwhile (a send from a goroutine that
 		// outlived its handler) leaves no values to take.
-		if held, ok := ss.server.held.Load(inv.Parent); ok {
+		if held, ok := c.server.held.Load(inv.Parent); ok {
 			c.ctx = &valuesFrom{Context: c.ctx, values: held.(context.Context)}
 		}
 	}
-	ss.mu.Lock()
-	ss.calls[id] = c
-	ss.mu.Unlock()
-	return c
 }
 
 const (
@@ -283,10 +290,14 @@ const (
 	callReturned
 )
 
-// stageCall is one stage invocation inside the plugin.
+// stageCall is one stage invocation inside the plugin, of an Invoke
+// session or on a Call stream of its own.
 type stageCall struct {
 	id             uint64
-	session        *session
+	server         *server
+	session        *session                      // nil on a Call stream
+	stream         pluginproto.Plugin_CallServer // nil in a session
+	frames         *streamFrames                 // the stream's; nil in a session
 	inv            *pluginproto.Invoke
 	ctx            context.Context    // the middleware's: stop, with the host's deadline
 	stop           context.Context    // ends when the host cancels the call or the stream ends
@@ -312,11 +323,19 @@ func (c *stageCall) run(inv *pluginproto.Invoke) {
 			c.cancelDeadline()
 		}
 		c.cancel()
-		c.session.mu.Lock()
-		delete(c.session.calls, c.id)
-		c.session.mu.Unlock()
+		if c.session != nil {
+			c.session.mu.Lock()
+			delete(c.session.calls, c.id)
+			c.session.mu.Unlock()
+		}
 	}()
-	done := &pluginproto.Done{}
+	var done *pluginproto.Done
+	if c.frames != nil {
+		done = &c.frames.done
+		*done = pluginproto.Done{}
+	} else {
+		done = &pluginproto.Done{}
+	}
 	err := c.invoke(inv)
 	c.state.Store(callReturned)
 	if c.continued && err == nil {
@@ -326,22 +345,46 @@ func (c *stageCall) run(inv *pluginproto.Invoke) {
 		}
 		if c.nextCtx != c.ctx {
 			// Kept until the host's Release, after its next returned.
-			c.session.server.held.Store(c.id, c.nextCtx)
+			c.server.held.Store(c.id, c.nextCtx)
 			done.HoldsContext = true
 		}
 	} else if err != nil {
 		done.Error = c.encodeError(err)
 	}
-	c.session.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})
+	if c.frames != nil { // sent before the stream's next invocation reuses them
+		c.frames.kind.Done = done
+		c.frames.frame = pluginproto.PluginFrame{Call: c.id, Kind: &c.frames.kind}
+		c.send(&c.frames.frame)
+		return
+	}
+	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})
+}
+
+// streamFrames are a Call stream's Done frame, reused by its invocations
+// one after the other (Send encodes it before returning).
+type streamFrames struct {
+	frame pluginproto.PluginFrame
+	kind  pluginproto.PluginFrame_Done
+	done  pluginproto.Done
+}
+
+// send sends f to the host on the call's session or stream. A stream
+// that fails is gone: the host sees the invocation fail.
+func (c *stageCall) send(f *pluginproto.PluginFrame) {
+	if c.session != nil {
+		c.session.send(f)
+		return
+	}
+	_ = c.stream.Send(f)
 }
 
 func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
-	inst := c.session.server.instance(inv.Instance)
+	inst := c.server.instance(inv.Instance)
 	if inst == nil {
 		return fmt.Errorf("sdk: unknown middleware instance %d; the host must instantiate it first", inv.Instance)
 	}
 	c.mw = inst.mw.Name
-	c.beforeOnly = c.session.server.beforeOnly[c.stage]
+	c.beforeOnly = c.server.beforeOnly[c.stage]
 	defer func() {
 		if p := recover(); p != nil {
 			stack := debug.Stack()
@@ -406,11 +449,14 @@ func (c *stageCall) next(ctx context.Context) error {
 		nc.Mutation = mutation(c.out, c.outBase)
 	}
 	if ctx != c.ctx {
-		c.session.server.held.Store(c.id, ctx)
-		defer c.session.server.held.Delete(c.id)
+		c.server.held.Store(c.id, ctx)
+		defer c.server.held.Delete(c.id)
 		nc.HoldsContext = true
 	}
-	c.session.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
+	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
+	if c.stream != nil {
+		return c.awaitOnStream()
+	}
 	// As in process, next returns what the rest of the chain returned: the
 	// host runs it under ctx's deadline and answers even when ctx (or the
 	// call's own deadline) expires meanwhile. Only the call's end (the
@@ -425,12 +471,64 @@ func (c *stageCall) next(ctx context.Context) error {
 	}
 }
 
+// awaitOnStream reads the host's answer to next from the call's stream.
+// The host cancels the invocation by cancelling the stream.
+func (c *stageCall) awaitOnStream() error {
+	for {
+		f, err := c.stream.Recv()
+		if err != nil {
+			c.cancel()
+			if c.stop.Err() != nil {
+				return c.stop.Err()
+			}
+			return err
+		}
+		switch k := f.Kind.(type) {
+		case *pluginproto.HostFrame_NextResult:
+			c.nextErr = decodeHostError(k.NextResult.Error)
+			return c.nextErr
+		case *pluginproto.HostFrame_Cancel:
+			c.cancel()
+			return context.Canceled
+		case *pluginproto.HostFrame_Release:
+			c.server.held.Delete(f.Call)
+		}
+	}
+}
+
+// Call serves one pool stream: its invocations one at a time, each on
+// this goroutine, and Release frames.
+func (s *server) Call(stream pluginproto.Plugin_CallServer) error {
+	ctx := stream.Context()
+	frames := new(streamFrames)
+	for {
+		f, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		switch k := f.Kind.(type) {
+		case *pluginproto.HostFrame_Invoke:
+			// The host cancels the invocation by cancelling the stream:
+			// the stream's context is the call's.
+			c := &stageCall{id: f.Call, server: s, stream: stream, frames: frames, inv: k.Invoke, stage: pluginproto.BusStage(k.Invoke.Stage),
+				stop: ctx, cancel: func() {}}
+			c.setContext(k.Invoke)
+			c.run(k.Invoke)
+		case *pluginproto.HostFrame_Release:
+			s.held.Delete(f.Call)
+		}
+	}
+}
+
 func (c *stageCall) encodeError(err error) *pluginproto.Error {
 	if c.nextErr != nil && err == c.nextErr {
 		return &pluginproto.Error{IsNextError: true, Message: err.Error()}
 	}
 	e := pluginproto.EncodeError(err)
-	for _, d := range c.session.server.declared {
+	for _, d := range c.server.declared {
 		if errors.Is(err, d) {
 			e.Codes = append(e.Codes, d.Error())
 		}

@@ -2061,12 +2061,13 @@ const file_plugin_proto_rawDesc = "" +
 	"\x11ERROR_CODE_DECODE\x10\x06\x12\x1e\n" +
 	"\x1aERROR_CODE_HEADER_RESERVED\x10\a\x12\x15\n" +
 	"\x11ERROR_CODE_CLOSED\x10\b\x12\x17\n" +
-	"\x13ERROR_CODE_NO_ROUTE\x10\t2\xdf\x02\n" +
+	"\x13ERROR_CODE_NO_ROUTE\x10\t2\xa9\x03\n" +
 	"\x06Plugin\x12S\n" +
 	"\bDescribe\x12\".plugbus.plugin.v1.DescribeRequest\x1a#.plugbus.plugin.v1.DescribeResponse\x12\\\n" +
 	"\vInstantiate\x12%.plugbus.plugin.v1.InstantiateRequest\x1a&.plugbus.plugin.v1.InstantiateResponse\x12V\n" +
 	"\tLifecycle\x12#.plugbus.plugin.v1.LifecycleRequest\x1a$.plugbus.plugin.v1.LifecycleResponse\x12J\n" +
-	"\x06Invoke\x12\x1c.plugbus.plugin.v1.HostBatch\x1a\x1e.plugbus.plugin.v1.PluginBatch(\x010\x01B1Z/github.com/plugbus/plugbus/internal/pluginprotob\x06proto3"
+	"\x06Invoke\x12\x1c.plugbus.plugin.v1.HostBatch\x1a\x1e.plugbus.plugin.v1.PluginBatch(\x010\x01\x12H\n" +
+	"\x04Call\x12\x1c.plugbus.plugin.v1.HostFrame\x1a\x1e.plugbus.plugin.v1.PluginFrame(\x010\x01B1Z/github.com/plugbus/plugbus/internal/pluginprotob\x06proto3"
 
 var (
 	file_plugin_proto_rawDescOnce sync.Once
@@ -2155,12 +2156,14 @@ var file_plugin_proto_depIdxs = []int32{
 	6,  // 34: plugbus.plugin.v1.Plugin.Instantiate:input_type -> plugbus.plugin.v1.InstantiateRequest
 	8,  // 35: plugbus.plugin.v1.Plugin.Lifecycle:input_type -> plugbus.plugin.v1.LifecycleRequest
 	24, // 36: plugbus.plugin.v1.Plugin.Invoke:input_type -> plugbus.plugin.v1.HostBatch
-	5,  // 37: plugbus.plugin.v1.Plugin.Describe:output_type -> plugbus.plugin.v1.DescribeResponse
-	7,  // 38: plugbus.plugin.v1.Plugin.Instantiate:output_type -> plugbus.plugin.v1.InstantiateResponse
-	9,  // 39: plugbus.plugin.v1.Plugin.Lifecycle:output_type -> plugbus.plugin.v1.LifecycleResponse
-	25, // 40: plugbus.plugin.v1.Plugin.Invoke:output_type -> plugbus.plugin.v1.PluginBatch
-	37, // [37:41] is the sub-list for method output_type
-	33, // [33:37] is the sub-list for method input_type
+	20, // 37: plugbus.plugin.v1.Plugin.Call:input_type -> plugbus.plugin.v1.HostFrame
+	5,  // 38: plugbus.plugin.v1.Plugin.Describe:output_type -> plugbus.plugin.v1.DescribeResponse
+	7,  // 39: plugbus.plugin.v1.Plugin.Instantiate:output_type -> plugbus.plugin.v1.InstantiateResponse
+	9,  // 40: plugbus.plugin.v1.Plugin.Lifecycle:output_type -> plugbus.plugin.v1.LifecycleResponse
+	25, // 41: plugbus.plugin.v1.Plugin.Invoke:output_type -> plugbus.plugin.v1.PluginBatch
+	23, // 42: plugbus.plugin.v1.Plugin.Call:output_type -> plugbus.plugin.v1.PluginFrame
+	38, // [38:43] is the sub-list for method output_type
+	33, // [33:38] is the sub-list for method input_type
 	33, // [33:33] is the sub-list for extension type_name
 	33, // [33:33] is the sub-list for extension extendee
 	0,  // [0:33] is the sub-list for field type_name

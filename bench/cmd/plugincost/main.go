@@ -75,11 +75,12 @@ func print(w io.Writer, res []bench.PluginCostResult, markdown bool) {
 	if len(res) > 0 {
 		fmt.Fprintf(w, "payload: %d bytes each way (the size of plugbus's incoming invocation)\n\n", res[0].PayloadBytes)
 	}
-	rows := [][]string{{"workers", "side", "msg/s", "p50 µs", "p99 µs", "allocs/msg", "B/msg", "throughput vs raw", "p50 vs raw"}}
+	rows := [][]string{{"workers", "side", "msg/s", "p50 µs", "p99 µs", "allocs/msg", "B/msg", "host CPU µs/msg", "plugin CPU µs/msg", "throughput vs raw", "p50 vs raw"}}
 	for _, r := range res {
 		rows = append(rows, []string{strconv.Itoa(r.Workers), r.Side, fmt.Sprintf("%.0f", r.MsgsPerSec),
 			fmt.Sprintf("%.1f", float64(r.P50.Nanoseconds())/1e3), fmt.Sprintf("%.1f", float64(r.P99.Nanoseconds())/1e3),
 			fmt.Sprintf("%.1f", r.AllocsPerMsg), fmt.Sprintf("%.0f", r.BytesPerMsg),
+			fmt.Sprintf("%.1f", float64(r.HostCPU.Nanoseconds())/1e3), fmt.Sprintf("%.1f", float64(r.PluginCPU.Nanoseconds())/1e3),
 			fmt.Sprintf("%.2fx", r.ThroughputRatio), fmt.Sprintf("%.2fx", r.P50Ratio)})
 	}
 	table(w, rows, markdown)
