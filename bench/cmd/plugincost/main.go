@@ -20,7 +20,6 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/plugbus/plugbus/bench"
 )
@@ -67,13 +66,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	print(os.Stdout, res, *markdown)
-	return nil
+	return print(os.Stdout, res, *markdown)
 }
 
-func print(w io.Writer, res []bench.PluginCostResult, markdown bool) {
+func print(w io.Writer, res []bench.PluginCostResult, markdown bool) error {
+	note := ""
 	if len(res) > 0 {
-		fmt.Fprintf(w, "payload: %d bytes each way (the size of plugbus's incoming invocation)\n\n", res[0].PayloadBytes)
+		note = fmt.Sprintf("payload: %d bytes each way (the size of plugbus's incoming invocation)", res[0].PayloadBytes)
 	}
 	rows := [][]string{{"workers", "side", "msg/s", "p50 µs", "p99 µs", "allocs/msg", "B/msg", "host CPU µs/msg", "plugin CPU µs/msg", "throughput vs raw", "p50 vs raw"}}
 	for _, r := range res {
@@ -83,8 +82,9 @@ func print(w io.Writer, res []bench.PluginCostResult, markdown bool) {
 			fmt.Sprintf("%.1f", float64(r.HostCPU.Nanoseconds())/1e3), fmt.Sprintf("%.1f", float64(r.PluginCPU.Nanoseconds())/1e3),
 			fmt.Sprintf("%.2fx", r.ThroughputRatio), fmt.Sprintf("%.2fx", r.P50Ratio)})
 	}
-	table(w, rows, markdown)
-	fmt.Fprintln(w)
+	if err := bench.WriteRows(w, "out-of-process plugin cost against a raw go-plugin stream", note, rows, markdown); err != nil {
+		return err
+	}
 	find := func(side string, workers int) *bench.PluginCostResult {
 		for i := range res {
 			if res[i].Side == side && res[i].Workers == workers {
@@ -117,22 +117,5 @@ func print(w io.Writer, res []bench.PluginCostResult, markdown bool) {
 	add("before-only: allocs/msg <= 16 (host, 1 worker)", find("plugbus before-only", 1), func(r *bench.PluginCostResult) (string, bool) {
 		return fmt.Sprintf("%.1f", r.AllocsPerMsg), r.AllocsPerMsg <= 16
 	})
-	table(w, targets, markdown)
-}
-
-func table(w io.Writer, rows [][]string, markdown bool) {
-	if markdown {
-		for i, r := range rows {
-			fmt.Fprintf(w, "| %s |\n", strings.Join(r, " | "))
-			if i == 0 {
-				fmt.Fprintf(w, "|%s\n", strings.Repeat("---|", len(r)))
-			}
-		}
-		return
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
-	}
-	tw.Flush()
+	return bench.WriteRows(w, "targets", "", targets, markdown)
 }
