@@ -143,16 +143,37 @@ func (inst *instance) stop(ctx context.Context) error {
 	return err
 }
 
+// incomingInvocation is the messages of one incoming invocation, reused
+// through the plugin's pool: they are encoded once, when the invocation is
+// sent, and not referenced after.
+type incomingInvocation struct {
+	inv     pluginproto.Invoke
+	subject pluginproto.Invoke_Incoming
+	msg     pluginproto.IncomingMessage
+	attrs   pluginproto.Attributes
+}
+
 func (inst *instance) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-	m := &pluginproto.IncomingMessage{Name: in.Name(), ContentType: in.ContentType(), Body: in.Body(),
-		Attributes: pluginproto.FromAttributes(in.Attributes()), Attempt: int32(in.Attempt()), Endpoint: in.Endpoint()}
-	for k, v := range in.Headers() {
-		if m.Headers == nil {
-			m.Headers = make(map[string]string, 4)
-		}
-		m.Headers[k] = v
+	x, _ := inst.p.incomingPool.Get().(*incomingInvocation)
+	if x == nil {
+		x = new(incomingInvocation)
 	}
-	return inst.invoke(ctx, bus.StageIncoming, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Incoming{Incoming: m}}, nil, next)
+	pluginproto.SetAttributes(&x.attrs, in.Attributes())
+	x.msg = pluginproto.IncomingMessage{Name: in.Name(), ContentType: in.ContentType(), Body: in.Body(),
+		Attributes: &x.attrs, Attempt: int32(in.Attempt()), Endpoint: in.Endpoint()}
+	for k, v := range in.Headers() {
+		if x.msg.Headers == nil {
+			x.msg.Headers = make(map[string]string, 4)
+		}
+		x.msg.Headers[k] = v
+	}
+	x.subject.Incoming = &x.msg
+	x.inv = pluginproto.Invoke{Subject: &x.subject}
+	err := inst.invoke(ctx, bus.StageIncoming, &x.inv, nil, next)
+	x.inv, x.msg, x.attrs = pluginproto.Invoke{}, pluginproto.IncomingMessage{}, pluginproto.Attributes{}
+	x.subject.Incoming = nil
+	inst.p.incomingPool.Put(x)
+	return err
 }
 
 func (inst *instance) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {

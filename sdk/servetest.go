@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/hashicorp/go-plugin/runner"
 	"github.com/plugbus/plugbus/bus"
@@ -20,8 +21,9 @@ import (
 // a plugin binary calls Serve instead.
 //
 // Unlike Serve, ServeTest leaves the process's default logger alone: stage
-// contexts log to logger (slog.Default() when nil). The connection has no
-// TLS: nothing crosses a process boundary.
+// contexts log to logger (slog.Default() when nil); go-plugin's own records
+// are dropped. The connection has no TLS: nothing crosses a process
+// boundary.
 func ServeTest(ctx context.Context, p bus.Plugin, logger *slog.Logger, opts ...Option) (*goplugin.ReattachConfig, <-chan struct{}, error) {
 	if p == nil {
 		return nil, nil, errors.New("sdk.ServeTest: nil plugin")
@@ -39,8 +41,10 @@ func ServeTest(ctx context.Context, p bus.Plugin, logger *slog.Logger, opts ...O
 			pluginproto.ProtocolVersion: {pluginproto.PluginKey: &pluginproto.GRPCPlugin{Impl: s}},
 		},
 		GRPCServer: pluginproto.NewGRPCServer,
-		Logger:     newHCLogger(logger),
-		Test:       &goplugin.ServeTestConfig{Context: ctx, ReattachConfigCh: reattach, CloseCh: closed},
+		// go-plugin's own records (such as its listener closing when the
+		// host stops the plugin) say nothing about the plugin under test.
+		Logger: hclog.NewNullLogger(),
+		Test:   &goplugin.ServeTestConfig{Context: ctx, ReattachConfigCh: reattach, CloseCh: closed},
 	})
 	select {
 	case rc := <-reattach:
