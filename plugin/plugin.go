@@ -117,7 +117,7 @@ type Stats struct {
 type Plugin struct {
 	path        string
 	cfg         config
-	attach      func() (*goplugin.ReattachConfig, error) // nil: run the binary at path
+	attach      func() (*goplugin.ReattachConfig, func(), error) // nil: run the binary at path
 	description Description
 
 	logScope   atomic.Pointer[logScope] // replaced whole, under logScopeMu
@@ -172,12 +172,14 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 // Attach loads a plugin that is served, not started from a binary: serve
 // is called for each process the host would start (at load, after a crash,
 // when a bus needs it again after the last one stopped) and returns
-// go-plugin's reattach configuration of a plugin serving in test mode.
+// go-plugin's reattach configuration of a plugin serving in test mode, and
+// a function that stops that serving and returns once it ended, which the
+// host calls where it would stop the process.
 // sdk/sdktest's wire mode attaches to sdk.ServeTest this way, in the test's
 // own process. The connection is gRPC over a local socket with the same
 // wire protocol as for a binary, but without checksum (nothing is run) and
 // without TLS. Options other than the checksum ones apply as for [Load].
-func Attach(serve func() (*goplugin.ReattachConfig, error), opts ...Option) (*Plugin, error) {
+func Attach(serve func() (rc *goplugin.ReattachConfig, stop func(), err error), opts ...Option) (*Plugin, error) {
 	if serve == nil {
 		return nil, errors.New("plugin: Attach: nil serve function")
 	}
@@ -333,11 +335,13 @@ func (p *Plugin) start() (*process, error) {
 		StartTimeout:     p.cfg.startTimeout,
 		Logger:           pluginproto.NewHCLogger(p.log),
 	}
+	stopServed := func() {}
 	if p.attach != nil {
-		rc, err := p.attach()
+		rc, stop, err := p.attach()
 		if err != nil {
 			return nil, fmt.Errorf("plugin: serving the attached plugin: %w", err)
 		}
+		stopServed = stop
 		cc.Reattach = rc
 		// A reattached client negotiates no version: it dispenses from
 		// Plugins.
@@ -352,6 +356,7 @@ func (p *Plugin) start() (*process, error) {
 	client := goplugin.NewClient(cc)
 	rpc, err := client.Client()
 	if err != nil {
+		stopServed()
 		client.Kill()
 		if errors.Is(err, goplugin.ErrChecksumsDoNotMatch) {
 			got, _ := SHA256File(p.path)
@@ -361,11 +366,13 @@ func (p *Plugin) start() (*process, error) {
 	}
 	raw, err := rpc.Dispense(pluginproto.PluginKey)
 	if err != nil {
+		stopServed()
+		_ = rpc.Close()
 		client.Kill()
 		return nil, fmt.Errorf("plugin: %s: %w", p.path, err)
 	}
 	proc := newProcess(p, client, raw.(pluginproto.PluginClient))
-	proc.attached = p.attach != nil
+	proc.attached, proc.stopServed = p.attach != nil, stopServed
 	if rc := client.ReattachConfig(); rc != nil {
 		proc.pid = rc.Pid
 	}

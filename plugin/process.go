@@ -23,7 +23,8 @@ type process struct {
 	started time.Time
 	// attached: served by Attach's serve function; Kill leaves such a
 	// plugin alone, closing the connection stops it.
-	attached bool
+	attached   bool
+	stopServed func() // stops an attached plugin's serving; a no-op otherwise
 
 	streamsCtx context.Context
 	endStreams context.CancelFunc
@@ -46,7 +47,7 @@ type process struct {
 
 func newProcess(p *Plugin, client *goplugin.Client, rpc pluginproto.PluginClient) *process {
 	streamsCtx, endStreams := context.WithCancel(context.Background())
-	proc := &process{p: p, client: client, rpc: rpc, started: time.Now(), streamsCtx: streamsCtx, endStreams: endStreams, dead: make(chan struct{})}
+	proc := &process{p: p, client: client, rpc: rpc, started: time.Now(), streamsCtx: streamsCtx, endStreams: endStreams, dead: make(chan struct{}), stopServed: func() {}}
 	if rpc != nil {
 		proc.newCall = func(ctx context.Context) (pluginproto.Plugin_CallClient, error) { return rpc.Call(ctx) }
 	}
@@ -67,8 +68,13 @@ func (proc *process) stop() {
 		proc.stopping.Store(true)
 		proc.fail(errors.New("plugin stopped"))
 		proc.endStreams()
-		if proc.attached && proc.conn != nil {
-			_ = proc.conn.Close()
+		if proc.attached {
+			// Serving stops first: go-plugin's test-mode server must not
+			// be stopped by its Shutdown RPC and its context at once.
+			proc.stopServed()
+			if proc.conn != nil {
+				_ = proc.conn.Close()
+			}
 		}
 		proc.client.Kill()
 		proc.wg.Wait()

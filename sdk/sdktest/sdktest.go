@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"testing"
 
 	goplugin "github.com/hashicorp/go-plugin"
@@ -172,20 +173,29 @@ func (c config) pluginOptions() []plugin.Option {
 // loads it over the wire.
 func attach(t testing.TB, p bus.Plugin, c config) bus.Plugin {
 	ctx, cancel := context.WithCancel(context.Background())
-	var served []<-chan struct{}
+	var (
+		mu     sync.Mutex // the host may restart the plugin from its own goroutine
+		served []<-chan struct{}
+	)
 	t.Cleanup(func() {
 		cancel()
+		mu.Lock()
+		defer mu.Unlock()
 		for _, done := range served {
 			<-done
 		}
 	})
-	serve := func() (*goplugin.ReattachConfig, error) {
-		rc, done, err := sdk.ServeTest(ctx, p, c.logger)
+	serve := func() (*goplugin.ReattachConfig, func(), error) {
+		sctx, stopServing := context.WithCancel(ctx)
+		rc, done, err := sdk.ServeTest(sctx, p, c.logger)
 		if err != nil {
-			return nil, err
+			stopServing()
+			return nil, nil, err
 		}
-		served = append(served, done) // the host starts processes one at a time
-		return rc, nil
+		mu.Lock()
+		served = append(served, done)
+		mu.Unlock()
+		return rc, func() { stopServing(); <-done }, nil
 	}
 	hp, err := plugin.Attach(serve, c.pluginOptions()...)
 	if err != nil {
