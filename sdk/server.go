@@ -36,9 +36,9 @@ type server struct {
 }
 
 type instance struct {
-	mw       bus.Middleware
-	endpoint string
-	logger   *slog.Logger
+	mw     bus.Middleware
+	logger *slog.Logger
+	stages *bus.StageMaker // the instance's stage contexts share their name and scoped loggers
 }
 
 func newServer(p bus.Plugin, version string, logger *slog.Logger) *server {
@@ -95,7 +95,8 @@ func (s *server) Instantiate(_ context.Context, req *pluginproto.InstantiateRequ
 	if err != nil {
 		return nil, err
 	}
-	s.instances[req.Instance] = &instance{mw: m, endpoint: req.Endpoint, logger: s.logger}
+	s.instances[req.Instance] = &instance{mw: m, logger: s.logger,
+		stages: bus.NewStageMaker(bus.StageInfo{Middleware: m.Name, Endpoint: req.Endpoint, Logger: s.logger})}
 	return &pluginproto.InstantiateResponse{Name: m.Name, Stages: implementedStages(m, s.beforeOnly), HasStart: m.Start != nil, HasStop: m.Stop != nil}, nil
 }
 
@@ -392,7 +393,6 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 			inst.logger.Error("middleware panicked", slog.String("stage", c.stage.String()), slog.String("middleware", c.mw), slog.Any("panic", p), slog.String("stack", string(stack)))
 		}
 	}()
-	info := bus.StageInfo{Middleware: inst.mw.Name, Endpoint: inst.endpoint, Logger: inst.logger}
 	switch s := inv.Subject.(type) {
 	case *pluginproto.Invoke_Incoming:
 		m := s.Incoming
@@ -401,10 +401,7 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		}
 		d := &bus.Delivery{Envelope: bus.Envelope{Name: m.Name, ContentType: m.ContentType, Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
-		if m.Endpoint != "" {
-			info.Endpoint = m.Endpoint
-		}
-		return inst.mw.Incoming(c.ctx, bus.NewIncoming(d, info), c.next)
+		return inst.mw.Incoming(c.ctx, inst.stages.Incoming(d, m.Endpoint), c.next)
 	case *pluginproto.Invoke_Handling:
 		m := s.Handling
 		if inst.mw.Handling == nil {
@@ -412,16 +409,16 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		}
 		d := &bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes)}, Attempt: int(m.Attempt)}
-		return inst.mw.Handling(c.ctx, bus.NewHandling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d, info), c.next)
+		return inst.mw.Handling(c.ctx, inst.stages.Handling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d), c.next)
 	case *pluginproto.Invoke_Outgoing:
 		m := s.Outgoing
 		if inst.mw.Outgoing == nil {
 			return c.skip()
 		}
 		c.outBase = m
-		c.out = bus.NewOutgoing(bus.OutgoingMessage{Kind: bus.Kind(m.Kind), Name: m.Name, Message: RawMessage{Name: m.Name, Body: m.Body},
+		c.out = inst.stages.Outgoing(bus.OutgoingMessage{Kind: bus.Kind(m.Kind), Name: m.Name, Message: RawMessage{Name: m.Name, Body: m.Body},
 			Destination: m.Destination, Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers, InHandler: m.InHandler,
-			Due: pluginproto.ToDue(m.DueUnixNano)}, info)
+			Due: pluginproto.ToDue(m.DueUnixNano)})
 		return inst.mw.Outgoing(c.ctx, c.out, c.next)
 	}
 	return fmt.Errorf("sdk: invocation without a subject (host speaks a newer protocol?)")
