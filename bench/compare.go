@@ -143,7 +143,7 @@ func (t Table) Write(w io.Writer, markdown bool) error {
 			ratio(r.AllocsPerMsg, base.AllocsPerMsg),
 		})
 	}
-	return writeRows(w, t.Title, t.Note, rows, markdown)
+	return WriteRows(w, t.Title, t.Note, rows, markdown)
 }
 
 func ratio(a, b float64) string {
@@ -153,7 +153,9 @@ func ratio(a, b float64) string {
 	return fmt.Sprintf("%.2fx", a/b)
 }
 
-func writeRows(w io.Writer, title, note string, rows [][]string, markdown bool) error {
+// WriteRows prints rows (the first is the header) under title and note,
+// aligned for a terminal, or as a Markdown table.
+func WriteRows(w io.Writer, title, note string, rows [][]string, markdown bool) error {
 	var b strings.Builder
 	if markdown {
 		fmt.Fprintf(&b, "#### %s\n\n", title)

@@ -285,5 +285,5 @@ func WriteDepth(w io.Writer, title, note string, rs []DepthResult, markdown bool
 			fmt.Sprintf("%.1f", r.NsPerLayer), fmt.Sprintf("%.2f", r.AllocsPerLayer))
 		rows = append(rows, row)
 	}
-	return writeRows(w, title, note, rows, markdown)
+	return WriteRows(w, title, note, rows, markdown)
 }

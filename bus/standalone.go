@@ -42,17 +42,50 @@ func noTerminal(context.Context) error { return nil }
 // call an [IncomingFunc] directly: in unit tests (see package bustest) or
 // in a process that serves a plugin.
 func NewIncoming(d *Delivery, info StageInfo) *Incoming {
-	r := &incomingRun{d: d, endpoint: info.Endpoint}
-	r.init(standalonePipe[Incoming](StageIncoming, info), func(i int) Incoming { return Incoming{r: r, i: i} },
-		noTerminal, func() []any { return describeEnvelope(&r.d.Envelope) }, "")
-	return &r.contexts[0]
+	return NewStageMaker(info).Incoming(d, "")
 }
 
 // NewHandling returns a handler stage context for the handler handlerName about to handle
 // msg, received as d, outside any bus. UseOutbox on it records nothing.
 func NewHandling(handlerName string, msg Message, d *Delivery, info StageInfo) *Handling {
+	return NewStageMaker(info).Handling(handlerName, msg, d)
+}
+
+// StageMaker makes stage contexts outside any bus for one middleware, as
+// [NewIncoming], [NewHandling] and [NewOutgoing] do, sharing what they
+// have in common (the middleware's name, its scoped logger) from one
+// context to the next: a process that serves a plugin makes one per
+// message. It is safe for concurrent use.
+type StageMaker struct {
+	info     StageInfo
+	incoming *pipe[Incoming]
+	handling *pipe[Handling]
+	outgoing *pipe[Outgoing]
+}
+
+// NewStageMaker returns a StageMaker for the middleware info describes.
+func NewStageMaker(info StageInfo) *StageMaker {
+	return &StageMaker{info: info, incoming: standalonePipe[Incoming](StageIncoming, info),
+		handling: standalonePipe[Handling](StageHandler, info), outgoing: standalonePipe[Outgoing](StageOutgoing, info)}
+}
+
+// Incoming returns an incoming stage context for d, received by endpoint
+// (empty: the StageInfo's Endpoint).
+func (s *StageMaker) Incoming(d *Delivery, endpoint string) *Incoming {
+	if endpoint == "" {
+		endpoint = s.info.Endpoint
+	}
+	r := &incomingRun{d: d, endpoint: endpoint}
+	r.init(s.incoming, func(i int) Incoming { return Incoming{r: r, i: i} },
+		noTerminal, func() []any { return describeEnvelope(&r.d.Envelope) }, "")
+	return &r.contexts[0]
+}
+
+// Handling returns a handler stage context for the handler handlerName
+// about to handle msg, received as d. UseOutbox on it records nothing.
+func (s *StageMaker) Handling(handlerName string, msg Message, d *Delivery) *Handling {
 	r := &handlingRun{h: &handler{name: handlerName}, msg: msg, d: d}
-	r.init(standalonePipe[Handling](StageHandler, info), func(i int) Handling { return Handling{r: r, i: i} },
+	r.init(s.handling, func(i int) Handling { return Handling{r: r, i: i} },
 		noTerminal, func() []any { return append(describeEnvelope(&r.d.Envelope), slog.String("handler", handlerName)) }, "")
 	return &r.contexts[0]
 }
@@ -73,6 +106,11 @@ type OutgoingMessage struct {
 // Read the result of a middleware with its Attributes, Headers and Due
 // methods.
 func NewOutgoing(m OutgoingMessage, info StageInfo) *Outgoing {
+	return NewStageMaker(info).Outgoing(m)
+}
+
+// Outgoing returns an outgoing stage context for m, as [NewOutgoing] does.
+func (s *StageMaker) Outgoing(m OutgoingMessage) *Outgoing {
 	r := &outgoingRun{kind: m.Kind, msg: m.Message, msgName: m.Name, dest: m.Destination, attrs: m.Attributes, headers: maps.Clone(m.Headers), due: m.Due}
 	if m.Name == "" && m.Message != nil {
 		r.msgName = m.Message.MessageName()
@@ -80,7 +118,7 @@ func NewOutgoing(m OutgoingMessage, info StageInfo) *Outgoing {
 	if m.InHandler {
 		r.scope, r.bufferInHandler = &handlerScope{Context: context.Background()}, true
 	}
-	r.init(standalonePipe[Outgoing](StageOutgoing, info), func(i int) Outgoing { return Outgoing{r: r, i: i} },
+	r.init(s.outgoing, func(i int) Outgoing { return Outgoing{r: r, i: i} },
 		noTerminal, func() []any {
 			return []any{slog.String("message_name", r.msgName), slog.String("message_id", r.attrs.MessageID)}
 		}, "")

@@ -58,6 +58,10 @@ type Error struct {
 	Message string
 	// Err is the typed cause, or nil.
 	Err error
+	// Codes are the texts of the sentinel errors the plugin declared
+	// (sdk.ErrorDeclarer) that its error matched: errors.Is(err, s) holds
+	// for a sentinel s whose text is one of them.
+	Codes []string
 }
 
 // Error implements error.
@@ -68,9 +72,27 @@ func (e *Error) Error() string {
 // Unwrap returns the typed cause.
 func (e *Error) Unwrap() error { return e.Err }
 
+// Is reports whether target is one of the plugin's declared sentinels the
+// error matched in the plugin, by its text.
+func (e *Error) Is(target error) bool {
+	if len(e.Codes) == 0 || target == nil {
+		return false
+	}
+	text := target.Error()
+	for _, c := range e.Codes {
+		if c == text {
+			return true
+		}
+	}
+	return false
+}
+
 // UnavailableError is returned, under the fail-closed policy, for a
 // message a plugin could not process because its process crashed, hung or
-// is restarting. The bus returns the message for retry.
+// is restarting. In the incoming and handler stages the bus returns the
+// message for retry (after the retry policy's delay); in the outgoing
+// stage the message was not sent, and the caller of Send or Publish must
+// retry.
 type UnavailableError struct {
 	Plugin string
 	Stage  bus.Stage
@@ -80,7 +102,16 @@ type UnavailableError struct {
 
 // Error implements error.
 func (e *UnavailableError) Error() string {
-	return fmt.Sprintf("plugin %q unavailable in the %s stage (fail-closed: the message is returned for retry; the plugin is restarted): %v", e.Plugin, e.Stage, e.Err)
+	return fmt.Sprintf("plugin %q unavailable in the %s stage (fail-closed: %s; the plugin is restarted): %v", e.Plugin, e.Stage, failClosedOutcome(e.Stage), e.Err)
+}
+
+// failClosedOutcome says what became of the message of a stage that failed
+// closed.
+func failClosedOutcome(s bus.Stage) string {
+	if s == bus.StageOutgoing {
+		return "the message was not sent; the caller must retry the send"
+	}
+	return "the message is returned for retry, delayed per the retry policy"
 }
 
 // Is reports whether target is ErrUnavailable.
@@ -99,7 +130,7 @@ type TimeoutError struct {
 
 // Error implements error.
 func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("plugin %q did not answer the %s stage within %s; raise plugin.WithInvocationTimeout or fix the plugin", e.Plugin, e.Stage, e.Timeout)
+	return fmt.Sprintf("plugin %q did not answer the %s stage within %s (fail-closed: %s); raise plugin.WithInvocationTimeout or fix the plugin", e.Plugin, e.Stage, e.Timeout, failClosedOutcome(e.Stage))
 }
 
 // Is reports whether target is ErrTimeout.

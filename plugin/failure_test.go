@@ -269,3 +269,50 @@ func TestCloseLeavesNoProcess(t *testing.T) {
 		t.Fatalf("Instantiate after Close: %v", err)
 	}
 }
+
+// A manifest error says "plugin:" once, however deep its cause.
+func TestManifestErrorSaysPluginOnce(t *testing.T) {
+	mpath := filepath.Join(t.TempDir(), "plugins.json")
+	if err := os.WriteFile(mpath, []byte(`{"plugins": [{"path": "x", "failure_policy": "sometimes"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := plugin.ReadManifest(mpath)
+	var me *plugin.ManifestError
+	if !errors.As(err, &me) || me.Index != 0 || strings.Count(err.Error(), "plugin:") != 1 || !strings.Contains(err.Error(), `unknown failure policy "sometimes"`) {
+		t.Fatalf("got %v, want one manifest error for plugins[0] saying plugin: once", err)
+	}
+}
+
+// Under fail-closed the error says what became of the message: a send
+// that was not made (the caller must retry), a received message returned
+// for a retry delayed per the retry policy.
+func TestFailClosedSaysWhatBecameOfTheMessage(t *testing.T) {
+	for _, c := range []struct {
+		scenario, want string
+		run            func(context.Context, *bus.Bus) error
+	}{
+		{"mutate", "the message was not sent; the caller must retry the send", func(ctx context.Context, b *bus.Bus) error {
+			return b.Send(ctx, Ping{}, bus.To("elsewhere"))
+		}},
+		{"pass", "the message is returned for retry, delayed per the retry policy", func(ctx context.Context, b *bus.Bus) error {
+			return b.Deliver(ctx, delivery(t, Ping{}, nil))
+		}},
+	} {
+		t.Run(c.scenario, func(t *testing.T) {
+			p := load(t, c.scenario, plugin.WithRestartDelay(time.Hour))
+			b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
+				bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { return nil }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the crash to be noticed", func() bool { return p.PID() == 0 })
+			err = c.run(context.Background(), b)
+			if !errors.Is(err, plugin.ErrUnavailable) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an unavailable plugin saying %q", err, c.want)
+			}
+		})
+	}
+}

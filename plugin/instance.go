@@ -143,16 +143,37 @@ func (inst *instance) stop(ctx context.Context) error {
 	return err
 }
 
+// incomingInvocation is the messages of one incoming invocation, reused
+// through the plugin's pool: they are encoded once, when the invocation is
+// sent, and not referenced after.
+type incomingInvocation struct {
+	inv     pluginproto.Invoke
+	subject pluginproto.Invoke_Incoming
+	msg     pluginproto.IncomingMessage
+	attrs   pluginproto.Attributes
+}
+
 func (inst *instance) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-	m := &pluginproto.IncomingMessage{Name: in.Name(), ContentType: in.ContentType(), Body: in.Body(),
-		Attributes: pluginproto.FromAttributes(in.Attributes()), Attempt: int32(in.Attempt()), Endpoint: in.Endpoint()}
-	for k, v := range in.Headers() {
-		if m.Headers == nil {
-			m.Headers = make(map[string]string, 4)
-		}
-		m.Headers[k] = v
+	x, _ := inst.p.incomingPool.Get().(*incomingInvocation)
+	if x == nil {
+		x = new(incomingInvocation)
 	}
-	return inst.invoke(ctx, bus.StageIncoming, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Incoming{Incoming: m}}, nil, next)
+	pluginproto.SetAttributes(&x.attrs, in.Attributes())
+	x.msg = pluginproto.IncomingMessage{Name: in.Name(), ContentType: in.ContentType(), Body: in.Body(),
+		Attributes: &x.attrs, Attempt: int32(in.Attempt()), Endpoint: in.Endpoint()}
+	for k, v := range in.Headers() {
+		if x.msg.Headers == nil {
+			x.msg.Headers = make(map[string]string, 4)
+		}
+		x.msg.Headers[k] = v
+	}
+	x.subject.Incoming = &x.msg
+	x.inv = pluginproto.Invoke{Subject: &x.subject}
+	err := inst.invoke(ctx, bus.StageIncoming, &x.inv, nil, next)
+	x.inv, x.msg, x.attrs = pluginproto.Invoke{}, pluginproto.IncomingMessage{}, pluginproto.Attributes{}
+	x.subject.Incoming = nil
+	inst.p.incomingPool.Put(x)
+	return err
 }
 
 func (inst *instance) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
@@ -181,9 +202,9 @@ func (inst *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.
 	return inst.invoke(ctx, bus.StageOutgoing, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Outgoing{Outgoing: m}}, out, next)
 }
 
-// invoke runs one stage invocation in the plugin. When the plugin calls
-// next, the host runs the rest of the chain here, on the caller's
-// goroutine, and sends back the outcome.
+// invoke runs one stage invocation in the plugin, on a stream of its own.
+// When the plugin calls next, the host runs the rest of the chain here, on
+// the caller's goroutine, and sends back the outcome.
 func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginproto.Invoke, out *bus.Outgoing, next bus.Next) error {
 	p := inst.p
 	p.invocations.Add(1)
@@ -192,63 +213,106 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 		return p.down(ctx, stage, next, false, nil, errors.New("the plugin process is down"))
 	}
 	inv.Instance, inv.Stage, inv.DeadlineUnixNano = inst.id, pluginproto.StageOf(stage), pluginproto.Deadline(ctx)
-	st := proc.pick()
-	c := st.newCall()
-	defer st.drop(c)
-	if !st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_Invoke{Invoke: inv}}) {
-		return p.down(ctx, stage, next, false, nil, proc.cause)
+	if parent, ok := ctx.Value(heldKey{inst}).(uint64); ok {
+		inv.Parent = parent
 	}
-	timer := c.timer
-	timer.Reset(p.cfg.callTimeout)
-	defer timer.Stop()
+	cs, err := proc.acquire()
+	if err != nil {
+		return p.down(ctx, stage, next, false, nil, err)
+	}
+	id := proc.lastCallID.Add(1)
+	var stopWatch func() bool
+	if ctx.Done() != nil {
+		stopWatch = context.AfterFunc(ctx, cs.cancel)
+	}
+	cs.timer.Reset(p.cfg.callTimeout)
+	cs.invoke.Invoke = inv
+	cs.out = pluginproto.HostFrame{Call: id, Kind: &cs.invoke}
+	err = cs.rpc.Send(&cs.out)
+	cs.invoke.Invoke = nil
 	var (
 		nextCalled bool
 		nextErr    error
 	)
-	for {
-		select {
-		case f := <-c.ch:
-			switch k := f.Kind.(type) {
-			case *pluginproto.PluginFrame_Next:
-				apply(out, k.Next.Mutation)
-				nextCalled = true
-				timer.Stop()
-				nextErr = callNext(ctx, st, c, k.Next.DeadlineUnixNano, next)
-				timer.Reset(p.cfg.callTimeout)
-				if !st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}}}) {
-					return p.down(ctx, stage, next, true, nextErr, proc.cause)
-				}
-			case *pluginproto.PluginFrame_Done:
-				proc.consecutiveTimeouts.Store(0)
-				d := k.Done
-				if d.Continue {
-					apply(out, d.Mutation)
-					return next(ctx)
-				}
-				return inst.decodeError(stage, d.Error, nextErr)
+	for err == nil {
+		if err = cs.rpc.RecvMsg(&cs.in); err != nil {
+			break
+		}
+		switch k := cs.in.Kind.(type) {
+		case *pluginproto.PluginFrame_Next:
+			if nextCalled { // the protocol allows one Next per call
+				cs.abandon()
+				proc.fail(fmt.Errorf("plugin protocol violation: a second Next frame for call %d", id))
+				return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)
 			}
-		case <-proc.dead:
-			return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)
-		case <-ctx.Done():
-			st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_Cancel{Cancel: &pluginproto.Cancel{}}})
-			return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
-		case <-timer.C:
-			st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_Cancel{Cancel: &pluginproto.Cancel{}}})
-			p.timeouts.Add(1)
-			go proc.checkHung()
-			return p.down(ctx, stage, next, nextCalled, nextErr, &TimeoutError{Plugin: p.Name(), Stage: stage, Timeout: p.cfg.callTimeout})
+			apply(out, k.Next.Mutation)
+			nextCalled = true
+			cs.timer.Stop() // the time the host spends in next does not count
+			nctx := ctx
+			if k.Next.HoldsContext {
+				nctx = context.WithValue(ctx, heldKey{inst}, id)
+			}
+			nextErr = callNext(nctx, cs, k.Next.DeadlineUnixNano, next)
+			cs.timer.Reset(p.cfg.callTimeout)
+			cs.out = pluginproto.HostFrame{Call: id, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}}}
+			err = cs.rpc.Send(&cs.out)
+		case *pluginproto.PluginFrame_Done:
+			d := k.Done
+			if cs.timer.Stop() && (stopWatch == nil || stopWatch()) {
+				proc.release(cs)
+			} else {
+				cs.abandon() // cancelled meanwhile: the plugin may have seen it
+			}
+			proc.consecutiveTimeouts.Store(0)
+			if d.Continue {
+				apply(out, d.Mutation)
+				if d.HoldsContext {
+					return inst.nextHolding(ctx, proc, id, next)
+				}
+				return next(ctx)
+			}
+			return inst.decodeError(stage, d.Error, nextErr)
+		default:
+			err = fmt.Errorf("plugin protocol violation: an empty frame for call %d", id)
 		}
 	}
+	cs.abandon()
+	if stopWatch != nil {
+		stopWatch()
+	}
+	switch {
+	case ctx.Err() != nil:
+		return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
+	case cs.timedOut.Load():
+		p.timeouts.Add(1)
+		go proc.checkHung()
+		return p.down(ctx, stage, next, nextCalled, nextErr, &TimeoutError{Plugin: p.Name(), Stage: stage, Timeout: p.cfg.callTimeout})
+	}
+	proc.fail(err)
+	return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)
 }
 
-// callNext runs the rest of the chain for call c. When the rest panics
-// (the bus recovers it above this layer), it tells the plugin, whose next
-// waits for an answer: without one it would wait until the process stops.
-func callNext(ctx context.Context, st *stream, c *pendingCall, deadline int64, next bus.Next) error {
+// heldKey is the host context key under which the id of the instance's
+// call whose context the plugin holds travels down the chain: the
+// instance's invocations made meanwhile name it as their parent, and the
+// plugin gives them that context's values.
+type heldKey struct{ inst *instance }
+
+// nextHolding runs the rest of the chain after a before-only call whose
+// context the plugin holds, then tells the plugin to drop it.
+func (inst *instance) nextHolding(ctx context.Context, proc *process, call uint64, next bus.Next) error {
+	defer proc.sendRelease(call)
+	return next(context.WithValue(ctx, heldKey{inst}, call))
+}
+
+// callNext runs the rest of the chain for the call on cs. When the rest
+// panics (the bus recovers it above this layer), it cancels the stream:
+// the plugin's next, waiting for an answer, returns context.Canceled.
+func callNext(ctx context.Context, cs *callStream, deadline int64, next bus.Next) error {
 	returned := false
 	defer func() {
 		if !returned {
-			st.send(&pluginproto.HostFrame{Call: c.id, Kind: &pluginproto.HostFrame_Cancel{Cancel: &pluginproto.Cancel{}}})
+			cs.abandon()
 		}
 	}()
 	err := nextWithin(ctx, deadline, next)
@@ -310,7 +374,7 @@ func (inst *instance) decodeError(stage bus.Stage, e *pluginproto.Error, nextErr
 
 // pluginError is the *Error the plugin returned, with its typed cause.
 func (inst *instance) pluginError(stage bus.Stage, e *pluginproto.Error, nextErr error) error {
-	err := &Error{Plugin: inst.p.Name(), Stage: stage, Message: e.Message}
+	err := &Error{Plugin: inst.p.Name(), Stage: stage, Message: e.Message, Codes: e.Codes}
 	switch {
 	case e.WrapsNextError && nextErr != nil:
 		err.Err = nextErr

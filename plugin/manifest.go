@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
@@ -57,11 +58,13 @@ type ManifestError struct {
 }
 
 // Error implements error.
+// The cause's own "plugin: " prefix is dropped: the message has one.
 func (e *ManifestError) Error() string {
+	cause := strings.TrimPrefix(fmt.Sprint(e.Err), "plugin: ")
 	if e.Index < 0 {
-		return fmt.Sprintf("plugin: manifest %s: %v", e.Manifest, e.Err)
+		return fmt.Sprintf("plugin: manifest %s: %s", e.Manifest, cause)
 	}
-	return fmt.Sprintf("plugin: manifest %s: plugins[%d]: %v", e.Manifest, e.Index, e.Err)
+	return fmt.Sprintf("plugin: manifest %s: plugins[%d]: %s", e.Manifest, e.Index, cause)
 }
 
 // Unwrap returns the cause.

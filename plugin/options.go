@@ -61,6 +61,7 @@ type config struct {
 	stableUptime time.Duration                   // uptime after which the back-off resets
 	streams      int
 	hungTimeouts int
+	args         []string
 }
 
 func defaults() config {
@@ -182,9 +183,11 @@ func (c *config) delay(restart int) time.Duration {
 	return c.backoff.Delay(restart)
 }
 
-// WithStreams sets how many long-lived gRPC streams invocations are
-// multiplexed over. The default, 1, batches best; more may help on
-// machines with many cores.
+// WithStreams sets how many streams of the pool are opened when the
+// process starts (default 1). Each invocation runs on a stream of its own,
+// taken from the pool or opened when none is idle, and returned after; so
+// the pool grows to the largest number of invocations in flight at once,
+// and n only saves the first ones the opening.
 func WithStreams(n int) Option {
 	return func(c *config) error {
 		if n < 1 || n > 64 {
@@ -193,4 +196,11 @@ func WithStreams(n int) Option {
 		c.streams = n
 		return nil
 	}
+}
+
+// WithArgs sets the arguments the plugin binary is started with (none by
+// default). sdk/sdktest starts a test binary as the plugin with
+// "-test.run=^$", so that a test binary that does not serve runs no tests.
+func WithArgs(args ...string) Option {
+	return func(c *config) error { c.args = append([]string(nil), args...); return nil }
 }

@@ -13,8 +13,8 @@
 // The binary's SHA-256 is checked before it runs (go-plugin's secure
 // config), the connection uses automatic mutual TLS, and the process gets
 // none of the host's environment. Each loaded plugin is one process,
-// serving every bus it is instantiated for over long-lived bidirectional
-// gRPC streams that multiplex all stage invocations. A crashed or hung
+// serving every bus it is instantiated for over a pool of gRPC streams,
+// one per invocation in flight. A crashed or hung
 // process is reported through the logger and restarted with back-off;
 // meanwhile the [FailurePolicy] decides whether messages are retried or the
 // plugin skipped. Stopping the last bus using a plugin stops its process;
@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,30 @@ type ImplementedStage struct {
 	BeforeOnly bool
 }
 
+// String returns the stage's name, with " (before-only)" when it is.
+func (s ImplementedStage) String() string {
+	if s.BeforeOnly {
+		return s.Stage.String() + " (before-only)"
+	}
+	return s.Stage.String()
+}
+
+// ImplementedStages are the stages a plugin implements, in pipeline order.
+type ImplementedStages []ImplementedStage
+
+// String lists the stages, comma-separated ("incoming (before-only),
+// outgoing"), or says "(none)".
+func (ss ImplementedStages) String() string {
+	if len(ss) == 0 {
+		return "(none)"
+	}
+	names := make([]string, len(ss))
+	for i, s := range ss {
+		names[i] = s.String()
+	}
+	return strings.Join(names, ", ")
+}
+
 // Description is what a plugin reports about itself at load.
 type Description struct {
 	// Path is the binary; SHA256 its checksum (hex).
@@ -63,9 +88,12 @@ type Description struct {
 	// ProtocolVersion is the negotiated wire protocol major.
 	ProtocolVersion int
 	// Stages lists the stages the middleware implements.
-	Stages []ImplementedStage
+	Stages ImplementedStages
 	// SDK is the plugbus version the plugin was built with.
 	SDK string
+	// Errors are the texts of the sentinel errors the plugin declares
+	// (sdk.ErrorDeclarer): errors.Is matches them on the host.
+	Errors []string
 }
 
 // Stats counts what happened to a plugin since it was loaded.
@@ -89,6 +117,7 @@ type Stats struct {
 type Plugin struct {
 	path        string
 	cfg         config
+	attach      func() (*goplugin.ReattachConfig, func(), error) // nil: run the binary at path
 	description Description
 
 	logScope   atomic.Pointer[logScope] // replaced whole, under logScopeMu
@@ -108,6 +137,8 @@ type Plugin struct {
 	beginClose     context.CancelFunc
 	wg             sync.WaitGroup
 
+	incomingPool sync.Pool // of *incomingInvocation
+
 	invocations, skipped, unavailable, timeouts, crashes, restarts atomic.Uint64
 	lastSkipLog                                                    atomic.Int64
 }
@@ -117,14 +148,9 @@ type Plugin struct {
 // plugin is instantiated for; Close it when done (stopping the last bus
 // using it also stops the process).
 func Load(path string, opts ...Option) (*Plugin, error) {
-	c := defaults()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&c); err != nil {
-			return nil, err
-		}
+	c, err := configure(opts)
+	if err != nil {
+		return nil, err
 	}
 	if c.sum == nil && !c.unpinned {
 		return nil, fmt.Errorf("%w (loading %s)", ErrNotPinned, path)
@@ -140,13 +166,53 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 	if c.sum != nil && sum != hex.EncodeToString(c.sum) {
 		return nil, &ChecksumError{Path: abs, Want: hex.EncodeToString(c.sum), Got: sum}
 	}
-	p := &Plugin{path: abs, cfg: c, instances: make(map[uint32]*instance)}
+	return load(&Plugin{path: abs, cfg: c}, filepath.Base(abs), sum)
+}
+
+// Attach loads a plugin that is served, not started from a binary: serve
+// is called for each process the host would start (at load, after a crash,
+// when a bus needs it again after the last one stopped) and returns
+// go-plugin's reattach configuration of a plugin serving in test mode, and
+// a function that stops that serving and returns once it ended, which the
+// host calls where it would stop the process.
+// sdk/sdktest's wire mode attaches to sdk.ServeTest this way, in the test's
+// own process. The connection is gRPC over a local socket with the same
+// wire protocol as for a binary, but without checksum (nothing is run) and
+// without TLS. Options other than the checksum ones apply as for [Load].
+func Attach(serve func() (rc *goplugin.ReattachConfig, stop func(), err error), opts ...Option) (*Plugin, error) {
+	if serve == nil {
+		return nil, errors.New("plugin: Attach: nil serve function")
+	}
+	c, err := configure(opts)
+	if err != nil {
+		return nil, err
+	}
+	return load(&Plugin{path: "(attached)", cfg: c, attach: serve}, "attached", "")
+}
+
+func configure(opts []Option) (config, error) {
+	c := defaults()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&c); err != nil {
+			return config{}, err
+		}
+	}
+	return c, nil
+}
+
+// load starts p's first process and asks it to describe itself.
+func load(p *Plugin, name, sum string) (*Plugin, error) {
+	c, abs := p.cfg, p.path
+	p.instances = make(map[uint32]*instance)
 	p.closing, p.beginClose = context.WithCancel(context.Background())
 	base := c.logger
 	if base == nil {
 		base = slog.Default()
 	}
-	p.initLog(filepath.Base(abs), base)
+	p.initLog(name, base)
 
 	proc, err := p.start()
 	if err != nil {
@@ -160,7 +226,7 @@ func Load(path string, opts ...Option) (*Plugin, error) {
 		return nil, fmt.Errorf("plugin: %s did not describe itself: %w", abs, err)
 	}
 	p.setLogScope(d.Name, nil)
-	p.description = Description{Path: abs, SHA256: sum, Name: d.Name, Version: d.Version, ProtocolVersion: proc.client.NegotiatedVersion(), SDK: d.Sdk}
+	p.description = Description{Path: abs, SHA256: sum, Name: d.Name, Version: d.Version, ProtocolVersion: proc.client.NegotiatedVersion(), SDK: d.Sdk, Errors: d.Errors}
 	for _, s := range d.Stages {
 		p.description.Stages = append(p.description.Stages, ImplementedStage{Stage: pluginproto.BusStage(s.Stage), BeforeOnly: s.BeforeOnly})
 	}
@@ -259,27 +325,38 @@ func (p *Plugin) start() (*process, error) {
 	if p.cfg.sum != nil {
 		secure = &goplugin.SecureConfig{Checksum: p.cfg.sum, Hash: sha256.New()}
 	}
-	cmd := exec.Command(p.path)
-	cmd.Env = []string{pluginproto.LogLevelEnv + "=" + pluginproto.LevelName(p.log)}
-	hl := pluginproto.NewHCLogger(p.log)
-	client := goplugin.NewClient(&goplugin.ClientConfig{
+	cc := &goplugin.ClientConfig{
 		HandshakeConfig: pluginproto.Handshake,
 		VersionedPlugins: map[int]goplugin.PluginSet{
 			pluginproto.ProtocolVersion: {pluginproto.PluginKey: &pluginproto.GRPCPlugin{}},
 		},
-		Cmd:              cmd,
-		SecureConfig:     secure,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
-		AutoMTLS:         true,
 		GRPCDialOptions:  pluginproto.DialOptions(),
-		SkipHostEnv:      true,
 		StartTimeout:     p.cfg.startTimeout,
-		Logger:           hl,
-		SyncStdout:       &lineLogger{l: p.log, stream: "stdout"},
-		SyncStderr:       &lineLogger{l: p.log, stream: "stderr"},
-	})
+		Logger:           pluginproto.NewHCLogger(p.log),
+	}
+	stopServed := func() {}
+	if p.attach != nil {
+		rc, stop, err := p.attach()
+		if err != nil {
+			return nil, fmt.Errorf("plugin: serving the attached plugin: %w", err)
+		}
+		stopServed = stop
+		cc.Reattach = rc
+		// A reattached client negotiates no version: it dispenses from
+		// Plugins.
+		cc.Plugins = cc.VersionedPlugins[pluginproto.ProtocolVersion]
+	} else {
+		cmd := exec.Command(p.path, p.cfg.args...)
+		cmd.Env = []string{pluginproto.LogLevelEnv + "=" + pluginproto.LevelName(p.log)}
+		cc.Cmd, cc.SecureConfig, cc.AutoMTLS, cc.SkipHostEnv = cmd, secure, true, true
+		cc.SyncStdout = &lineLogger{l: p.log, stream: "stdout"}
+		cc.SyncStderr = &lineLogger{l: p.log, stream: "stderr"}
+	}
+	client := goplugin.NewClient(cc)
 	rpc, err := client.Client()
 	if err != nil {
+		stopServed()
 		client.Kill()
 		if errors.Is(err, goplugin.ErrChecksumsDoNotMatch) {
 			got, _ := SHA256File(p.path)
@@ -289,21 +366,30 @@ func (p *Plugin) start() (*process, error) {
 	}
 	raw, err := rpc.Dispense(pluginproto.PluginKey)
 	if err != nil {
+		stopServed()
+		_ = rpc.Close()
 		client.Kill()
 		return nil, fmt.Errorf("plugin: %s: %w", p.path, err)
 	}
 	proc := newProcess(p, client, raw.(pluginproto.PluginClient))
+	proc.attached, proc.stopServed = p.attach != nil, stopServed
 	if rc := client.ReattachConfig(); rc != nil {
 		proc.pid = rc.Pid
 	}
 	if gc, ok := rpc.(*goplugin.GRPCClient); ok {
 		proc.conn = gc
 	}
-	for range p.cfg.streams {
-		if err := proc.openStream(); err != nil {
+	if err := proc.watchLiveness(); err != nil {
+		proc.stop()
+		return nil, fmt.Errorf("plugin: %s: opening a stream: %w", p.path, err)
+	}
+	for range p.cfg.streams { // warm the pool
+		cs, err := proc.openCall()
+		if err != nil {
 			proc.stop()
-			return nil, fmt.Errorf("plugin: %s: opening stream: %w", p.path, err)
+			return nil, fmt.Errorf("plugin: %s: opening a stream: %w", p.path, err)
 		}
+		proc.release(cs)
 	}
 	return proc, nil
 }

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// process is one running plugin process and its streams.
+// process is one running plugin process and its pool of streams.
 type process struct {
 	p       *Plugin
 	client  *goplugin.Client
@@ -21,13 +21,19 @@ type process struct {
 	rpc     pluginproto.PluginClient
 	pid     int
 	started time.Time
+	// attached: served by Attach's serve function; Kill leaves such a
+	// plugin alone, closing the connection stops it.
+	attached   bool
+	stopServed func() // stops an attached plugin's serving; a no-op otherwise
 
 	streamsCtx context.Context
 	endStreams context.CancelFunc
 	wg         sync.WaitGroup
 
-	streams    []*stream
-	nextStream atomic.Uint32 // round robin over streams
+	// newCall opens a Call stream (proc.rpc.Call; tests fake it).
+	newCall    func(ctx context.Context) (pluginproto.Plugin_CallClient, error)
+	poolMu     sync.Mutex
+	idle       []*callStream // the pool's idle streams, the last used last
 	lastCallID atomic.Uint64
 
 	dead                chan struct{}
@@ -41,7 +47,11 @@ type process struct {
 
 func newProcess(p *Plugin, client *goplugin.Client, rpc pluginproto.PluginClient) *process {
 	streamsCtx, endStreams := context.WithCancel(context.Background())
-	return &process{p: p, client: client, rpc: rpc, started: time.Now(), streamsCtx: streamsCtx, endStreams: endStreams, dead: make(chan struct{})}
+	proc := &process{p: p, client: client, rpc: rpc, started: time.Now(), streamsCtx: streamsCtx, endStreams: endStreams, dead: make(chan struct{}), stopServed: func() {}}
+	if rpc != nil {
+		proc.newCall = func(ctx context.Context) (pluginproto.Plugin_CallClient, error) { return rpc.Call(ctx) }
+	}
+	return proc
 }
 
 // fail marks the process dead; the plugin's watcher restarts it.
@@ -58,16 +68,17 @@ func (proc *process) stop() {
 		proc.stopping.Store(true)
 		proc.fail(errors.New("plugin stopped"))
 		proc.endStreams()
+		if proc.attached {
+			// Serving stops first: go-plugin's test-mode server must not
+			// be stopped by its Shutdown RPC and its context at once.
+			proc.stopServed()
+			if proc.conn != nil {
+				_ = proc.conn.Close()
+			}
+		}
 		proc.client.Kill()
 		proc.wg.Wait()
 	})
-}
-
-func (proc *process) pick() *stream {
-	if len(proc.streams) == 1 {
-		return proc.streams[0]
-	}
-	return proc.streams[int(proc.nextStream.Add(1))%len(proc.streams)]
 }
 
 // checkHung pings the process after a timeout and declares it hung when it
@@ -89,128 +100,96 @@ func (proc *process) checkHung() {
 	}
 }
 
-// stream is one long-lived Invoke stream; frames for many calls are
-// multiplexed over it, correlated by call id.
-type stream struct {
-	proc      *process
-	rpcStream pluginproto.Plugin_InvokeClient
+// callStream is one Call stream of a process's pool: it carries one
+// invocation at a time, read and written by the invoking goroutine itself,
+// so that an invocation costs what a plain gRPC exchange costs: no reader
+// goroutine, no hand-off, no call table. Cancelling the stream (the
+// host's ctx ended, the invocation timed out, the rest of the chain
+// panicked) cancels the invocation in the plugin; such a stream is
+// dropped, an idle one goes back to the pool.
+type callStream struct {
+	proc     *process
+	rpc      pluginproto.Plugin_CallClient
+	cancel   context.CancelFunc
+	timer    *time.Timer // the invocation timeout: marks timedOut and cancels
+	timedOut atomic.Bool
 
-	sendMu  sync.Mutex // guards sending, pending, batch and sendErr
-	sending bool
-	pending []*pluginproto.HostFrame
-	batch   pluginproto.HostBatch
-	sendErr error
-
-	mu       sync.Mutex // guards calls
-	calls    map[uint64]*pendingCall
-	callPool sync.Pool // of *pendingCall, reused with their channel and timer
+	in     pluginproto.PluginFrame // each Recv's frame
+	out    pluginproto.HostFrame
+	invoke pluginproto.HostFrame_Invoke
 }
 
-// callFrames is how many frames of one call can wait for the host to read
-// them: a plugin sends a call at most a Next (the middleware called next)
-// and a Done. The SDK sends the Done after the host answered the Next, but
-// a plugin whose next returned early sends both back to back.
-const callFrames = 2
-
-// pendingCall is one stage invocation awaiting the plugin.
-type pendingCall struct {
-	id    uint64
-	ch    chan *pluginproto.PluginFrame
-	timer *time.Timer // per-invocation timeout, reused with the call
+// openCall opens a Call stream.
+func (proc *process) openCall() (*callStream, error) {
+	ctx, cancel := context.WithCancel(proc.streamsCtx)
+	rpc, err := proc.newCall(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	cs := &callStream{proc: proc, rpc: rpc, cancel: cancel}
+	cs.timer = time.AfterFunc(time.Hour, func() {
+		cs.timedOut.Store(true)
+		cancel()
+	})
+	cs.timer.Stop()
+	return cs, nil
 }
 
-func (proc *process) openStream() error {
-	s, err := proc.rpc.Invoke(proc.streamsCtx)
+// acquire returns an idle stream of the pool, or a new one.
+func (proc *process) acquire() (*callStream, error) {
+	proc.poolMu.Lock()
+	if n := len(proc.idle); n > 0 {
+		cs := proc.idle[n-1]
+		proc.idle[n-1] = nil
+		proc.idle = proc.idle[:n-1]
+		proc.poolMu.Unlock()
+		return cs, nil
+	}
+	proc.poolMu.Unlock()
+	return proc.openCall()
+}
+
+// release puts an idle stream back into the pool.
+func (proc *process) release(cs *callStream) {
+	proc.poolMu.Lock()
+	proc.idle = append(proc.idle, cs)
+	proc.poolMu.Unlock()
+}
+
+// abandon cancels the stream, which is not used again.
+func (cs *callStream) abandon() {
+	cs.timer.Stop()
+	cs.cancel()
+}
+
+// watchLiveness keeps one Call stream open without invocations: it fails
+// only when the connection or the process ends, which it reports at once,
+// as long before an invocation would notice.
+func (proc *process) watchLiveness() error {
+	cs, err := proc.openCall()
 	if err != nil {
 		return err
 	}
-	st := &stream{proc: proc, rpcStream: s, calls: make(map[uint64]*pendingCall)}
-	proc.streams = append(proc.streams, st)
-	proc.wg.Go(st.readLoop)
+	proc.wg.Go(func() {
+		_, err := cs.rpc.Recv()
+		cs.abandon()
+		proc.fail(fmt.Errorf("plugin connection ended: %w", err))
+	})
 	return nil
 }
 
-func (st *stream) readLoop() {
-	for {
-		b, err := st.rpcStream.Recv()
-		if err != nil {
-			st.proc.fail(err)
-			return
-		}
-		for _, f := range b.Frames {
-			st.mu.Lock() // held while sending: drop cannot recycle c meanwhile
-			ok := true
-			if c := st.calls[f.Call]; c != nil {
-				select {
-				case c.ch <- f:
-				default: // more than the protocol allows: never drop one silently
-					ok = false
-				}
-			}
-			st.mu.Unlock()
-			if !ok {
-				st.proc.fail(fmt.Errorf("plugin protocol violation: more than %d unanswered frames for call %d", callFrames, f.Call))
-				return
-			}
-		}
+// sendRelease tells the plugin, on an idle stream, that the host's next
+// of a before-only call that held its context returned.
+func (proc *process) sendRelease(call uint64) {
+	cs, err := proc.acquire()
+	if err != nil {
+		return // the process is gone, and the context with it
 	}
-}
-
-// send queues f for the plugin and reports false when the process is
-// dead. The first caller to find no send in progress becomes the sender
-// and writes everything queued meanwhile in one gRPC message per round, so
-// frames batch under load without a writer goroutine hop. Only the sender
-// can block (on flow control, if the plugin stops reading); hang detection
-// then kills the process, which ends the send.
-func (st *stream) send(f *pluginproto.HostFrame) bool {
-	st.sendMu.Lock()
-	if st.sendErr != nil {
-		st.sendMu.Unlock()
-		return false
+	cs.out = pluginproto.HostFrame{Call: call, Kind: &pluginproto.HostFrame_Release{Release: &pluginproto.Release{}}}
+	if err := cs.rpc.Send(&cs.out); err != nil {
+		cs.abandon()
+		return
 	}
-	st.pending = append(st.pending, f)
-	if st.sending {
-		st.sendMu.Unlock()
-		return true
-	}
-	st.sending = true
-	for len(st.pending) > 0 {
-		st.batch.Frames, st.pending = st.pending, st.batch.Frames[:0]
-		st.sendMu.Unlock()
-		err := st.rpcStream.Send(&st.batch)
-		clear(st.batch.Frames)
-		st.sendMu.Lock()
-		if err != nil {
-			st.sendErr = err
-			st.pending = nil
-			st.proc.fail(err)
-		}
-	}
-	st.sending = false
-	ok := st.sendErr == nil
-	st.sendMu.Unlock()
-	return ok
-}
-
-func (st *stream) newCall() *pendingCall {
-	c, _ := st.callPool.Get().(*pendingCall)
-	if c == nil {
-		c = &pendingCall{ch: make(chan *pluginproto.PluginFrame, callFrames), timer: time.NewTimer(time.Hour)}
-		c.timer.Stop()
-	}
-	c.id = st.proc.lastCallID.Add(1)
-	st.mu.Lock()
-	st.calls[c.id] = c
-	st.mu.Unlock()
-	return c
-}
-
-func (st *stream) drop(c *pendingCall) {
-	st.mu.Lock()
-	delete(st.calls, c.id)
-	st.mu.Unlock()
-	for len(c.ch) > 0 { // frames that arrived after we stopped listening
-		<-c.ch
-	}
-	st.callPool.Put(c)
+	proc.release(cs)
 }

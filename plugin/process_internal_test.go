@@ -10,56 +10,55 @@ import (
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/pluginproto"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 )
 
-// fakeInvoke is the host end of an Invoke stream whose plugin answers each
-// invocation with the frames reply returns, in one batch.
-type fakeInvoke struct {
+// fakeCall is the host end of a Call stream whose plugin answers each
+// invocation with the frames reply returns, back to back.
+type fakeCall struct {
 	grpc.ClientStream // unused
 	ctx               context.Context
-	dead              <-chan struct{}               // the reader gave up (no watcher stops the fake)
-	recv              chan *pluginproto.PluginBatch // unbuffered
+	recv              chan *pluginproto.PluginFrame
 	reply             func(call uint64) []*pluginproto.PluginFrame
 }
 
-// Send answers Invoke frames, and returns only once the host's reader has
-// handled the whole answer: the invoking goroutine does not read its
-// frames meanwhile.
-func (f *fakeInvoke) Send(b *pluginproto.HostBatch) error {
-	for _, fr := range b.Frames {
-		if _, ok := fr.Kind.(*pluginproto.HostFrame_Invoke); ok {
-			for _, batch := range []*pluginproto.PluginBatch{{Frames: f.reply(fr.Call)}, {}} {
-				select {
-				case f.recv <- batch: // the empty batch is taken once the answer was handled
-				case <-f.ctx.Done():
-					return io.EOF
-				case <-f.dead:
-					return nil
-				}
-			}
+func (f *fakeCall) Send(fr *pluginproto.HostFrame) error {
+	if _, ok := fr.Kind.(*pluginproto.HostFrame_Invoke); ok {
+		for _, r := range f.reply(fr.Call) {
+			f.recv <- r
 		}
 	}
 	return nil
 }
 
-func (f *fakeInvoke) Recv() (*pluginproto.PluginBatch, error) {
+func (f *fakeCall) Recv() (*pluginproto.PluginFrame, error) {
 	select {
-	case b := <-f.recv:
-		return b, nil
+	case fr := <-f.recv:
+		return fr, nil
 	case <-f.ctx.Done():
 		return nil, io.EOF
 	}
 }
 
-// fakeProcess returns a plugin whose live process is one fake stream.
+func (f *fakeCall) RecvMsg(m any) error {
+	fr, err := f.Recv()
+	if err != nil {
+		return err
+	}
+	proto.Reset(m.(proto.Message))
+	proto.Merge(m.(proto.Message), fr)
+	return nil
+}
+
+// fakeProcess returns a plugin whose live process opens fake streams.
 func fakeProcess(t *testing.T, reply func(call uint64) []*pluginproto.PluginFrame) (*Plugin, *process) {
 	p := &Plugin{cfg: defaults(), instances: make(map[uint32]*instance), closing: context.Background()}
 	p.cfg.callTimeout = 2 * time.Second
 	p.initLog("fake", slog.New(slog.DiscardHandler))
 	proc := newProcess(p, nil, nil)
-	st := &stream{proc: proc, rpcStream: &fakeInvoke{ctx: proc.streamsCtx, dead: proc.dead, recv: make(chan *pluginproto.PluginBatch), reply: reply}, calls: make(map[uint64]*pendingCall)}
-	proc.streams = append(proc.streams, st)
-	proc.wg.Go(st.readLoop)
+	proc.newCall = func(ctx context.Context) (pluginproto.Plugin_CallClient, error) {
+		return &fakeCall{ctx: ctx, recv: make(chan *pluginproto.PluginFrame, 8), reply: reply}, nil
+	}
 	p.live.Store(proc)
 	t.Cleanup(func() {
 		proc.endStreams()
@@ -73,7 +72,8 @@ func incomingInvoke() *pluginproto.Invoke {
 }
 
 // TestBackToBackFramesKept: a plugin that sends Next and Done back to back
-// (its next returned before the host's result) has both frames handled.
+// (its next returned before the host's result) has both frames handled,
+// and the stream goes back to the pool.
 func TestBackToBackFramesKept(t *testing.T) {
 	p, proc := fakeProcess(t, func(call uint64) []*pluginproto.PluginFrame {
 		return []*pluginproto.PluginFrame{
@@ -82,7 +82,7 @@ func TestBackToBackFramesKept(t *testing.T) {
 		}
 	})
 	inst := &instance{p: p, id: 1}
-	for i := range 3 { // calls reuse their channel
+	for i := range 3 { // calls reuse their stream
 		nexts := 0
 		err := inst.invoke(context.Background(), bus.StageIncoming, incomingInvoke(), nil, func(context.Context) error { nexts++; return nil })
 		if err != nil || nexts != 1 {
@@ -93,6 +93,9 @@ func TestBackToBackFramesKept(t *testing.T) {
 	case <-proc.dead:
 		t.Fatalf("process failed: %v", proc.cause)
 	default:
+	}
+	if len(proc.idle) != 1 {
+		t.Fatalf("%d idle streams, want the one stream reused", len(proc.idle))
 	}
 	if s := p.Stats(); s.Timeouts != 0 {
 		t.Fatalf("stats %+v, want no timeout", s)

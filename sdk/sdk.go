@@ -53,6 +53,22 @@ type Configurer interface {
 	Configure(config json.RawMessage) error
 }
 
+// ErrorDeclarer is implemented by a plugin that declares the sentinel
+// errors its middleware returns, plain or wrapped, so that errors.Is
+// matches them on the host as it does in process:
+//
+//	func (p *Plugin) Errors() []error { return []error{ErrNoTenant} }
+//
+// Out of process, an error that matches a declared sentinel crosses with
+// that sentinel's text as its code (the way connect-go carries codes), and
+// the host's *plugin.Error matches every error with that text: the host
+// imports the sentinel from the plugin's package, the plugin declares it
+// once. Declare sentinels only (errors.New values with a package prefix),
+// never errors whose text varies.
+type ErrorDeclarer interface {
+	Errors() []error
+}
+
 // Serve serves p over go-plugin and never returns normally: the host ends
 // the process. Call it from the plugin binary's main. Serve also makes the
 // process's default slog logger write to the host, which logs each record
@@ -63,10 +79,15 @@ type Configurer interface {
 //     Logger are set.
 //   - Incoming.Raw and Handling.Raw return nil.
 //   - Handling.Message and Outgoing.Message return a [RawMessage] (JSON).
-//   - Values stored in the ctx given to next do not cross to the host, nor
-//     does its cancellation; its deadline does: the host runs the rest of
-//     the chain under it, and next returns what the rest returned, as in
-//     process, even when that ctx expired meanwhile.
+//   - Values stored in the ctx given to next reach p's own later stages
+//     for the same message (its handler stage, its outgoing stage for
+//     sends made while handling), as in process, but not the host nor
+//     other plugins; values of the host's ctx do not reach p. The ctx's
+//     cancellation does not cross; its deadline does: the host runs the
+//     rest of the chain under it, and next returns what the rest
+//     returned, as in process, even when that ctx expired meanwhile.
+//   - errors.Is matches on the host only the bus's sentinels and those p
+//     declares ([ErrorDeclarer]).
 //   - Changes an outgoing middleware makes after next returns are not sent
 //     back (in process they have no effect either: the message is built).
 //
@@ -78,10 +99,7 @@ func Serve(p bus.Plugin, opts ...Option) {
 	}
 }
 
-func serve(p bus.Plugin, opts []Option) error {
-	if p == nil {
-		return errors.New("sdk.Serve: nil plugin")
-	}
+func newServeConfig(opts []Option) serveConfig {
 	c := serveConfig{}
 	for _, o := range opts {
 		o(&c)
@@ -92,6 +110,14 @@ func serve(p bus.Plugin, opts []Option) error {
 			c.version = bi.Main.Version
 		}
 	}
+	return c
+}
+
+func serve(p bus.Plugin, opts []Option) error {
+	if p == nil {
+		return errors.New("sdk.Serve: nil plugin")
+	}
+	c := newServeConfig(opts)
 	logger := slog.New(newHostHandler(os.Stderr, levelFromEnv()))
 	slog.SetDefault(logger)
 	// Stage contexts scope this logger for every invocation; most never log.
@@ -134,6 +160,24 @@ func (b *beforeOnly) Configure(config json.RawMessage) error {
 		return c.Configure(config)
 	}
 	return nil
+}
+
+// Errors forwards to the wrapped plugin.
+func (b *beforeOnly) Errors() []error { return declaredErrors(b.Plugin) }
+
+// declaredErrors returns the sentinels p declares, without nils.
+func declaredErrors(p bus.Plugin) []error {
+	d, ok := p.(ErrorDeclarer)
+	if !ok {
+		return nil
+	}
+	var out []error
+	for _, e := range d.Errors() {
+		if e != nil {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // beforeOnlyStages reports the stages p declared before-only, following

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"runtime/debug"
@@ -21,21 +22,27 @@ type server struct {
 	pluginproto.UnimplementedPluginServer
 	p          bus.Plugin
 	beforeOnly [4]bool // the stages p declared before-only
+	declared   []error // the sentinel errors p declared (ErrorDeclarer)
 	version    string
 	logger     *slog.Logger
+
+	// held maps the id of a call whose middleware gave next a context of
+	// its own to that context, while the host's next runs: invocations
+	// made meanwhile (sends while handling) take their values from it.
+	held sync.Map // uint64 → context.Context
 
 	mu        sync.Mutex // serialises Configure+Instantiate; guards instances
 	instances map[uint32]*instance
 }
 
 type instance struct {
-	mw       bus.Middleware
-	endpoint string
-	logger   *slog.Logger
+	mw     bus.Middleware
+	logger *slog.Logger
+	stages *bus.StageMaker // the instance's stage contexts share their name and scoped loggers
 }
 
 func newServer(p bus.Plugin, version string, logger *slog.Logger) *server {
-	return &server{p: p, beforeOnly: beforeOnlyStages(p), version: version, logger: logger, instances: make(map[uint32]*instance)}
+	return &server{p: p, beforeOnly: beforeOnlyStages(p), declared: declaredErrors(p), version: version, logger: logger, instances: make(map[uint32]*instance)}
 }
 
 func (s *server) instantiate(config []byte, info bus.PluginInfo) (bus.Middleware, error) {
@@ -72,7 +79,11 @@ func (s *server) Describe(_ context.Context, req *pluginproto.DescribeRequest) (
 			}
 		}
 	}
-	return &pluginproto.DescribeResponse{Name: m.Name, Version: s.version, Stages: implementedStages(m, s.beforeOnly), Sdk: sdkVersion}, nil
+	codes := make([]string, len(s.declared))
+	for i, e := range s.declared {
+		codes[i] = e.Error()
+	}
+	return &pluginproto.DescribeResponse{Name: m.Name, Version: s.version, Stages: implementedStages(m, s.beforeOnly), Sdk: sdkVersion, Errors: codes}, nil
 }
 
 // Instantiate makes one bus's middleware.
@@ -84,7 +95,8 @@ func (s *server) Instantiate(_ context.Context, req *pluginproto.InstantiateRequ
 	if err != nil {
 		return nil, err
 	}
-	s.instances[req.Instance] = &instance{mw: m, endpoint: req.Endpoint, logger: s.logger}
+	s.instances[req.Instance] = &instance{mw: m, logger: s.logger,
+		stages: bus.NewStageMaker(bus.StageInfo{Middleware: m.Name, Endpoint: req.Endpoint, Logger: s.logger})}
 	return &pluginproto.InstantiateResponse{Name: m.Name, Stages: implementedStages(m, s.beforeOnly), HasStart: m.Start != nil, HasStop: m.Stop != nil}, nil
 }
 
@@ -219,6 +231,8 @@ func (ss *session) readLoop() error {
 				if c := ss.call(f.Call); c != nil {
 					c.cancel()
 				}
+			case *pluginproto.HostFrame_Release:
+				ss.server.held.Delete(f.Call)
 			}
 		}
 	}
@@ -246,16 +260,29 @@ func (ss *session) call(id uint64) *stageCall {
 }
 
 func (ss *session) newCall(id uint64, inv *pluginproto.Invoke) *stageCall {
-	c := &stageCall{id: id, session: ss, inv: inv, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
+	c := &stageCall{id: id, server: ss.server, session: ss, inv: inv, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
 	c.stop, c.cancel = context.WithCancel(ss.ctx)
-	c.ctx = c.stop
-	if inv.DeadlineUnixNano != 0 {
-		c.ctx, c.cancelDeadline = context.WithDeadline(c.stop, time.Unix(0, inv.DeadlineUnixNano))
-	}
+	c.setContext(inv)
 	ss.mu.Lock()
 	ss.calls[id] = c
 	ss.mu.Unlock()
 	return c
+}
+
+// setContext makes the middleware's ctx from c.stop: the host's deadline,
+// and the values of the parent invocation's context.
+func (c *stageCall) setContext(inv *pluginproto.Invoke) {
+	c.ctx = c.stop
+	if inv.DeadlineUnixNano != 0 {
+		c.ctx, c.cancelDeadline = context.WithDeadline(c.stop, time.Unix(0, inv.DeadlineUnixNano))
+	}
+	if inv.Parent != 0 {
+		// A parent that ended meanwhile (a send from a goroutine that
+		// outlived its handler) leaves no values to take.
+		if held, ok := c.server.held.Load(inv.Parent); ok {
+			c.ctx = &valuesFrom{Context: c.ctx, values: held.(context.Context)}
+		}
+	}
 }
 
 const (
@@ -264,10 +291,14 @@ const (
 	callReturned
 )
 
-// stageCall is one stage invocation inside the plugin.
+// stageCall is one stage invocation inside the plugin, of an Invoke
+// session or on a Call stream of its own.
 type stageCall struct {
 	id             uint64
-	session        *session
+	server         *server
+	session        *session                      // nil on a Call stream
+	stream         pluginproto.Plugin_CallServer // nil in a session
+	frames         *streamFrames                 // the stream's; nil in a session
 	inv            *pluginproto.Invoke
 	ctx            context.Context    // the middleware's: stop, with the host's deadline
 	stop           context.Context    // ends when the host cancels the call or the stream ends
@@ -280,6 +311,7 @@ type stageCall struct {
 	state      atomic.Int32
 	beforeOnly bool
 	continued  bool
+	nextCtx    context.Context // what the middleware gave next
 	nextErr    error
 
 	out     *bus.Outgoing
@@ -292,11 +324,19 @@ func (c *stageCall) run(inv *pluginproto.Invoke) {
 			c.cancelDeadline()
 		}
 		c.cancel()
-		c.session.mu.Lock()
-		delete(c.session.calls, c.id)
-		c.session.mu.Unlock()
+		if c.session != nil {
+			c.session.mu.Lock()
+			delete(c.session.calls, c.id)
+			c.session.mu.Unlock()
+		}
 	}()
-	done := &pluginproto.Done{}
+	var done *pluginproto.Done
+	if c.frames != nil {
+		done = &c.frames.done
+		*done = pluginproto.Done{}
+	} else {
+		done = &pluginproto.Done{}
+	}
 	err := c.invoke(inv)
 	c.state.Store(callReturned)
 	if c.continued && err == nil {
@@ -304,19 +344,48 @@ func (c *stageCall) run(inv *pluginproto.Invoke) {
 		if c.out != nil {
 			done.Mutation = mutation(c.out, c.outBase)
 		}
+		if c.nextCtx != c.ctx {
+			// Kept until the host's Release, after its next returned.
+			c.server.held.Store(c.id, c.nextCtx)
+			done.HoldsContext = true
+		}
 	} else if err != nil {
 		done.Error = c.encodeError(err)
 	}
-	c.session.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})
+	if c.frames != nil { // sent before the stream's next invocation reuses them
+		c.frames.kind.Done = done
+		c.frames.frame = pluginproto.PluginFrame{Call: c.id, Kind: &c.frames.kind}
+		c.send(&c.frames.frame)
+		return
+	}
+	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})
+}
+
+// streamFrames are a Call stream's Done frame, reused by its invocations
+// one after the other (Send encodes it before returning).
+type streamFrames struct {
+	frame pluginproto.PluginFrame
+	kind  pluginproto.PluginFrame_Done
+	done  pluginproto.Done
+}
+
+// send sends f to the host on the call's session or stream. A stream
+// that fails is gone: the host sees the invocation fail.
+func (c *stageCall) send(f *pluginproto.PluginFrame) {
+	if c.session != nil {
+		c.session.send(f)
+		return
+	}
+	_ = c.stream.Send(f)
 }
 
 func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
-	inst := c.session.server.instance(inv.Instance)
+	inst := c.server.instance(inv.Instance)
 	if inst == nil {
 		return fmt.Errorf("sdk: unknown middleware instance %d; the host must instantiate it first", inv.Instance)
 	}
 	c.mw = inst.mw.Name
-	c.beforeOnly = c.session.server.beforeOnly[c.stage]
+	c.beforeOnly = c.server.beforeOnly[c.stage]
 	defer func() {
 		if p := recover(); p != nil {
 			stack := debug.Stack()
@@ -324,7 +393,6 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 			inst.logger.Error("middleware panicked", slog.String("stage", c.stage.String()), slog.String("middleware", c.mw), slog.Any("panic", p), slog.String("stack", string(stack)))
 		}
 	}()
-	info := bus.StageInfo{Middleware: inst.mw.Name, Endpoint: inst.endpoint, Logger: inst.logger}
 	switch s := inv.Subject.(type) {
 	case *pluginproto.Invoke_Incoming:
 		m := s.Incoming
@@ -333,10 +401,7 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		}
 		d := &bus.Delivery{Envelope: bus.Envelope{Name: m.Name, ContentType: m.ContentType, Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
-		if m.Endpoint != "" {
-			info.Endpoint = m.Endpoint
-		}
-		return inst.mw.Incoming(c.ctx, bus.NewIncoming(d, info), c.next)
+		return inst.mw.Incoming(c.ctx, inst.stages.Incoming(d, m.Endpoint), c.next)
 	case *pluginproto.Invoke_Handling:
 		m := s.Handling
 		if inst.mw.Handling == nil {
@@ -344,16 +409,16 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		}
 		d := &bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes)}, Attempt: int(m.Attempt)}
-		return inst.mw.Handling(c.ctx, bus.NewHandling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d, info), c.next)
+		return inst.mw.Handling(c.ctx, inst.stages.Handling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d), c.next)
 	case *pluginproto.Invoke_Outgoing:
 		m := s.Outgoing
 		if inst.mw.Outgoing == nil {
 			return c.skip()
 		}
 		c.outBase = m
-		c.out = bus.NewOutgoing(bus.OutgoingMessage{Kind: bus.Kind(m.Kind), Name: m.Name, Message: RawMessage{Name: m.Name, Body: m.Body},
+		c.out = inst.stages.Outgoing(bus.OutgoingMessage{Kind: bus.Kind(m.Kind), Name: m.Name, Message: RawMessage{Name: m.Name, Body: m.Body},
 			Destination: m.Destination, Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers, InHandler: m.InHandler,
-			Due: pluginproto.ToDue(m.DueUnixNano)}, info)
+			Due: pluginproto.ToDue(m.DueUnixNano)})
 		return inst.mw.Outgoing(c.ctx, c.out, c.next)
 	}
 	return fmt.Errorf("sdk: invocation without a subject (host speaks a newer protocol?)")
@@ -371,6 +436,7 @@ func (c *stageCall) next(ctx context.Context) error {
 	if !c.state.CompareAndSwap(callRunning, callNext) {
 		return &bus.NextMisuseError{Stage: c.stage, Middleware: c.mw, AfterReturn: c.state.Load() == callReturned}
 	}
+	c.nextCtx = ctx
 	if c.beforeOnly {
 		c.continued = true
 		return nil
@@ -379,7 +445,15 @@ func (c *stageCall) next(ctx context.Context) error {
 	if c.out != nil {
 		nc.Mutation = mutation(c.out, c.outBase)
 	}
-	c.session.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
+	if ctx != c.ctx {
+		c.server.held.Store(c.id, ctx)
+		defer c.server.held.Delete(c.id)
+		nc.HoldsContext = true
+	}
+	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
+	if c.stream != nil {
+		return c.awaitOnStream()
+	}
 	// As in process, next returns what the rest of the chain returned: the
 	// host runs it under ctx's deadline and answers even when ctx (or the
 	// call's own deadline) expires meanwhile. Only the call's end (the
@@ -394,11 +468,68 @@ func (c *stageCall) next(ctx context.Context) error {
 	}
 }
 
+// awaitOnStream reads the host's answer to next from the call's stream.
+// The host cancels the invocation by cancelling the stream.
+func (c *stageCall) awaitOnStream() error {
+	for {
+		f, err := c.stream.Recv()
+		if err != nil {
+			c.cancel()
+			if c.stop.Err() != nil {
+				return c.stop.Err()
+			}
+			return err
+		}
+		switch k := f.Kind.(type) {
+		case *pluginproto.HostFrame_NextResult:
+			c.nextErr = decodeHostError(k.NextResult.Error)
+			return c.nextErr
+		case *pluginproto.HostFrame_Cancel:
+			c.cancel()
+			return context.Canceled
+		case *pluginproto.HostFrame_Release:
+			c.server.held.Delete(f.Call)
+		}
+	}
+}
+
+// Call serves one pool stream: its invocations one at a time, each on
+// this goroutine, and Release frames.
+func (s *server) Call(stream pluginproto.Plugin_CallServer) error {
+	ctx := stream.Context()
+	frames := new(streamFrames)
+	for {
+		f, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		switch k := f.Kind.(type) {
+		case *pluginproto.HostFrame_Invoke:
+			// The host cancels the invocation by cancelling the stream:
+			// the stream's context is the call's.
+			c := &stageCall{id: f.Call, server: s, stream: stream, frames: frames, inv: k.Invoke, stage: pluginproto.BusStage(k.Invoke.Stage),
+				stop: ctx, cancel: func() {}}
+			c.setContext(k.Invoke)
+			c.run(k.Invoke)
+		case *pluginproto.HostFrame_Release:
+			s.held.Delete(f.Call)
+		}
+	}
+}
+
 func (c *stageCall) encodeError(err error) *pluginproto.Error {
 	if c.nextErr != nil && err == c.nextErr {
 		return &pluginproto.Error{IsNextError: true, Message: err.Error()}
 	}
 	e := pluginproto.EncodeError(err)
+	for _, d := range c.server.declared {
+		if errors.Is(err, d) {
+			e.Codes = append(e.Codes, d.Error())
+		}
+	}
 	if e != nil && c.stage == bus.StageIncoming {
 		// As in process: the bus's permanent failures, such as a
 		// *bus.DecodeError an incoming middleware returns, count here; in
@@ -458,5 +589,16 @@ func mutation(out *bus.Outgoing, base *pluginproto.OutgoingMessage) *pluginproto
 	}
 	return &m
 }
+
+// valuesFrom is the context of an invocation made while a parent
+// invocation's next runs: its own deadline and cancellation, the values of
+// the context the parent's middleware gave next.
+type valuesFrom struct {
+	context.Context
+	values context.Context
+}
+
+// Value returns the parent's value for key.
+func (v *valuesFrom) Value(key any) any { return v.values.Value(key) }
 
 var _ pluginproto.PluginServer = (*server)(nil)

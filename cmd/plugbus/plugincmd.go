@@ -65,23 +65,15 @@ func verify(w io.Writer, path string) error {
 	}
 	defer p.Close()
 	d := p.Describe()
-	stages := make([]string, 0, len(d.Stages))
-	for _, s := range d.Stages {
-		name := s.Stage.String()
-		if s.BeforeOnly {
-			name += " (before-only)"
-		}
-		stages = append(stages, name)
-	}
-	if len(stages) == 0 {
-		stages = append(stages, "(none)")
-	}
 	fmt.Fprintf(w, "path:             %s\n", d.Path)
 	fmt.Fprintf(w, "sha256:           %s\n", d.SHA256)
 	fmt.Fprintf(w, "protocol version: %d\n", d.ProtocolVersion)
 	fmt.Fprintf(w, "name:             %s\n", d.Name)
 	fmt.Fprintf(w, "version:          %s\n", d.Version)
 	fmt.Fprintf(w, "sdk:              %s\n", d.SDK)
-	fmt.Fprintf(w, "stages:           %s\n", strings.Join(stages, ", "))
+	fmt.Fprintf(w, "stages:           %s\n", d.Stages)
+	if len(d.Errors) > 0 {
+		fmt.Fprintf(w, "errors:           %s\n", strings.Join(d.Errors, "; "))
+	}
 	return nil
 }

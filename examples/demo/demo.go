@@ -160,7 +160,7 @@ func (s *shop) loadTenancyPlugin(ctx context.Context) (unload func(), err error)
 		return func() { os.RemoveAll(dir) }, nil
 	}
 	d := tenancy.Describe()
-	s.out.printf("loaded external plugin %s %s (pid %d, stages %v)\n", d.Name, d.Version, tenancy.PID(), d.Stages)
+	s.out.printf("loaded external plugin %s %s (pid %d, stages: %s)\n", d.Name, d.Version, tenancy.PID(), d.Stages)
 	s.plugins = append(s.plugins, tenancy)
 	return func() {
 		tenancy.Close()

@@ -26,6 +26,7 @@ func TestDemo(t *testing.T) {
 		"shipping  retry     shop.payment_taken           attempt 3 failed; delayed retry 1 in",
 		"shipping  incoming  shop.payment_taken           attempt 4,",
 		"loaded external plugin tenancy",
+		"stages: incoming (before-only), outgoing (before-only))",
 		"→ billing.db holds 2 payment(s) for 2 order(s): the duplicate was skipped by the inbox",
 		"→ dead-lettered by orders on its first attempt: plugin \"tenancy\" (incoming stage): tenancy: message has no tenant",
 		"(permanent failure: dead-lettered at once, not retried)",

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
@@ -42,16 +43,43 @@ func (h *hcLogger) Log(level hclog.Level, msg string, args ...any) {
 	if !h.l.Enabled(ctx, lv) {
 		return
 	}
+	relayed := false
 	for i := 0; i+1 < len(args); i += 2 {
 		switch k, _ := args[i].(string); k {
 		case "timestamp":
 			args = append(args[:i:i], args[i+2:]...)
 			i -= 2
+			relayed = true
 		case "plugin": // go-plugin's own key for the binary; ours names the plugin
 			args[i] = "plugin_path"
 		}
 	}
+	if relayed {
+		// go-plugin decodes a plugin's record into a map, losing the
+		// attributes' order: log them sorted by key, the same every time.
+		args = sortedPairs(args)
+	}
 	h.l.Log(ctx, lv, msg, args...)
+}
+
+// sortedPairs returns key-value args sorted by key; a trailing odd value
+// stays last.
+func sortedPairs(args []any) []any {
+	n := len(args) / 2
+	pairs := make([][2]any, n)
+	for i := range pairs {
+		pairs[i] = [2]any{args[2*i], args[2*i+1]}
+	}
+	slices.SortStableFunc(pairs, func(a, b [2]any) int {
+		ka, _ := a[0].(string)
+		kb, _ := b[0].(string)
+		return strings.Compare(ka, kb)
+	})
+	out := make([]any, 0, len(args))
+	for _, p := range pairs {
+		out = append(out, p[0], p[1])
+	}
+	return append(out, args[2*n:]...)
 }
 
 func (h *hcLogger) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }

@@ -302,11 +302,14 @@ func (x *DescribeRequest) GetConfig() []byte {
 }
 
 type DescribeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Version       string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	Stages        []*StageInfo           `protobuf:"bytes,3,rep,name=stages,proto3" json:"stages,omitempty"`
-	Sdk           string                 `protobuf:"bytes,4,opt,name=sdk,proto3" json:"sdk,omitempty"` // sdk module version, informational
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Version string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	Stages  []*StageInfo           `protobuf:"bytes,3,rep,name=stages,proto3" json:"stages,omitempty"`
+	Sdk     string                 `protobuf:"bytes,4,opt,name=sdk,proto3" json:"sdk,omitempty"` // sdk module version, informational
+	// errors: the sentinel errors the plugin declares (their text, which is
+	// their code on the wire), informational.
+	Errors        []string `protobuf:"bytes,5,rep,name=errors,proto3" json:"errors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -367,6 +370,13 @@ func (x *DescribeResponse) GetSdk() string {
 		return x.Sdk
 	}
 	return ""
+}
+
+func (x *DescribeResponse) GetErrors() []string {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
 }
 
 type InstantiateRequest struct {
@@ -630,7 +640,11 @@ type Error struct {
 	WrapsNextError bool `protobuf:"varint,7,opt,name=wraps_next_error,json=wrapsNextError,proto3" json:"wraps_next_error,omitempty"`
 	// permanent: the error is a permanent failure (errors.Is(err,
 	// bus.ErrPermanent)): the message is dead-lettered without retries.
-	Permanent     bool `protobuf:"varint,8,opt,name=permanent,proto3" json:"permanent,omitempty"`
+	Permanent bool `protobuf:"varint,8,opt,name=permanent,proto3" json:"permanent,omitempty"`
+	// codes: the plugin's declared sentinel errors the error matches
+	// (errors.Is), each by its text; the host's error matches every sentinel
+	// with one of these texts.
+	Codes         []string `protobuf:"bytes,9,rep,name=codes,proto3" json:"codes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -719,6 +733,13 @@ func (x *Error) GetPermanent() bool {
 		return x.Permanent
 	}
 	return false
+}
+
+func (x *Error) GetCodes() []string {
+	if x != nil {
+		return x.Codes
+	}
+	return nil
 }
 
 type Attributes struct {
@@ -1185,7 +1206,13 @@ type Invoke struct {
 	//	*Invoke_Incoming
 	//	*Invoke_Handling
 	//	*Invoke_Outgoing
-	Subject       isInvoke_Subject `protobuf_oneof:"subject"`
+	Subject isInvoke_Subject `protobuf_oneof:"subject"`
+	// parent: the call id of an invocation of the same instance whose
+	// context, as its middleware gave it to next, this invocation's context
+	// takes its values from (a send made while a handler runs, inside the
+	// plugin's incoming stage); 0: none. The plugin keeps that context while
+	// the parent's next runs, or until a Release for a before-only parent.
+	Parent        uint64 `protobuf:"varint,7,opt,name=parent,proto3" json:"parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1273,6 +1300,13 @@ func (x *Invoke) GetOutgoing() *OutgoingMessage {
 		}
 	}
 	return nil
+}
+
+func (x *Invoke) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
 }
 
 type isInvoke_Subject interface {
@@ -1377,6 +1411,44 @@ func (*Cancel) Descriptor() ([]byte, []int) {
 	return file_plugin_proto_rawDescGZIP(), []int{15}
 }
 
+// Release tells the plugin that the host's next of a before-only call that
+// held its context returned: the plugin drops the context.
+type Release struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Release) Reset() {
+	*x = Release{}
+	mi := &file_plugin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Release) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Release) ProtoMessage() {}
+
+func (x *Release) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Release.ProtoReflect.Descriptor instead.
+func (*Release) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_rawDescGZIP(), []int{16}
+}
+
 type HostFrame struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Call  uint64                 `protobuf:"varint,1,opt,name=call,proto3" json:"call,omitempty"`
@@ -1385,6 +1457,7 @@ type HostFrame struct {
 	//	*HostFrame_Invoke
 	//	*HostFrame_NextResult
 	//	*HostFrame_Cancel
+	//	*HostFrame_Release
 	Kind          isHostFrame_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1392,7 +1465,7 @@ type HostFrame struct {
 
 func (x *HostFrame) Reset() {
 	*x = HostFrame{}
-	mi := &file_plugin_proto_msgTypes[16]
+	mi := &file_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1477,7 @@ func (x *HostFrame) String() string {
 func (*HostFrame) ProtoMessage() {}
 
 func (x *HostFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[16]
+	mi := &file_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1490,7 @@ func (x *HostFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostFrame.ProtoReflect.Descriptor instead.
 func (*HostFrame) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{16}
+	return file_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HostFrame) GetCall() uint64 {
@@ -1461,6 +1534,15 @@ func (x *HostFrame) GetCancel() *Cancel {
 	return nil
 }
 
+func (x *HostFrame) GetRelease() *Release {
+	if x != nil {
+		if x, ok := x.Kind.(*HostFrame_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
 type isHostFrame_Kind interface {
 	isHostFrame_Kind()
 }
@@ -1477,23 +1559,33 @@ type HostFrame_Cancel struct {
 	Cancel *Cancel `protobuf:"bytes,4,opt,name=cancel,proto3,oneof"`
 }
 
+type HostFrame_Release struct {
+	Release *Release `protobuf:"bytes,5,opt,name=release,proto3,oneof"`
+}
+
 func (*HostFrame_Invoke) isHostFrame_Kind() {}
 
 func (*HostFrame_NextResult) isHostFrame_Kind() {}
 
 func (*HostFrame_Cancel) isHostFrame_Kind() {}
 
+func (*HostFrame_Release) isHostFrame_Kind() {}
+
 type NextCall struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	DeadlineUnixNano int64                  `protobuf:"varint,1,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
 	Mutation         *Mutation              `protobuf:"bytes,2,opt,name=mutation,proto3" json:"mutation,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// holds_context: the middleware gave next a context of its own, which
+	// the plugin keeps while next runs: invocations the host makes meanwhile
+	// name this call as their parent.
+	HoldsContext  bool `protobuf:"varint,3,opt,name=holds_context,json=holdsContext,proto3" json:"holds_context,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NextCall) Reset() {
 	*x = NextCall{}
-	mi := &file_plugin_proto_msgTypes[17]
+	mi := &file_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1505,7 +1597,7 @@ func (x *NextCall) String() string {
 func (*NextCall) ProtoMessage() {}
 
 func (x *NextCall) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[17]
+	mi := &file_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1518,7 +1610,7 @@ func (x *NextCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NextCall.ProtoReflect.Descriptor instead.
 func (*NextCall) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{17}
+	return file_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NextCall) GetDeadlineUnixNano() int64 {
@@ -1535,19 +1627,30 @@ func (x *NextCall) GetMutation() *Mutation {
 	return nil
 }
 
+func (x *NextCall) GetHoldsContext() bool {
+	if x != nil {
+		return x.HoldsContext
+	}
+	return false
+}
+
 type Done struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Error *Error                 `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
 	// continue: a before-only middleware called next; the host calls it.
-	Continue      bool      `protobuf:"varint,2,opt,name=continue,proto3" json:"continue,omitempty"`
-	Mutation      *Mutation `protobuf:"bytes,3,opt,name=mutation,proto3" json:"mutation,omitempty"`
+	Continue bool      `protobuf:"varint,2,opt,name=continue,proto3" json:"continue,omitempty"`
+	Mutation *Mutation `protobuf:"bytes,3,opt,name=mutation,proto3" json:"mutation,omitempty"`
+	// holds_context: with continue, the middleware gave next a context of
+	// its own, which the plugin keeps until the host's Release: invocations
+	// the host makes while its next runs name this call as their parent.
+	HoldsContext  bool `protobuf:"varint,4,opt,name=holds_context,json=holdsContext,proto3" json:"holds_context,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_plugin_proto_msgTypes[18]
+	mi := &file_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1662,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[18]
+	mi := &file_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1675,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{18}
+	return file_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Done) GetError() *Error {
@@ -1596,6 +1699,13 @@ func (x *Done) GetMutation() *Mutation {
 	return nil
 }
 
+func (x *Done) GetHoldsContext() bool {
+	if x != nil {
+		return x.HoldsContext
+	}
+	return false
+}
+
 type PluginFrame struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Call  uint64                 `protobuf:"varint,1,opt,name=call,proto3" json:"call,omitempty"`
@@ -1610,7 +1720,7 @@ type PluginFrame struct {
 
 func (x *PluginFrame) Reset() {
 	*x = PluginFrame{}
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1622,7 +1732,7 @@ func (x *PluginFrame) String() string {
 func (*PluginFrame) ProtoMessage() {}
 
 func (x *PluginFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[19]
+	mi := &file_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1635,7 +1745,7 @@ func (x *PluginFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginFrame.ProtoReflect.Descriptor instead.
 func (*PluginFrame) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{19}
+	return file_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PluginFrame) GetCall() uint64 {
@@ -1695,7 +1805,7 @@ type HostBatch struct {
 
 func (x *HostBatch) Reset() {
 	*x = HostBatch{}
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1817,7 @@ func (x *HostBatch) String() string {
 func (*HostBatch) ProtoMessage() {}
 
 func (x *HostBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[20]
+	mi := &file_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1830,7 @@ func (x *HostBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostBatch.ProtoReflect.Descriptor instead.
 func (*HostBatch) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{20}
+	return file_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HostBatch) GetFrames() []*HostFrame {
@@ -1739,7 +1849,7 @@ type PluginBatch struct {
 
 func (x *PluginBatch) Reset() {
 	*x = PluginBatch{}
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1751,7 +1861,7 @@ func (x *PluginBatch) String() string {
 func (*PluginBatch) ProtoMessage() {}
 
 func (x *PluginBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_msgTypes[21]
+	mi := &file_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1764,7 +1874,7 @@ func (x *PluginBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginBatch.ProtoReflect.Descriptor instead.
 func (*PluginBatch) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_rawDescGZIP(), []int{21}
+	return file_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PluginBatch) GetFrames() []*PluginFrame {
@@ -1784,12 +1894,13 @@ const file_plugin_proto_rawDesc = "" +
 	"\vbefore_only\x18\x02 \x01(\bR\n" +
 	"beforeOnly\")\n" +
 	"\x0fDescribeRequest\x12\x16\n" +
-	"\x06config\x18\x01 \x01(\fR\x06config\"\x88\x01\n" +
+	"\x06config\x18\x01 \x01(\fR\x06config\"\xa0\x01\n" +
 	"\x10DescribeResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x124\n" +
 	"\x06stages\x18\x03 \x03(\v2\x1c.plugbus.plugin.v1.StageInfoR\x06stages\x12\x10\n" +
-	"\x03sdk\x18\x04 \x01(\tR\x03sdk\"\x99\x01\n" +
+	"\x03sdk\x18\x04 \x01(\tR\x03sdk\x12\x16\n" +
+	"\x06errors\x18\x05 \x03(\tR\x06errors\"\x99\x01\n" +
 	"\x12InstantiateRequest\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\rR\binstance\x12\x16\n" +
 	"\x06config\x18\x02 \x01(\fR\x06config\x12\x19\n" +
@@ -1812,7 +1923,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\n" +
 	"OP_RELEASE\x10\x03\"C\n" +
 	"\x11LifecycleResponse\x12.\n" +
-	"\x05error\x18\x01 \x01(\v2\x18.plugbus.plugin.v1.ErrorR\x05error\"\xb2\x02\n" +
+	"\x05error\x18\x01 \x01(\v2\x18.plugbus.plugin.v1.ErrorR\x05error\"\xc8\x02\n" +
 	"\x05Error\x120\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1c.plugbus.plugin.v1.ErrorCodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
@@ -1823,7 +1934,8 @@ const file_plugin_proto_rawDesc = "" +
 	"\fafter_return\x18\x05 \x01(\bR\vafterReturn\x12\"\n" +
 	"\ris_next_error\x18\x06 \x01(\bR\visNextError\x12(\n" +
 	"\x10wraps_next_error\x18\a \x01(\bR\x0ewrapsNextError\x12\x1c\n" +
-	"\tpermanent\x18\b \x01(\bR\tpermanent\"\xf9\x02\n" +
+	"\tpermanent\x18\b \x01(\bR\tpermanent\x12\x14\n" +
+	"\x05codes\x18\t \x03(\tR\x05codes\"\xf9\x02\n" +
 	"\n" +
 	"Attributes\x12\x1d\n" +
 	"\n" +
@@ -1893,33 +2005,38 @@ const file_plugin_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xeb\x02\n" +
 	"\x06Invoke\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\rR\binstance\x12.\n" +
 	"\x05stage\x18\x02 \x01(\x0e2\x18.plugbus.plugin.v1.StageR\x05stage\x12,\n" +
 	"\x12deadline_unix_nano\x18\x03 \x01(\x03R\x10deadlineUnixNano\x12@\n" +
 	"\bincoming\x18\x04 \x01(\v2\".plugbus.plugin.v1.IncomingMessageH\x00R\bincoming\x12@\n" +
 	"\bhandling\x18\x05 \x01(\v2\".plugbus.plugin.v1.HandlingMessageH\x00R\bhandling\x12@\n" +
-	"\boutgoing\x18\x06 \x01(\v2\".plugbus.plugin.v1.OutgoingMessageH\x00R\boutgoingB\t\n" +
+	"\boutgoing\x18\x06 \x01(\v2\".plugbus.plugin.v1.OutgoingMessageH\x00R\boutgoing\x12\x16\n" +
+	"\x06parent\x18\a \x01(\x04R\x06parentB\t\n" +
 	"\asubject\"<\n" +
 	"\n" +
 	"NextResult\x12.\n" +
 	"\x05error\x18\x01 \x01(\v2\x18.plugbus.plugin.v1.ErrorR\x05error\"\b\n" +
-	"\x06Cancel\"\xd3\x01\n" +
+	"\x06Cancel\"\t\n" +
+	"\aRelease\"\x8b\x02\n" +
 	"\tHostFrame\x12\x12\n" +
 	"\x04call\x18\x01 \x01(\x04R\x04call\x123\n" +
 	"\x06invoke\x18\x02 \x01(\v2\x19.plugbus.plugin.v1.InvokeH\x00R\x06invoke\x12@\n" +
 	"\vnext_result\x18\x03 \x01(\v2\x1d.plugbus.plugin.v1.NextResultH\x00R\n" +
 	"nextResult\x123\n" +
-	"\x06cancel\x18\x04 \x01(\v2\x19.plugbus.plugin.v1.CancelH\x00R\x06cancelB\x06\n" +
-	"\x04kind\"q\n" +
+	"\x06cancel\x18\x04 \x01(\v2\x19.plugbus.plugin.v1.CancelH\x00R\x06cancel\x126\n" +
+	"\arelease\x18\x05 \x01(\v2\x1a.plugbus.plugin.v1.ReleaseH\x00R\areleaseB\x06\n" +
+	"\x04kind\"\x96\x01\n" +
 	"\bNextCall\x12,\n" +
 	"\x12deadline_unix_nano\x18\x01 \x01(\x03R\x10deadlineUnixNano\x127\n" +
-	"\bmutation\x18\x02 \x01(\v2\x1b.plugbus.plugin.v1.MutationR\bmutation\"\x8b\x01\n" +
+	"\bmutation\x18\x02 \x01(\v2\x1b.plugbus.plugin.v1.MutationR\bmutation\x12#\n" +
+	"\rholds_context\x18\x03 \x01(\bR\fholdsContext\"\xb0\x01\n" +
 	"\x04Done\x12.\n" +
 	"\x05error\x18\x01 \x01(\v2\x18.plugbus.plugin.v1.ErrorR\x05error\x12\x1a\n" +
 	"\bcontinue\x18\x02 \x01(\bR\bcontinue\x127\n" +
-	"\bmutation\x18\x03 \x01(\v2\x1b.plugbus.plugin.v1.MutationR\bmutation\"\x8b\x01\n" +
+	"\bmutation\x18\x03 \x01(\v2\x1b.plugbus.plugin.v1.MutationR\bmutation\x12#\n" +
+	"\rholds_context\x18\x04 \x01(\bR\fholdsContext\"\x8b\x01\n" +
 	"\vPluginFrame\x12\x12\n" +
 	"\x04call\x18\x01 \x01(\x04R\x04call\x121\n" +
 	"\x04next\x18\x02 \x01(\v2\x1b.plugbus.plugin.v1.NextCallH\x00R\x04next\x12-\n" +
@@ -1944,12 +2061,13 @@ const file_plugin_proto_rawDesc = "" +
 	"\x11ERROR_CODE_DECODE\x10\x06\x12\x1e\n" +
 	"\x1aERROR_CODE_HEADER_RESERVED\x10\a\x12\x15\n" +
 	"\x11ERROR_CODE_CLOSED\x10\b\x12\x17\n" +
-	"\x13ERROR_CODE_NO_ROUTE\x10\t2\xdf\x02\n" +
+	"\x13ERROR_CODE_NO_ROUTE\x10\t2\xa9\x03\n" +
 	"\x06Plugin\x12S\n" +
 	"\bDescribe\x12\".plugbus.plugin.v1.DescribeRequest\x1a#.plugbus.plugin.v1.DescribeResponse\x12\\\n" +
 	"\vInstantiate\x12%.plugbus.plugin.v1.InstantiateRequest\x1a&.plugbus.plugin.v1.InstantiateResponse\x12V\n" +
 	"\tLifecycle\x12#.plugbus.plugin.v1.LifecycleRequest\x1a$.plugbus.plugin.v1.LifecycleResponse\x12J\n" +
-	"\x06Invoke\x12\x1c.plugbus.plugin.v1.HostBatch\x1a\x1e.plugbus.plugin.v1.PluginBatch(\x010\x01B1Z/github.com/plugbus/plugbus/internal/pluginprotob\x06proto3"
+	"\x06Invoke\x12\x1c.plugbus.plugin.v1.HostBatch\x1a\x1e.plugbus.plugin.v1.PluginBatch(\x010\x01\x12H\n" +
+	"\x04Call\x12\x1c.plugbus.plugin.v1.HostFrame\x1a\x1e.plugbus.plugin.v1.PluginFrame(\x010\x01B1Z/github.com/plugbus/plugbus/internal/pluginprotob\x06proto3"
 
 var (
 	file_plugin_proto_rawDescOnce sync.Once
@@ -1964,7 +2082,7 @@ func file_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_plugin_proto_goTypes = []any{
 	(Stage)(0),                  // 0: plugbus.plugin.v1.Stage
 	(ErrorCode)(0),              // 1: plugbus.plugin.v1.ErrorCode
@@ -1985,19 +2103,20 @@ var file_plugin_proto_goTypes = []any{
 	(*Invoke)(nil),              // 16: plugbus.plugin.v1.Invoke
 	(*NextResult)(nil),          // 17: plugbus.plugin.v1.NextResult
 	(*Cancel)(nil),              // 18: plugbus.plugin.v1.Cancel
-	(*HostFrame)(nil),           // 19: plugbus.plugin.v1.HostFrame
-	(*NextCall)(nil),            // 20: plugbus.plugin.v1.NextCall
-	(*Done)(nil),                // 21: plugbus.plugin.v1.Done
-	(*PluginFrame)(nil),         // 22: plugbus.plugin.v1.PluginFrame
-	(*HostBatch)(nil),           // 23: plugbus.plugin.v1.HostBatch
-	(*PluginBatch)(nil),         // 24: plugbus.plugin.v1.PluginBatch
-	nil,                         // 25: plugbus.plugin.v1.Attributes.ValuesEntry
-	nil,                         // 26: plugbus.plugin.v1.Attributes.StickyEntry
-	nil,                         // 27: plugbus.plugin.v1.IncomingMessage.HeadersEntry
-	nil,                         // 28: plugbus.plugin.v1.OutgoingMessage.HeadersEntry
-	nil,                         // 29: plugbus.plugin.v1.Mutation.ValuesEntry
-	nil,                         // 30: plugbus.plugin.v1.Mutation.StickyEntry
-	nil,                         // 31: plugbus.plugin.v1.Mutation.HeadersEntry
+	(*Release)(nil),             // 19: plugbus.plugin.v1.Release
+	(*HostFrame)(nil),           // 20: plugbus.plugin.v1.HostFrame
+	(*NextCall)(nil),            // 21: plugbus.plugin.v1.NextCall
+	(*Done)(nil),                // 22: plugbus.plugin.v1.Done
+	(*PluginFrame)(nil),         // 23: plugbus.plugin.v1.PluginFrame
+	(*HostBatch)(nil),           // 24: plugbus.plugin.v1.HostBatch
+	(*PluginBatch)(nil),         // 25: plugbus.plugin.v1.PluginBatch
+	nil,                         // 26: plugbus.plugin.v1.Attributes.ValuesEntry
+	nil,                         // 27: plugbus.plugin.v1.Attributes.StickyEntry
+	nil,                         // 28: plugbus.plugin.v1.IncomingMessage.HeadersEntry
+	nil,                         // 29: plugbus.plugin.v1.OutgoingMessage.HeadersEntry
+	nil,                         // 30: plugbus.plugin.v1.Mutation.ValuesEntry
+	nil,                         // 31: plugbus.plugin.v1.Mutation.StickyEntry
+	nil,                         // 32: plugbus.plugin.v1.Mutation.HeadersEntry
 }
 var file_plugin_proto_depIdxs = []int32{
 	0,  // 0: plugbus.plugin.v1.StageInfo.stage:type_name -> plugbus.plugin.v1.Stage
@@ -2007,16 +2126,16 @@ var file_plugin_proto_depIdxs = []int32{
 	10, // 4: plugbus.plugin.v1.LifecycleResponse.error:type_name -> plugbus.plugin.v1.Error
 	1,  // 5: plugbus.plugin.v1.Error.code:type_name -> plugbus.plugin.v1.ErrorCode
 	0,  // 6: plugbus.plugin.v1.Error.stage:type_name -> plugbus.plugin.v1.Stage
-	25, // 7: plugbus.plugin.v1.Attributes.values:type_name -> plugbus.plugin.v1.Attributes.ValuesEntry
-	26, // 8: plugbus.plugin.v1.Attributes.sticky:type_name -> plugbus.plugin.v1.Attributes.StickyEntry
+	26, // 7: plugbus.plugin.v1.Attributes.values:type_name -> plugbus.plugin.v1.Attributes.ValuesEntry
+	27, // 8: plugbus.plugin.v1.Attributes.sticky:type_name -> plugbus.plugin.v1.Attributes.StickyEntry
 	11, // 9: plugbus.plugin.v1.IncomingMessage.attributes:type_name -> plugbus.plugin.v1.Attributes
-	27, // 10: plugbus.plugin.v1.IncomingMessage.headers:type_name -> plugbus.plugin.v1.IncomingMessage.HeadersEntry
+	28, // 10: plugbus.plugin.v1.IncomingMessage.headers:type_name -> plugbus.plugin.v1.IncomingMessage.HeadersEntry
 	11, // 11: plugbus.plugin.v1.HandlingMessage.attributes:type_name -> plugbus.plugin.v1.Attributes
 	11, // 12: plugbus.plugin.v1.OutgoingMessage.attributes:type_name -> plugbus.plugin.v1.Attributes
-	28, // 13: plugbus.plugin.v1.OutgoingMessage.headers:type_name -> plugbus.plugin.v1.OutgoingMessage.HeadersEntry
-	29, // 14: plugbus.plugin.v1.Mutation.values:type_name -> plugbus.plugin.v1.Mutation.ValuesEntry
-	30, // 15: plugbus.plugin.v1.Mutation.sticky:type_name -> plugbus.plugin.v1.Mutation.StickyEntry
-	31, // 16: plugbus.plugin.v1.Mutation.headers:type_name -> plugbus.plugin.v1.Mutation.HeadersEntry
+	29, // 13: plugbus.plugin.v1.OutgoingMessage.headers:type_name -> plugbus.plugin.v1.OutgoingMessage.HeadersEntry
+	30, // 14: plugbus.plugin.v1.Mutation.values:type_name -> plugbus.plugin.v1.Mutation.ValuesEntry
+	31, // 15: plugbus.plugin.v1.Mutation.sticky:type_name -> plugbus.plugin.v1.Mutation.StickyEntry
+	32, // 16: plugbus.plugin.v1.Mutation.headers:type_name -> plugbus.plugin.v1.Mutation.HeadersEntry
 	0,  // 17: plugbus.plugin.v1.Invoke.stage:type_name -> plugbus.plugin.v1.Stage
 	12, // 18: plugbus.plugin.v1.Invoke.incoming:type_name -> plugbus.plugin.v1.IncomingMessage
 	13, // 19: plugbus.plugin.v1.Invoke.handling:type_name -> plugbus.plugin.v1.HandlingMessage
@@ -2025,26 +2144,29 @@ var file_plugin_proto_depIdxs = []int32{
 	16, // 22: plugbus.plugin.v1.HostFrame.invoke:type_name -> plugbus.plugin.v1.Invoke
 	17, // 23: plugbus.plugin.v1.HostFrame.next_result:type_name -> plugbus.plugin.v1.NextResult
 	18, // 24: plugbus.plugin.v1.HostFrame.cancel:type_name -> plugbus.plugin.v1.Cancel
-	15, // 25: plugbus.plugin.v1.NextCall.mutation:type_name -> plugbus.plugin.v1.Mutation
-	10, // 26: plugbus.plugin.v1.Done.error:type_name -> plugbus.plugin.v1.Error
-	15, // 27: plugbus.plugin.v1.Done.mutation:type_name -> plugbus.plugin.v1.Mutation
-	20, // 28: plugbus.plugin.v1.PluginFrame.next:type_name -> plugbus.plugin.v1.NextCall
-	21, // 29: plugbus.plugin.v1.PluginFrame.done:type_name -> plugbus.plugin.v1.Done
-	19, // 30: plugbus.plugin.v1.HostBatch.frames:type_name -> plugbus.plugin.v1.HostFrame
-	22, // 31: plugbus.plugin.v1.PluginBatch.frames:type_name -> plugbus.plugin.v1.PluginFrame
-	4,  // 32: plugbus.plugin.v1.Plugin.Describe:input_type -> plugbus.plugin.v1.DescribeRequest
-	6,  // 33: plugbus.plugin.v1.Plugin.Instantiate:input_type -> plugbus.plugin.v1.InstantiateRequest
-	8,  // 34: plugbus.plugin.v1.Plugin.Lifecycle:input_type -> plugbus.plugin.v1.LifecycleRequest
-	23, // 35: plugbus.plugin.v1.Plugin.Invoke:input_type -> plugbus.plugin.v1.HostBatch
-	5,  // 36: plugbus.plugin.v1.Plugin.Describe:output_type -> plugbus.plugin.v1.DescribeResponse
-	7,  // 37: plugbus.plugin.v1.Plugin.Instantiate:output_type -> plugbus.plugin.v1.InstantiateResponse
-	9,  // 38: plugbus.plugin.v1.Plugin.Lifecycle:output_type -> plugbus.plugin.v1.LifecycleResponse
-	24, // 39: plugbus.plugin.v1.Plugin.Invoke:output_type -> plugbus.plugin.v1.PluginBatch
-	36, // [36:40] is the sub-list for method output_type
-	32, // [32:36] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	19, // 25: plugbus.plugin.v1.HostFrame.release:type_name -> plugbus.plugin.v1.Release
+	15, // 26: plugbus.plugin.v1.NextCall.mutation:type_name -> plugbus.plugin.v1.Mutation
+	10, // 27: plugbus.plugin.v1.Done.error:type_name -> plugbus.plugin.v1.Error
+	15, // 28: plugbus.plugin.v1.Done.mutation:type_name -> plugbus.plugin.v1.Mutation
+	21, // 29: plugbus.plugin.v1.PluginFrame.next:type_name -> plugbus.plugin.v1.NextCall
+	22, // 30: plugbus.plugin.v1.PluginFrame.done:type_name -> plugbus.plugin.v1.Done
+	20, // 31: plugbus.plugin.v1.HostBatch.frames:type_name -> plugbus.plugin.v1.HostFrame
+	23, // 32: plugbus.plugin.v1.PluginBatch.frames:type_name -> plugbus.plugin.v1.PluginFrame
+	4,  // 33: plugbus.plugin.v1.Plugin.Describe:input_type -> plugbus.plugin.v1.DescribeRequest
+	6,  // 34: plugbus.plugin.v1.Plugin.Instantiate:input_type -> plugbus.plugin.v1.InstantiateRequest
+	8,  // 35: plugbus.plugin.v1.Plugin.Lifecycle:input_type -> plugbus.plugin.v1.LifecycleRequest
+	24, // 36: plugbus.plugin.v1.Plugin.Invoke:input_type -> plugbus.plugin.v1.HostBatch
+	20, // 37: plugbus.plugin.v1.Plugin.Call:input_type -> plugbus.plugin.v1.HostFrame
+	5,  // 38: plugbus.plugin.v1.Plugin.Describe:output_type -> plugbus.plugin.v1.DescribeResponse
+	7,  // 39: plugbus.plugin.v1.Plugin.Instantiate:output_type -> plugbus.plugin.v1.InstantiateResponse
+	9,  // 40: plugbus.plugin.v1.Plugin.Lifecycle:output_type -> plugbus.plugin.v1.LifecycleResponse
+	25, // 41: plugbus.plugin.v1.Plugin.Invoke:output_type -> plugbus.plugin.v1.PluginBatch
+	23, // 42: plugbus.plugin.v1.Plugin.Call:output_type -> plugbus.plugin.v1.PluginFrame
+	38, // [38:43] is the sub-list for method output_type
+	33, // [33:38] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_init() }
@@ -2057,12 +2179,13 @@ func file_plugin_proto_init() {
 		(*Invoke_Handling)(nil),
 		(*Invoke_Outgoing)(nil),
 	}
-	file_plugin_proto_msgTypes[16].OneofWrappers = []any{
+	file_plugin_proto_msgTypes[17].OneofWrappers = []any{
 		(*HostFrame_Invoke)(nil),
 		(*HostFrame_NextResult)(nil),
 		(*HostFrame_Cancel)(nil),
+		(*HostFrame_Release)(nil),
 	}
-	file_plugin_proto_msgTypes[19].OneofWrappers = []any{
+	file_plugin_proto_msgTypes[20].OneofWrappers = []any{
 		(*PluginFrame_Next)(nil),
 		(*PluginFrame_Done)(nil),
 	}
@@ -2072,7 +2195,7 @@ func file_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_rawDesc), len(file_plugin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

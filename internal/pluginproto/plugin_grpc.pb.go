@@ -31,6 +31,7 @@ const (
 	Plugin_Instantiate_FullMethodName = "/plugbus.plugin.v1.Plugin/Instantiate"
 	Plugin_Lifecycle_FullMethodName   = "/plugbus.plugin.v1.Plugin/Lifecycle"
 	Plugin_Invoke_FullMethodName      = "/plugbus.plugin.v1.Plugin/Invoke"
+	Plugin_Call_FullMethodName        = "/plugbus.plugin.v1.Plugin/Call"
 )
 
 // PluginClient is the client API for Plugin service.
@@ -47,6 +48,12 @@ type PluginClient interface {
 	// Invoke is a long-lived stream multiplexing every stage invocation,
 	// correlated by call id. Frames are batched.
 	Invoke(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostBatch, PluginBatch], error)
+	// Call is a stream that carries one invocation at a time, unbatched:
+	// the host keeps a pool of them and gives each invocation a stream of
+	// its own (Invoke, then Next/NextResult, then Done), and the plugin runs
+	// it on the stream's goroutine. Cancelling the stream cancels the
+	// invocation. A host sends a Release on any idle stream.
+	Call(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostFrame, PluginFrame], error)
 }
 
 type pluginClient struct {
@@ -100,6 +107,19 @@ func (c *pluginClient) Invoke(ctx context.Context, opts ...grpc.CallOption) (grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Plugin_InvokeClient = grpc.BidiStreamingClient[HostBatch, PluginBatch]
 
+func (c *pluginClient) Call(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostFrame, PluginFrame], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Plugin_ServiceDesc.Streams[1], Plugin_Call_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[HostFrame, PluginFrame]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Plugin_CallClient = grpc.BidiStreamingClient[HostFrame, PluginFrame]
+
 // PluginServer is the server API for Plugin service.
 // All implementations must embed UnimplementedPluginServer
 // for forward compatibility.
@@ -114,6 +134,12 @@ type PluginServer interface {
 	// Invoke is a long-lived stream multiplexing every stage invocation,
 	// correlated by call id. Frames are batched.
 	Invoke(grpc.BidiStreamingServer[HostBatch, PluginBatch]) error
+	// Call is a stream that carries one invocation at a time, unbatched:
+	// the host keeps a pool of them and gives each invocation a stream of
+	// its own (Invoke, then Next/NextResult, then Done), and the plugin runs
+	// it on the stream's goroutine. Cancelling the stream cancels the
+	// invocation. A host sends a Release on any idle stream.
+	Call(grpc.BidiStreamingServer[HostFrame, PluginFrame]) error
 	mustEmbedUnimplementedPluginServer()
 }
 
@@ -135,6 +161,9 @@ func (UnimplementedPluginServer) Lifecycle(context.Context, *LifecycleRequest) (
 }
 func (UnimplementedPluginServer) Invoke(grpc.BidiStreamingServer[HostBatch, PluginBatch]) error {
 	return status.Errorf(codes.Unimplemented, "method Invoke not implemented")
+}
+func (UnimplementedPluginServer) Call(grpc.BidiStreamingServer[HostFrame, PluginFrame]) error {
+	return status.Errorf(codes.Unimplemented, "method Call not implemented")
 }
 func (UnimplementedPluginServer) mustEmbedUnimplementedPluginServer() {}
 func (UnimplementedPluginServer) testEmbeddedByValue()                {}
@@ -218,6 +247,13 @@ func _Plugin_Invoke_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Plugin_InvokeServer = grpc.BidiStreamingServer[HostBatch, PluginBatch]
 
+func _Plugin_Call_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PluginServer).Call(&grpc.GenericServerStream[HostFrame, PluginFrame]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Plugin_CallServer = grpc.BidiStreamingServer[HostFrame, PluginFrame]
+
 // Plugin_ServiceDesc is the grpc.ServiceDesc for Plugin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -242,6 +278,12 @@ var Plugin_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Invoke",
 			Handler:       _Plugin_Invoke_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Call",
+			Handler:       _Plugin_Call_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

@@ -101,7 +101,14 @@ func BusStage(s Stage) bus.Stage {
 
 // FromAttributes encodes bus attributes.
 func FromAttributes(a bus.Attributes) *Attributes {
-	p := &Attributes{MessageId: a.MessageID, CorrelationId: a.CorrelationID}
+	p := new(Attributes)
+	SetAttributes(p, a)
+	return p
+}
+
+// SetAttributes encodes bus attributes into p, which it resets first.
+func SetAttributes(p *Attributes, a bus.Attributes) {
+	*p = Attributes{MessageId: a.MessageID, CorrelationId: a.CorrelationID}
 	if !a.SentAt.IsZero() {
 		p.SentAtUnixNano = a.SentAt.UnixNano()
 	}
@@ -119,7 +126,6 @@ func FromAttributes(a bus.Attributes) *Attributes {
 			}
 		}
 	}
-	return p
 }
 
 // ToAttributes decodes attributes. It takes ownership of p's maps.

@@ -1,6 +1,8 @@
 // Package tenancy is a small plugbus middleware that keeps tenants apart:
-// it stamps every outgoing message with a tenant header and rejects
-// incoming messages that carry none. It is an ordinary [bus.Plugin], used
+// it rejects incoming messages that carry no tenant header, hands the
+// tenant of the message being handled down through ctx, and stamps every
+// outgoing message with it: the handled message's tenant for sends made
+// while handling, the configured tenant otherwise. It is an ordinary [bus.Plugin], used
 // in process with bus.WithMiddleware or served from its own binary (see
 // the main package beside it) and loaded with package plugin.
 package tenancy
@@ -22,9 +24,24 @@ const Header = "x-tenant"
 // the message a tenant, so the bus dead-letters it at once.
 var ErrNoTenant = errors.New("tenancy: message has no tenant")
 
+// Errors declares the plugin's sentinel errors (sdk.ErrorDeclarer), so
+// that errors.Is(err, ErrNoTenant) holds on a host running the plugin out
+// of process, as it does in process.
+func (p *Plugin) Errors() []error { return []error{ErrNoTenant} }
+
+type tenantKey struct{}
+
+// FromContext returns the tenant of the message being handled, which the
+// incoming stage put into ctx.
+func FromContext(ctx context.Context) (string, bool) {
+	t, ok := ctx.Value(tenantKey{}).(string)
+	return t, ok
+}
+
 // Config configures the plugin. As JSON: {"tenant": "acme"}.
 type Config struct {
-	// Tenant is stamped on outgoing messages that have no tenant yet.
+	// Tenant is stamped on outgoing messages that have no tenant yet and
+	// are not sent while handling a message (those get its tenant).
 	Tenant string `json:"tenant"`
 }
 
@@ -60,15 +77,20 @@ func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
 			h := out.Headers()
 			if h[Header] == "" {
-				h[Header] = tenant
+				if t, ok := FromContext(ctx); ok {
+					h[Header] = t
+				} else {
+					h[Header] = tenant
+				}
 			}
 			return next(ctx)
 		},
 		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-			if t, ok := in.Header(Header); !ok || t == "" {
+			t, ok := in.Header(Header)
+			if !ok || t == "" {
 				return bus.Permanent(fmt.Errorf("%w: %s %s lacks the %q header; send it through a bus using the tenancy plugin", ErrNoTenant, in.Name(), in.Attributes().MessageID, Header))
 			}
-			return next(ctx)
+			return next(context.WithValue(ctx, tenantKey{}, t))
 		},
 	}, nil
 }

@@ -1,0 +1,121 @@
+// Command plugincost measures what an out-of-process plugbus plugin costs
+// against a raw go-plugin gRPC stream on the same transport and settings
+// (unix socket, AutoMTLS, static 1 MiB windows): one long-lived
+// bidirectional stream per worker echoing a message of the size of
+// plugbus's invocation, beside plugbus's before-only and around incoming
+// stage, with 1 and 16 workers, alternating the sides round by round. It
+// prints medians, the paired ratios to the raw stream and the targets.
+//
+//	cd bench && go run ./cmd/plugincost
+//	go run ./cmd/plugincost -rounds 9 -n 40000 -markdown
+//	go run ./cmd/plugincost -cpuprofile cpu.out   # the host process's profile
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+
+	"github.com/plugbus/plugbus/bench"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "plugincost:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var cfg bench.PluginCostConfig
+	workers := flag.String("workers", "1,16", "comma-separated worker counts")
+	flag.IntVar(&cfg.Rounds, "rounds", 7, "rounds of each side per worker count")
+	flag.IntVar(&cfg.N, "n", 20000, "messages per round (a tenth with one worker)")
+	flag.IntVar(&cfg.Streams, "streams", 0, "plugin.WithStreams for the plugbus sides (0: the default)")
+	markdown := flag.Bool("markdown", false, "print markdown tables")
+	verbose := flag.Bool("v", false, "print every round")
+	cpuProfile := flag.String("cpuprofile", "", "write the host process's CPU profile to this file")
+	flag.Parse()
+	for _, w := range strings.Split(*workers, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(w))
+		if err != nil || n < 1 {
+			return fmt.Errorf("-workers: %q is not a positive count", w)
+		}
+		cfg.Workers = append(cfg.Workers, n)
+	}
+	if *verbose {
+		cfg.Log = os.Stderr
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	res, err := bench.PluginCost(context.Background(), cfg)
+	if err != nil {
+		return err
+	}
+	return print(os.Stdout, res, *markdown)
+}
+
+func print(w io.Writer, res []bench.PluginCostResult, markdown bool) error {
+	note := ""
+	if len(res) > 0 {
+		note = fmt.Sprintf("payload: %d bytes each way (the size of plugbus's incoming invocation)", res[0].PayloadBytes)
+	}
+	rows := [][]string{{"workers", "side", "msg/s", "p50 µs", "p99 µs", "allocs/msg", "B/msg", "host CPU µs/msg", "plugin CPU µs/msg", "throughput vs raw", "p50 vs raw"}}
+	for _, r := range res {
+		rows = append(rows, []string{strconv.Itoa(r.Workers), r.Side, fmt.Sprintf("%.0f", r.MsgsPerSec),
+			fmt.Sprintf("%.1f", float64(r.P50.Nanoseconds())/1e3), fmt.Sprintf("%.1f", float64(r.P99.Nanoseconds())/1e3),
+			fmt.Sprintf("%.1f", r.AllocsPerMsg), fmt.Sprintf("%.0f", r.BytesPerMsg),
+			fmt.Sprintf("%.1f", float64(r.HostCPU.Nanoseconds())/1e3), fmt.Sprintf("%.1f", float64(r.PluginCPU.Nanoseconds())/1e3),
+			fmt.Sprintf("%.2fx", r.ThroughputRatio), fmt.Sprintf("%.2fx", r.P50Ratio)})
+	}
+	if err := bench.WriteRows(w, "out-of-process plugin cost against a raw go-plugin stream", note, rows, markdown); err != nil {
+		return err
+	}
+	find := func(side string, workers int) *bench.PluginCostResult {
+		for i := range res {
+			if res[i].Side == side && res[i].Workers == workers {
+				return &res[i]
+			}
+		}
+		return nil
+	}
+	targets := [][]string{{"target", "measured", "met"}}
+	add := func(name string, r *bench.PluginCostResult, f func(*bench.PluginCostResult) (string, bool)) {
+		if r == nil {
+			return
+		}
+		v, ok := f(r)
+		met := "no"
+		if ok {
+			met = "yes"
+		}
+		targets = append(targets, []string{name, v, met})
+	}
+	add("before-only, 16 workers: throughput >= 0.9x raw", find("plugbus before-only", 16), func(r *bench.PluginCostResult) (string, bool) {
+		return fmt.Sprintf("%.2fx", r.ThroughputRatio), r.ThroughputRatio >= 0.9
+	})
+	add("before-only, 1 worker: p50 <= 1.15x raw", find("plugbus before-only", 1), func(r *bench.PluginCostResult) (string, bool) {
+		return fmt.Sprintf("%.2fx", r.P50Ratio), r.P50Ratio <= 1.15
+	})
+	add("around, 1 worker: p50 <= 2.3x raw", find("plugbus around", 1), func(r *bench.PluginCostResult) (string, bool) {
+		return fmt.Sprintf("%.2fx", r.P50Ratio), r.P50Ratio <= 2.3
+	})
+	add("before-only: allocs/msg <= 16 (host, 1 worker)", find("plugbus before-only", 1), func(r *bench.PluginCostResult) (string, bool) {
+		return fmt.Sprintf("%.1f", r.AllocsPerMsg), r.AllocsPerMsg <= 16
+	})
+	return bench.WriteRows(w, "targets", "", targets, markdown)
+}

@@ -1,0 +1,414 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	goplugin "github.com/hashicorp/go-plugin"
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/pluginproto"
+	"github.com/plugbus/plugbus/plugin"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// NewPassPlugin returns the plugbus side's middleware: an incoming stage
+// that calls next. around adds code after next (it wraps next's error), so
+// that the stage costs two crossings; otherwise the stage ends with
+// `return next(ctx)` and the binary declares it before-only.
+func NewPassPlugin(around bool) bus.Plugin {
+	if !around {
+		return bus.Middleware{Name: "pass", Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) }}
+	}
+	return bus.Middleware{Name: "pass", Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+		if err := next(ctx); err != nil {
+			return fmt.Errorf("pass: %w", err)
+		}
+		return nil
+	}}
+}
+
+// PluginCostConfig configures [PluginCost].
+type PluginCostConfig struct {
+	// Workers are the concurrencies measured (default 1 and 16).
+	Workers []int
+	// Rounds of each side per concurrency (default 7), N messages per
+	// round and worker count (default 20000; a tenth with one worker).
+	Rounds, N int
+	// Streams is plugin.WithStreams for the plugbus sides (0: default).
+	Streams int
+	// Dir holds the built binaries (default: a temporary directory).
+	Dir string
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+}
+
+// PluginCostResult is one side at one concurrency: medians over rounds.
+type PluginCostResult struct {
+	Side    string
+	Workers int
+	// MsgsPerSec and P50 are medians of the rounds' throughput and p50
+	// latency; AllocsPerMsg and BytesPerMsg of the host process.
+	MsgsPerSec   float64
+	P50, P99     time.Duration
+	AllocsPerMsg float64
+	BytesPerMsg  float64
+	// HostCPU and PluginCPU are the CPU time per message of the host
+	// process and of the plugin process (medians; the plugin's from
+	// /proc, in clock ticks, so coarse for short rounds).
+	HostCPU, PluginCPU time.Duration
+	// ThroughputRatio and P50Ratio are the medians over rounds of this
+	// side's figure divided by the raw stream's in the same round.
+	ThroughputRatio, P50Ratio float64
+	// PayloadBytes is the size of the gRPC message the raw stream echoes:
+	// that of plugbus's incoming invocation of the benchmark message.
+	PayloadBytes int
+}
+
+// costSide is one side of the plugin cost benchmark at one concurrency.
+type costSide struct {
+	name  string
+	pid   int // the plugin process
+	round func(ctx context.Context, n int) ([]time.Duration, error)
+	close func()
+}
+
+type costSample struct {
+	hostCPU    time.Duration // per message
+	pluginCPU  time.Duration // per message
+	msgsPerSec float64
+	p50, p99   time.Duration
+	allocs     float64
+	bytes      float64
+}
+
+// PluginCost measures, in one run, a raw go-plugin gRPC stream echo (one
+// long-lived bidirectional stream per worker) against plugbus's
+// before-only and around incoming stage out of process, at each
+// concurrency, alternating the sides round by round; it returns medians
+// and the paired ratios to the raw stream.
+func PluginCost(ctx context.Context, cfg PluginCostConfig) ([]PluginCostResult, error) {
+	if cfg.Workers == nil {
+		cfg.Workers = []int{1, 16}
+	}
+	cfg.Rounds = max(cfg.Rounds, 0)
+	if cfg.Rounds == 0 {
+		cfg.Rounds = 7
+	}
+	if cfg.N == 0 {
+		cfg.N = 20000
+	}
+	logw := cfg.Log
+	if logw == nil {
+		logw = io.Discard
+	}
+	dir := cfg.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "plugbus-plugincost")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	raw, pass := filepath.Join(dir, "rawecho-plugin"), filepath.Join(dir, "pass-plugin")
+	rawSum, err := plugin.Build(ctx, "github.com/plugbus/plugbus/bench/cmd/rawecho-plugin", raw)
+	if err != nil {
+		return nil, err
+	}
+	passSum, err := plugin.Build(ctx, "github.com/plugbus/plugbus/bench/cmd/pass-plugin", pass)
+	if err != nil {
+		return nil, err
+	}
+	d := costDelivery()
+	payload := invocationSize(d)
+
+	var out []PluginCostResult
+	for _, workers := range cfg.Workers {
+		n := cfg.N
+		if workers == 1 {
+			n = max(cfg.N/10, 1)
+		}
+		sides, err := openCostSides(ctx, workers, raw, rawSum, pass, passSum, payload, d, cfg.Streams)
+		if err != nil {
+			return nil, err
+		}
+		res, err := runCostSides(ctx, sides, cfg.Rounds, n, logw, workers)
+		for _, s := range sides {
+			s.close()
+		}
+		if err != nil {
+			return nil, err
+		}
+		for i := range res {
+			res[i].PayloadBytes = payload
+		}
+		out = append(out, res...)
+	}
+	return out, nil
+}
+
+func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.Writer, workers int) ([]PluginCostResult, error) {
+	for _, s := range sides { // warm-up, not counted
+		if _, err := s.round(ctx, max(n/4, 1)); err != nil {
+			return nil, fmt.Errorf("warming up %s: %w", s.name, err)
+		}
+	}
+	samples := make([][]costSample, len(sides))
+	for r := range rounds {
+		for k := range sides {
+			i := (r + k) % len(sides)
+			runtime.GC()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			hostBefore, pluginBefore := processCPU(0), processCPU(sides[i].pid)
+			start := time.Now()
+			lat, err := sides[i].round(ctx, n)
+			elapsed := time.Since(start)
+			hostAfter, pluginAfter := processCPU(0), processCPU(sides[i].pid)
+			runtime.ReadMemStats(&after)
+			if err != nil {
+				return nil, fmt.Errorf("round %d of %s: %w", r+1, sides[i].name, err)
+			}
+			slices.Sort(lat)
+			sm := costSample{msgsPerSec: float64(len(lat)) / elapsed.Seconds(), p50: lat[len(lat)/2], p99: lat[len(lat)*99/100],
+				allocs: float64(after.Mallocs-before.Mallocs) / float64(len(lat)), bytes: float64(after.TotalAlloc-before.TotalAlloc) / float64(len(lat))}
+			sm.hostCPU = (hostAfter - hostBefore) / time.Duration(len(lat))
+			sm.pluginCPU = (pluginAfter - pluginBefore) / time.Duration(len(lat))
+			samples[i] = append(samples[i], sm)
+			fmt.Fprintf(logw, "workers=%d round %d %-22s %8.0f msg/s p50 %6.1f µs\n", workers, r+1, sides[i].name, sm.msgsPerSec, float64(sm.p50.Nanoseconds())/1e3)
+		}
+	}
+	res := make([]PluginCostResult, len(sides))
+	for i, s := range sides {
+		ss := samples[i]
+		med := func(f func(costSample) float64) float64 {
+			v := make([]float64, len(ss))
+			for j, x := range ss {
+				v[j] = f(x)
+			}
+			return Median(v)
+		}
+		ratio := func(f func(costSample) float64) float64 {
+			v := make([]float64, len(ss))
+			for j := range ss {
+				v[j] = f(ss[j]) / f(samples[0][j])
+			}
+			return Median(v)
+		}
+		res[i] = PluginCostResult{Side: s.name, Workers: workers,
+			MsgsPerSec:      med(func(x costSample) float64 { return x.msgsPerSec }),
+			P50:             time.Duration(med(func(x costSample) float64 { return float64(x.p50) })),
+			P99:             time.Duration(med(func(x costSample) float64 { return float64(x.p99) })),
+			AllocsPerMsg:    med(func(x costSample) float64 { return x.allocs }),
+			BytesPerMsg:     med(func(x costSample) float64 { return x.bytes }),
+			HostCPU:         time.Duration(med(func(x costSample) float64 { return float64(x.hostCPU) })),
+			PluginCPU:       time.Duration(med(func(x costSample) float64 { return float64(x.pluginCPU) })),
+			ThroughputRatio: ratio(func(x costSample) float64 { return x.msgsPerSec }),
+			P50Ratio:        ratio(func(x costSample) float64 { return float64(x.p50) }),
+		}
+	}
+	return res, nil
+}
+
+// openCostSides opens the raw stream side (first: the ratios' reference)
+// and the two plugbus sides for workers concurrent workers.
+func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum string, payload int, d *bus.Delivery, streams int) ([]costSide, error) {
+	rs, err := openRawEcho(ctx, workers, raw, rawSum, payload)
+	if err != nil {
+		return nil, err
+	}
+	sides := []costSide{rs}
+	for _, around := range []bool{false, true} {
+		s, err := openPlugbusSide(workers, pass, passSum, around, d, streams)
+		if err != nil {
+			for _, o := range sides {
+				o.close()
+			}
+			return nil, err
+		}
+		sides = append(sides, s)
+	}
+	return sides, nil
+}
+
+// openRawEcho starts the raw echo plugin as plugin.Load starts a plugbus
+// plugin and opens one stream per worker.
+func openRawEcho(ctx context.Context, workers int, path, sum string, payload int) (costSide, error) {
+	want, _ := hex.DecodeString(sum)
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  rawEchoHandshake,
+		VersionedPlugins: map[int]goplugin.PluginSet{1: {rawEchoKey: rawEchoPlugin{}}},
+		Cmd:              exec.Command(path),
+		SecureConfig:     &goplugin.SecureConfig{Checksum: want, Hash: sha256.New()},
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		GRPCDialOptions:  pluginproto.DialOptions(),
+		SkipHostEnv:      true,
+		Logger:           pluginproto.NewHCLogger(slog.New(slog.DiscardHandler)),
+	})
+	rpc, err := client.Client()
+	if err != nil {
+		client.Kill()
+		return costSide{}, fmt.Errorf("starting the raw echo plugin: %w", err)
+	}
+	rawConn, err := rpc.Dispense(rawEchoKey)
+	if err != nil {
+		client.Kill()
+		return costSide{}, err
+	}
+	conn := rawConn.(*grpc.ClientConn)
+	sctx, cancel := context.WithCancel(ctx)
+	streams := make([]grpc.ClientStream, workers)
+	for i := range streams {
+		if streams[i], err = conn.NewStream(sctx, &rawEchoDesc.Streams[0], "/plugbus.bench.Echo/Echo"); err != nil {
+			cancel()
+			client.Kill()
+			return costSide{}, err
+		}
+	}
+	body := make([]byte, payload-2) // a BytesValue of payload bytes on the wire
+	round := func(_ context.Context, n int) ([]time.Duration, error) {
+		return runWorkers(workers, n, func(w int) error {
+			out, in := &wrapperspb.BytesValue{Value: body}, new(wrapperspb.BytesValue)
+			if err := streams[w].SendMsg(out); err != nil {
+				return err
+			}
+			return streams[w].RecvMsg(in)
+		})
+	}
+	pid := 0
+	if rc := client.ReattachConfig(); rc != nil {
+		pid = rc.Pid
+	}
+	return costSide{name: "raw go-plugin stream", pid: pid, round: round, close: func() {
+		for _, s := range streams {
+			_ = s.CloseSend()
+		}
+		cancel()
+		client.Kill()
+	}}, nil
+}
+
+// openPlugbusSide loads the pass plugin and runs deliveries through a bus.
+func openPlugbusSide(workers int, path, sum string, around bool, d *bus.Delivery, streams int) (costSide, error) {
+	quiet := slog.New(slog.DiscardHandler)
+	opts := []plugin.Option{plugin.WithSHA256(sum), plugin.WithLogger(quiet)}
+	name := "plugbus before-only"
+	if around {
+		opts = append(opts, plugin.WithArgs("around"))
+		name = "plugbus around"
+	}
+	if streams > 0 {
+		opts = append(opts, plugin.WithStreams(streams))
+	}
+	p, err := plugin.Load(path, opts...)
+	if err != nil {
+		return costSide{}, err
+	}
+	b, err := bus.New(bus.WithEndpoint("bench"), bus.WithMiddleware(p), bus.WithLogger(quiet),
+		bus.WithHandler(func(context.Context, OrderPlaced, bus.Attributes) error { return nil }))
+	if err != nil {
+		p.Close()
+		return costSide{}, err
+	}
+	round := func(ctx context.Context, n int) ([]time.Duration, error) {
+		return runWorkers(workers, n, func(int) error { return b.Deliver(ctx, d) })
+	}
+	return costSide{name: name, pid: p.PID(), round: round, close: func() {
+		_ = b.Stop(context.Background())
+		p.Close()
+	}}, nil
+}
+
+// runWorkers runs op n times over workers goroutines and returns each
+// operation's latency.
+func runWorkers(workers, n int, op func(worker int) error) ([]time.Duration, error) {
+	lat := make([][]time.Duration, workers)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, workers)
+	for w := range workers {
+		lat[w] = make([]time.Duration, 0, n/workers+1)
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				t0 := time.Now()
+				if err := op(w); err != nil {
+					errs[w] = err
+					return
+				}
+				lat[w] = append(lat[w], time.Since(t0))
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return slices.Concat(lat...), nil
+}
+
+// costDelivery is the benchmark's received message.
+func costDelivery() *bus.Delivery {
+	body, _ := json.Marshal(OrderPlaced{ID: 1, Customer: "customer-0001", Amount: 42})
+	return &bus.Delivery{Envelope: bus.Envelope{Name: OrderPlaced{}.MessageName(), ContentType: "application/json", Body: body,
+		Attributes: bus.Attributes{MessageID: "0190a8f5-7c1e-7b3a-9d2f-1a2b3c4d5e6f", CorrelationID: "0190a8f5-7c1e-7b3a-9d2f-1a2b3c4d5e6f", SentAt: time.Now().UTC()}}, Attempt: 1}
+}
+
+// invocationSize is the size on the wire of plugbus's invocation of the
+// incoming stage for d.
+func invocationSize(d *bus.Delivery) int {
+	b := &pluginproto.HostBatch{Frames: []*pluginproto.HostFrame{{Call: 1 << 20, Kind: &pluginproto.HostFrame_Invoke{Invoke: &pluginproto.Invoke{
+		Instance: 1, Stage: pluginproto.Stage_STAGE_INCOMING, Subject: &pluginproto.Invoke_Incoming{Incoming: &pluginproto.IncomingMessage{
+			Name: d.Name, ContentType: d.ContentType, Body: d.Body, Attributes: pluginproto.FromAttributes(d.Attributes), Attempt: 1, Endpoint: "bench"}}}}}}}
+	return proto.Size(b)
+}
+
+// processCPU returns the user and system CPU time of process pid (this
+// process for 0), or 0 when it cannot be read.
+func processCPU(pid int) time.Duration {
+	if pid == 0 {
+		var ru syscall.Rusage
+		if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+			return 0
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// Fields after the command (which may hold spaces) start after ") ".
+	i := bytes.LastIndexByte(raw, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(raw[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	const ticksPerSecond = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / ticksPerSecond
+}
