@@ -32,6 +32,7 @@ func TestConformance(t *testing.T) {
 		DeadLetters:    adm.deadLetters,
 		Messages:       2000,
 		DurableDelays:  true,
+		Batch:          true,
 	})
 }
 
