@@ -16,11 +16,9 @@ import (
 
 // The producer suite measures sending alone: n persistent, mandatory,
 // JSON-encoded OrderPlaced messages into a durable queue, each side
-// returning once the broker confirmed every one. Each side's queue keeps
-// at most producerQueueLength messages (RabbitMQ drops the oldest), so
-// that rounds do not pile messages up and no consumer competes for the
-// two cores: the broker still stores and confirms every message.
-const producerQueueLength = 1000
+// returning once the broker confirmed every one. No consumer competes
+// for the two cores: each side's queue is purged before each of its
+// rounds, untimed ([Resetter]).
 
 // producerQueue declares a side's queue.
 func producerQueue(conn *amqp.Connection, prefix string) (string, error) {
@@ -30,16 +28,35 @@ func producerQueue(conn *amqp.Connection, prefix string) (string, error) {
 	}
 	defer ch.Close()
 	q := prefix + watermill.NewShortUUID()
-	_, err = ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-max-length": int32(producerQueueLength)})
+	_, err = ch.QueueDeclare(q, true, false, false, false, nil)
 	return q, err
+}
+
+// purge empties queue.
+func purge(url, queue string) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	_, err = ch.QueuePurge(queue, false)
+	return err
 }
 
 // rawProducer is amqp091-go by hand: one goroutine on one confirm
 // channel, keeping up to window publishes unconfirmed (deferred
-// confirmations, waiting for the oldest when window are outstanding).
+// confirmations, waiting for the oldest when window are outstanding);
+// or, with burst > 0, publishing burst messages per op and then waiting
+// for their confirms.
 type rawProducer struct {
 	url    string
 	window int
+	burst  int
 	queue  string
 	conn   *amqp.Connection
 	ch     *amqp.Channel
@@ -65,7 +82,22 @@ func NewRawProducer(_ context.Context, url string, window int) (Side, error) {
 	return s, nil
 }
 
+// NewRawBurst returns the raw client publishing burst messages per op,
+// then waiting for their burst confirms: what a flush of burst sends
+// costs the raw client.
+func NewRawBurst(ctx context.Context, url string, burst int) (Side, error) {
+	s, err := NewRawProducer(ctx, url, burst)
+	if err != nil {
+		return nil, err
+	}
+	s.(*rawProducer).burst = burst
+	return s, nil
+}
+
 func (s *rawProducer) Name() string {
+	if s.burst > 0 {
+		return fmt.Sprintf("amqp091-go, %d published then awaited", s.burst)
+	}
 	return fmt.Sprintf("amqp091-go, 1 goroutine, %d outstanding", s.window)
 }
 
@@ -81,8 +113,19 @@ func (s *rawProducer) Round(ctx context.Context, n int) error {
 		}
 		return err
 	}
+	if s.burst > 0 {
+		n *= s.burst
+	}
 	for i := 1; i <= n; i++ {
 		slot := i % s.window
+		if s.burst > 0 && slot == 0 {
+			for _, dc := range ring {
+				if err := wait(dc); err != nil {
+					return err
+				}
+			}
+			clear(ring)
+		}
 		if err := wait(ring[slot]); err != nil {
 			return err
 		}
@@ -104,6 +147,9 @@ func (s *rawProducer) Round(ctx context.Context, n int) error {
 	}
 	return nil
 }
+
+// Reset implements Resetter: it purges the side's queue.
+func (s *rawProducer) Reset(context.Context) error { return purge(s.url, s.queue) }
 
 func (s *rawProducer) Close(context.Context) error {
 	return errors.Join(s.conn.Close(), broker{s.url}.cleanup([]string{s.queue}, nil))
@@ -176,6 +222,9 @@ func (s *plugbusProducer) Round(ctx context.Context, n int) error {
 	return nil
 }
 
+// Reset implements Resetter: it purges the side's queue.
+func (s *plugbusProducer) Reset(context.Context) error { return purge(s.url, s.queue) }
+
 func (s *plugbusProducer) Close(ctx context.Context) error {
 	return errors.Join(s.b.Stop(ctx), broker{s.url}.cleanup([]string{s.queue}, nil))
 }
@@ -209,7 +258,7 @@ func NewPlugbusFlush(ctx context.Context, url string) (Side, error) {
 		return nil, err
 	}
 	s := &plugbusFlush{url: url, queue: queue, t: t}
-	s.b, err = bus.New(bus.WithTransport(t), bus.WithLogger(quiet),
+	s.b, err = bus.New(bus.WithTransport(t), bus.WithLogger(quiet), bus.WithEndpoint(queue), // never started: Deliver runs the handler
 		bus.WithHandler(func(ctx context.Context, m OrderPlaced, _ bus.Attributes) error {
 			for i := range FlushEvents {
 				if err := s.b.Send(ctx, order(m.ID*FlushEvents+i), bus.To(s.queue)); err != nil {
@@ -245,6 +294,9 @@ func (s *plugbusFlush) Round(ctx context.Context, n int) error {
 	}
 	return nil
 }
+
+// Reset implements Resetter: it purges the side's queue.
+func (s *plugbusFlush) Reset(context.Context) error { return purge(s.url, s.queue) }
 
 func (s *plugbusFlush) Close(ctx context.Context) error {
 	return errors.Join(s.t.Close(ctx), broker{s.url}.cleanup([]string{s.queue}, nil))

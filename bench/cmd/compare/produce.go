@@ -31,6 +31,7 @@ func produceSuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
 		func() (bench.Side, error) { return bench.NewPlugbusBatchProducer(ctx, c.amqpURL, 1000) },
 		func() (bench.Side, error) { return bench.NewPlugbusSendProducer(ctx, c.amqpURL, window) },
 		func() (bench.Side, error) { return bench.NewPlugbusSendProducer(ctx, c.amqpURL, 1) },
+		func() (bench.Side, error) { return bench.NewRawProducer(ctx, c.amqpURL, 1) },
 	)
 	if err != nil {
 		return nil, err
@@ -44,7 +45,7 @@ func produceSuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
 	}
 	t := bench.Table{
 		Title: "RabbitMQ producers: persistent, mandatory, confirmed sends into a durable queue",
-		Note: fmt.Sprintf("sending alone (no consumer; each queue keeps the last 1000): a round returns once the broker confirmed all %d messages; amqp091-go keeps %d deferred confirms outstanding on one channel; medians of %d alternating rounds",
+		Note: fmt.Sprintf("sending alone (no consumer; each queue purged before each round, untimed): a round returns once the broker confirmed all %d messages; amqp091-go keeps %d deferred confirms outstanding on one channel; medians of %d alternating rounds",
 			c.produceN, window, c.produceRounds),
 		Results: rs,
 	}
@@ -61,6 +62,7 @@ func produceSuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
 	flush, err := open(ctx,
 		func() (bench.Side, error) { return bench.NewRawProducer(ctx, c.amqpURL, 1) },
 		func() (bench.Side, error) { return bench.NewPlugbusFlush(ctx, c.amqpURL) },
+		func() (bench.Side, error) { return bench.NewRawBurst(ctx, c.amqpURL, bench.FlushEvents) },
 	)
 	if err != nil {
 		return nil, err
@@ -72,7 +74,7 @@ func produceSuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
 	}
 	t = bench.Table{
 		Title: "RabbitMQ: a handler's flush of 10 sends against one confirm round trip",
-		Note: fmt.Sprintf("one op: amqp091-go publishes one message and waits for its confirm (one round trip); plugbus runs a handler through Bus.Deliver that sends %d messages, flushed when it returns (one batch), until the broker confirmed all; medians of %d alternating rounds of %d ops",
+		Note: fmt.Sprintf("one op: amqp091-go publishes one message and waits for its confirm (one round trip); plugbus runs a handler through Bus.Deliver that sends %d messages, flushed when it returns (one batch), until the broker confirmed all; amqp091-go publishes as many and then waits for their confirms; medians of %d alternating rounds of %d ops",
 			bench.FlushEvents, c.produceRounds, c.flushN),
 		Results: rs,
 	}
@@ -80,6 +82,8 @@ func produceSuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
 		return nil, err
 	}
 	times := rs[1].NsPerMsg / rs[0].NsPerMsg
-	checks = append(checks, check{target: "RabbitMQ: a handler's flush of 10 sends <= 2x one confirm round trip", measured: fmt.Sprintf("%.2fx (%.0f µs vs %.0f µs)", times, rs[1].NsPerMsg/1e3, rs[0].NsPerMsg/1e3), met: times <= 2})
+	ceiling := rs[2].NsPerMsg / rs[0].NsPerMsg
+	checks = append(checks, check{target: "RabbitMQ: a handler's flush of 10 sends <= 2x one confirm round trip",
+		measured: fmt.Sprintf("%.2fx (%.0f µs vs %.0f µs; amqp091-go's 10 published then awaited: %.2fx)", times, rs[1].NsPerMsg/1e3, rs[0].NsPerMsg/1e3, ceiling), met: times <= 2})
 	return checks, nil
 }
