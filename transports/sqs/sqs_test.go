@@ -76,6 +76,7 @@ func TestConformance(t *testing.T) {
 		DelayUnit:      500 * time.Millisecond, // DelaySeconds counts whole seconds: a delay is rounded up, never carried early
 		Timeout:        2 * time.Minute,        // the outage test sends for 40 delay units
 		DurableDelays:  true,                   // a delayed copy waits in SQS
+		Batch:          true,
 		DeadLetters: func(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter {
 			return sqstest.DeadLetters(ctx, t, probe, endpoint, n)
 		},
