@@ -28,10 +28,8 @@ func produceSuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
 	sides, err := open(ctx,
 		func() (bench.Side, error) { return bench.NewRawProducer(ctx, c.amqpURL, window) },
 		func() (bench.Side, error) { return bench.NewPlugbusBatchProducer(ctx, c.amqpURL, window) },
-		func() (bench.Side, error) { return bench.NewPlugbusBatchProducer(ctx, c.amqpURL, 1000) },
+		func() (bench.Side, error) { return bench.NewPlugbusBatchProducer(ctx, c.amqpURL, c.produceN) },
 		func() (bench.Side, error) { return bench.NewPlugbusSendProducer(ctx, c.amqpURL, window) },
-		func() (bench.Side, error) { return bench.NewPlugbusSendProducer(ctx, c.amqpURL, 1) },
-		func() (bench.Side, error) { return bench.NewRawProducer(ctx, c.amqpURL, 1) },
 	)
 	if err != nil {
 		return nil, err
@@ -55,7 +53,7 @@ func produceSuite(ctx context.Context, w io.Writer, c config) ([]check, error) {
 	raw := rs[0]
 	batch, send := bench.PairedRatio(rs[1], raw), bench.PairedRatio(rs[3], raw)
 	checks := []check{
-		{target: "RabbitMQ: one goroutine, SendBatch, >= 95% of amqp091-go with 256 outstanding", measured: fmt.Sprintf("%.1f%% (batches of 256; of 1000: %.1f%%)", 100*batch, 100*bench.PairedRatio(rs[2], raw)), met: batch >= 0.95},
+		{target: "RabbitMQ: one goroutine, SendBatch, >= 95% of amqp091-go with 256 outstanding", measured: fmt.Sprintf("%.1f%% (batches of 256; one batch of the whole round: %.1f%%)", 100*batch, 100*bench.PairedRatio(rs[2], raw)), met: batch >= 0.95},
 		{target: "RabbitMQ: 256 concurrent Send callers >= 95% of amqp091-go with 256 outstanding", measured: fmt.Sprintf("%.1f%%", 100*send), met: send >= 0.95},
 	}
 
