@@ -108,14 +108,9 @@ func (b *Bus) transmitBatch(ctx context.Context, ms []Outbound) error {
 		}
 		return be
 	}
-	var failures []BatchFailure
+	errs := make([]error, len(ms))
 	for i, m := range ms {
-		if err := b.transmit(ctx, m); err != nil {
-			failures = append(failures, BatchFailure{Index: i, Err: err})
-		}
+		errs[i] = b.transmit(ctx, m)
 	}
-	if failures == nil {
-		return nil
-	}
-	return &BatchError{Len: len(ms), Failures: failures}
+	return BatchResult(errs)
 }

@@ -292,3 +292,19 @@ func (e *BatchError) Failed(i int) bool {
 	_, found := slices.BinarySearchFunc(e.Failures, i, func(f BatchFailure, i int) int { return f.Index - i })
 	return found
 }
+
+// BatchResult returns the result of a batch whose message i ended with
+// errs[i] (nil: confirmed): nil when every one is nil, else a
+// [*BatchError] naming the others. A [Batcher] returns it.
+func BatchResult(errs []error) error {
+	var failures []BatchFailure
+	for i, err := range errs {
+		if err != nil {
+			failures = append(failures, BatchFailure{Index: i, Err: err})
+		}
+	}
+	if failures == nil {
+		return nil
+	}
+	return &BatchError{Len: len(errs), Failures: failures}
+}

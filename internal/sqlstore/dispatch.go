@@ -300,20 +300,13 @@ func (s *Store) dispatchAll(ctx context.Context, batch []batchRow, dispatch func
 // ctx's error.
 func oneByOne(dispatch func(context.Context, bus.Outbound) error) func(context.Context, []bus.Outbound) error {
 	return func(ctx context.Context, ms []bus.Outbound) error {
-		var failures []bus.BatchFailure
+		errs := make([]error, len(ms))
 		for i, m := range ms {
-			err := ctx.Err()
-			if err == nil {
-				err = dispatch(ctx, m)
-			}
-			if err != nil {
-				failures = append(failures, bus.BatchFailure{Index: i, Err: err})
+			if errs[i] = ctx.Err(); errs[i] == nil {
+				errs[i] = dispatch(ctx, m)
 			}
 		}
-		if failures == nil {
-			return nil
-		}
-		return &bus.BatchError{Len: len(ms), Failures: failures}
+		return bus.BatchResult(errs)
 	}
 }
 

@@ -83,16 +83,7 @@ func (t *Transport) SendBatch(ctx context.Context, batch []bus.Outbound) error {
 			errs[i] = t.Send(ctx, m.Envelope, m.Destination)
 		}
 	}
-	var failures []bus.BatchFailure
-	for i, err := range errs {
-		if err != nil {
-			failures = append(failures, bus.BatchFailure{Index: i, Err: err})
-		}
-	}
-	if failures != nil {
-		return &bus.BatchError{Len: len(batch), Failures: failures}
-	}
-	return nil
+	return bus.BatchResult(errs)
 }
 
 // inflight is a message of a batch published and not yet confirmed.

@@ -80,16 +80,7 @@ func (t *Transport) SendBatch(ctx context.Context, batch []bus.Outbound) error {
 		})
 	}
 	wg.Wait()
-	var failures []bus.BatchFailure
-	for i, err := range errs {
-		if err != nil {
-			failures = append(failures, bus.BatchFailure{Index: i, Err: err})
-		}
-	}
-	if failures != nil {
-		return &bus.BatchError{Len: len(batch), Failures: failures}
-	}
-	return nil
+	return bus.BatchResult(errs)
 }
 
 // batchCall is one SendMessageBatch (to the queue URL of queued) or
@@ -117,21 +108,17 @@ func (t *Transport) sendBatch(ctx context.Context, batch []bus.Outbound, c *batc
 		}
 		return
 	}
-	answered := make([]bool, len(c.index))
-	for _, ok := range out.Successful {
-		if j, in := entryIndex(ok.Id, len(c.index)); in {
-			answered[j] = true
-		}
+	ok := make([]*string, len(out.Successful))
+	for k, e := range out.Successful {
+		ok[k] = e.Id
 	}
-	for _, f := range out.Failed {
-		if j, in := entryIndex(f.Id, len(c.index)); in {
-			answered[j] = true
-			i := c.index[j]
-			errs[i] = fmt.Errorf("sqs: send %s to endpoint %s: %w", batch[i].Envelope.Name, batch[i].Destination,
-				&EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault})
-		}
+	failed := make([]entryFailure, len(out.Failed))
+	for k, f := range out.Failed {
+		failed[k] = entryFailure{f.Id, &EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault}}
 	}
-	unanswered(c, answered, errs)
+	c.answer(ok, failed, errs, func(i int, err error) error {
+		return fmt.Errorf("sqs: send %s to endpoint %s: %w", batch[i].Envelope.Name, batch[i].Destination, err)
+	})
 }
 
 // publishBatch makes call c, setting errs of the entries that failed.
@@ -148,28 +135,44 @@ func (t *Transport) publishBatch(ctx context.Context, batch []bus.Outbound, c *b
 		}
 		return
 	}
-	answered := make([]bool, len(c.index))
-	for _, ok := range out.Successful {
-		if j, in := entryIndex(ok.Id, len(c.index)); in {
-			answered[j] = true
-		}
+	ok := make([]*string, len(out.Successful))
+	for k, e := range out.Successful {
+		ok[k] = e.Id
 	}
-	for _, f := range out.Failed {
-		if j, in := entryIndex(f.Id, len(c.index)); in {
-			answered[j] = true
-			i := c.index[j]
-			errs[i] = fmt.Errorf("sqs: publish %s to topic %s: %w", batch[i].Envelope.Name, arn,
-				&EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault})
-		}
+	failed := make([]entryFailure, len(out.Failed))
+	for k, f := range out.Failed {
+		failed[k] = entryFailure{f.Id, &EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault}}
 	}
-	unanswered(c, answered, errs)
+	c.answer(ok, failed, errs, func(i int, err error) error {
+		return fmt.Errorf("sqs: publish %s to topic %s: %w", batch[i].Envelope.Name, arn, err)
+	})
 }
 
-// unanswered fails each entry of c the answer named neither successful
-// nor failed: nothing is reported as sent that was not confirmed.
-func unanswered(c *batchCall, answered []bool, errs []error) {
-	for j, ok := range answered {
-		if !ok {
+// entryFailure is an entry a batch call's answer names as failed.
+type entryFailure struct {
+	id  *string
+	err *EntryError
+}
+
+// answer sets errs of the entries of c from the call's answer: ok names
+// the entries sent, failed those refused (wrapped by wrap with their
+// index in the batch), and an entry the answer does not name fails too:
+// nothing is reported as sent that was not confirmed.
+func (c *batchCall) answer(ok []*string, failed []entryFailure, errs []error, wrap func(i int, err error) error) {
+	answered := make([]bool, len(c.index))
+	for _, id := range ok {
+		if j, in := entryIndex(id, len(c.index)); in {
+			answered[j] = true
+		}
+	}
+	for _, f := range failed {
+		if j, in := entryIndex(f.id, len(c.index)); in {
+			answered[j] = true
+			errs[c.index[j]] = wrap(c.index[j], f.err)
+		}
+	}
+	for j, done := range answered {
+		if !done {
 			errs[c.index[j]] = fmt.Errorf("sqs: the batch call to %s did not answer for entry %d: it may or may not have been sent", c.target, j)
 		}
 	}
