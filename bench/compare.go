@@ -30,6 +30,13 @@ type Result struct {
 	Samples                                         []Sample
 }
 
+// Resetter is implemented by a side that must be brought back to the
+// same state before each round (a producer's queue emptied); Compare
+// calls Reset before each round, untimed.
+type Resetter interface {
+	Reset(ctx context.Context) error
+}
+
 // measure runs one round of s and what it allocated in the process.
 func measure(ctx context.Context, s Side, n int) (Sample, error) {
 	var before, after runtime.MemStats
@@ -56,6 +63,11 @@ func Compare(ctx context.Context, sides []Side, rounds, n int) ([]Result, error)
 	for r := range rounds {
 		for k := range sides {
 			i := (r + k) % len(sides)
+			if rs, ok := sides[i].(Resetter); ok {
+				if err := rs.Reset(ctx); err != nil {
+					return nil, fmt.Errorf("resetting %s: %w", sides[i].Name(), err)
+				}
+			}
 			runtime.GC() // start every round from the same heap state
 			sm, err := measure(ctx, sides[i], n)
 			if err != nil {

@@ -35,6 +35,7 @@ type Bus struct {
 	retryFor           map[string]RetryPolicy // WithRetryFor, by message name
 	maxAttempts        int                    // the most any policy delivers a message: Topology.MaxAttempts
 	delayer            Delayer                // the transport, when it carries delays
+	batcher            Batcher                // the transport, when it takes batches
 	concurrency        int
 	handlers           map[string][]*handler // by message name
 	handledNames       []string              // the keys of handlers, sorted
@@ -106,6 +107,7 @@ func New(opts ...Option) (*Bus, error) {
 		b.lendEnvelopes = ec.CopiesEnvelopes()
 	}
 	b.delayer, _ = c.transport.(Delayer)
+	b.batcher, _ = c.transport.(Batcher)
 	if rc, ok := c.transport.(ReceiveCounter); ok {
 		b.countsReceives = rc.CountsReceives()
 	}

@@ -82,7 +82,17 @@
 // A Send or Publish inside a handler is buffered in that handler's outbox
 // (the handler scope travels in ctx) and handed to the transport only when
 // that handler succeeds; flushing never re-runs outgoing middleware. A
-// durable outbox plugin replaces the buffer ([Handling.UseOutbox]).
+// durable outbox plugin replaces the buffer ([Handling.UseOutbox]). The
+// flush hands the handler's sends to the transport as one batch, so on a
+// [Batcher] transport N sends cost about one confirmation round trip.
+//
+// # Batches
+//
+// [Bus.SendBatch] and [Bus.PublishBatch] run each message through the
+// outgoing stage and hand the transport the batch; the result names, by
+// index, each message that was not sent ([*BatchError]), and nothing is
+// reported as sent unless the broker confirmed it. A transport without
+// [Batcher] gets the messages one by one.
 //
 // # Failures
 //
@@ -146,6 +156,7 @@
 //	Connector             holds a connection; Connect waits for it             the bus, at Start of a send-only bus
 //	Delayer               delivers a returned message after a delay            the bus, for delayed retries (RetryPolicy)
 //	                      and honours Envelope.Due in Send and Publish         Delay, At (scheduling)
+//	Batcher               takes many messages at once, confirms each           SendBatch, PublishBatch, the flush, outbox relay
 //	InstanceQueuer        a queue of this bus instance alone                   New, for middleware such as requestreply
 //	InstanceReceiver      receives from the instance queue alone               the bus, for replies while handlers wait
 //	MessagingSystemNamer  names its messaging system                           plugins/otel (messaging.system)

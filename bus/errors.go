@@ -3,6 +3,7 @@ package bus
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -31,6 +32,8 @@ var (
 	ErrNoRoute = errors.New("bus: no route for message")
 	// ErrDelayTooLong is matched by [*DelayTooLongError].
 	ErrDelayTooLong = errors.New("bus: delivery delay beyond what the transport carries")
+	// ErrBatchIncomplete is matched by [*BatchError].
+	ErrBatchIncomplete = errors.New("bus: messages of a batch were not sent")
 	// ErrPanic is matched by [*PanicError].
 	ErrPanic = errors.New("bus: panic")
 )
@@ -237,3 +240,71 @@ func (e *DelayTooLongError) Error() string {
 
 // Is reports whether target is ErrDelayTooLong.
 func (e *DelayTooLongError) Is(target error) bool { return target == ErrDelayTooLong }
+
+// BatchFailure is one message of a batch that was not sent: its index in
+// the batch and why.
+type BatchFailure struct {
+	Index int
+	Err   error
+}
+
+// BatchError is returned by [Bus.SendBatch], [Bus.PublishBatch],
+// [Bus.DispatchBatch] and a [Batcher] when some messages of a batch were
+// not sent. Failures lists them by index, in order; every message of the
+// batch it does not name was confirmed by the broker (or, on the bus,
+// dropped by an outgoing middleware that did not call next, as [Bus.Send]
+// reports nil for one). errors.Is and errors.As see each failure's error
+// through it (for example [ErrClosed]).
+type BatchError struct {
+	// Len is the number of messages in the batch.
+	Len      int
+	Failures []BatchFailure
+}
+
+// Error implements error.
+func (e *BatchError) Error() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "bus: %d of %d messages of the batch were not sent", len(e.Failures), e.Len)
+	for i, f := range e.Failures {
+		if i == 3 {
+			fmt.Fprintf(&s, "; and %d more", len(e.Failures)-i)
+			break
+		}
+		fmt.Fprintf(&s, "; message %d: %v", f.Index, f.Err)
+	}
+	return s.String()
+}
+
+// Is reports whether target is ErrBatchIncomplete.
+func (e *BatchError) Is(target error) bool { return target == ErrBatchIncomplete }
+
+// Unwrap returns the failures' errors.
+func (e *BatchError) Unwrap() []error {
+	errs := make([]error, len(e.Failures))
+	for i, f := range e.Failures {
+		errs[i] = f.Err
+	}
+	return errs
+}
+
+// Failed reports whether the message at index i of the batch was not sent.
+func (e *BatchError) Failed(i int) bool {
+	_, found := slices.BinarySearchFunc(e.Failures, i, func(f BatchFailure, i int) int { return f.Index - i })
+	return found
+}
+
+// BatchResult returns the result of a batch whose message i ended with
+// errs[i] (nil: confirmed): nil when every one is nil, else a
+// [*BatchError] naming the others. A [Batcher] returns it.
+func BatchResult(errs []error) error {
+	var failures []BatchFailure
+	for i, err := range errs {
+		if err != nil {
+			failures = append(failures, BatchFailure{Index: i, Err: err})
+		}
+	}
+	if failures == nil {
+		return nil
+	}
+	return &BatchError{Len: len(errs), Failures: failures}
+}

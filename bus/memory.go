@@ -129,6 +129,14 @@ func (q *memQueue) push(it *memItem, front bool) {
 	q.wake()
 }
 
+// pushAll appends items under one lock.
+func (q *memQueue) pushAll(items []*memItem) {
+	q.mu.Lock()
+	q.items = append(q.items, items...)
+	q.mu.Unlock()
+	q.wake()
+}
+
 func (q *memQueue) popOrNil() *memItem {
 	if q == nil {
 		return nil
@@ -311,6 +319,83 @@ func (t *memTransport) Publish(ctx context.Context, env *Envelope) error {
 		t.broker.enqueue(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, env.Due)
 	}
 	return nil
+}
+
+// SendBatch implements [Batcher]: it resolves every message's queues
+// under one lock of the broker and puts each queue's share of the batch
+// on it under one lock of that queue, in batch order. A message with no
+// destination fails alone; an Envelope.Due ahead waits in the delay heap.
+func (t *memTransport) SendBatch(ctx context.Context, batch []Outbound) error {
+	if err := t.check(ctx); err != nil {
+		return err
+	}
+	var failures []BatchFailure
+	items := make([]memItem, 0, len(batch)) // one allocation for the batch's sends
+	var pushes []memPush
+	t.broker.mu.Lock()
+	for i, m := range batch {
+		if m.Kind == KindPublish {
+			for e := range t.broker.subs[m.Envelope.Name] {
+				pushes = appendPush(pushes, &memItem{env: copyEnvelope(m.Envelope), attempt: 1, q: t.broker.queueLocked(e)}, m.Envelope.Due)
+			}
+			continue
+		}
+		if m.Destination == "" {
+			failures = append(failures, BatchFailure{Index: i, Err: fmt.Errorf("memory: send %s: %w: no destination", m.Envelope.Name, ErrNoRoute)})
+			continue
+		}
+		if _, gone := t.broker.gone[m.Destination]; gone {
+			continue // as Send: the instance that asked is gone
+		}
+		items = append(items, memItem{env: copyEnvelope(m.Envelope), attempt: 1, q: t.broker.queueLocked(m.Destination)})
+		pushes = appendPush(pushes, &items[len(items)-1], m.Envelope.Due)
+	}
+	t.broker.mu.Unlock()
+	for i := range pushes {
+		p := &pushes[i]
+		if p.due {
+			for _, it := range p.items {
+				t.broker.enqueue(it.it, it.due)
+			}
+			continue
+		}
+		p.q.pushAll(p.now)
+	}
+	if failures != nil {
+		return &BatchError{Len: len(batch), Failures: failures}
+	}
+	return nil
+}
+
+// memPush is the share of a batch for one queue (now), or the batch's
+// delayed items (due).
+type memPush struct {
+	q     *memQueue
+	now   []*memItem
+	due   bool
+	items []memDelayed
+}
+
+// appendPush adds it to the share of its queue in pushes, or to the
+// delayed share when due lies ahead. Batches go to few queues: a linear
+// search beats a map.
+func appendPush(pushes []memPush, it *memItem, due time.Time) []memPush {
+	if !due.IsZero() && time.Until(due) > 0 {
+		for i := range pushes {
+			if pushes[i].due {
+				pushes[i].items = append(pushes[i].items, memDelayed{it: it, due: due})
+				return pushes
+			}
+		}
+		return append(pushes, memPush{due: true, items: []memDelayed{{it: it, due: due}}})
+	}
+	for i := range pushes {
+		if !pushes[i].due && pushes[i].q == it.q {
+			pushes[i].now = append(pushes[i].now, it)
+			return pushes
+		}
+	}
+	return append(pushes, memPush{q: it.q, now: []*memItem{it}})
 }
 
 // InstanceAddress returns the destination of this transport's own queue,
@@ -585,4 +670,5 @@ var (
 	_ InstanceQueuer   = (*memTransport)(nil)
 	_ InstanceReceiver = (*memTransport)(nil)
 	_ EnvelopeCopier   = (*memTransport)(nil)
+	_ Batcher          = (*memTransport)(nil)
 )

@@ -203,10 +203,22 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, 
 		// Deliver caller's own deadline still bounds its flush.
 		ctx = context.WithoutCancel(ctx)
 	}
-	for i, m := range sent {
-		if err := b.transmit(ctx, m); err != nil {
-			return fmt.Errorf("bus: flushing message %d of %d (%s) from handler %s: %w", i+1, len(sent), m.Envelope.Name, h.name, err)
+	if len(sent) == 1 {
+		if err := b.transmit(ctx, sent[0]); err != nil {
+			return fmt.Errorf("bus: flushing message 1 of 1 (%s) from handler %s: %w", sent[0].Envelope.Name, h.name, err)
 		}
+		return nil
+	}
+	// One batch: a Batcher transport awaits the confirmations of all the
+	// handler's sends at once.
+	if err := b.transmitBatch(ctx, sent); err != nil {
+		var be *BatchError
+		if errors.As(err, &be) && len(be.Failures) > 0 {
+			f := be.Failures[0]
+			return fmt.Errorf("bus: flushing %d messages from handler %s: message %d of %d (%s) first of %d not sent: %w",
+				len(sent), h.name, f.Index+1, len(sent), sent[f.Index].Envelope.Name, len(be.Failures), err)
+		}
+		return fmt.Errorf("bus: flushing %d messages from handler %s: %w", len(sent), h.name, err)
 	}
 	return nil
 }

@@ -23,7 +23,14 @@ func (b *Bus) Publish(ctx context.Context, msg Message, opts ...SendOption) erro
 	return b.emit(ctx, KindPublish, msg, opts)
 }
 
-func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOption) (err error) {
+func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOption) error {
+	return b.emitInto(ctx, kind, msg, opts, nil)
+}
+
+// emitInto runs msg through the outgoing stage. With batch non-nil (only
+// outside a handler and an outbox) the terminal step appends the finished
+// message to it instead of handing it to the transport.
+func (b *Bus) emitInto(ctx context.Context, kind Kind, msg Message, opts []SendOption, batch *[]Outbound) (err error) {
 	if b.state.Load() == stateClosed {
 		return ErrClosed
 	}
@@ -72,6 +79,9 @@ func (b *Bus) emit(ctx context.Context, kind Kind, msg Message, opts []SendOptio
 	// inside a handler; Immediately goes past every outbox.
 	if !cfg.immediate {
 		r.contextOutbox = outboxFrom(ctx, b)
+	}
+	if batch != nil && !r.holds() {
+		r.batch = batch
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -144,6 +154,10 @@ func (r *outgoingRun) store(ctx context.Context) error {
 	}
 	m, o := r.held, r.contextOutbox
 	r.held = Outbound{}
+	if r.batch != nil {
+		*r.batch = append(*r.batch, m)
+		return nil
+	}
 	if o != nil {
 		return o.Add(ctx, m)
 	}

@@ -200,11 +200,14 @@ type outgoingRun struct {
 	contextOutbox Outbox        // the outbox in the caller's context; nil: the handler's buffer, if bufferInHandler
 	holdStarted   atomic.Uint64 // the last epoch whose terminal step started holding
 	held          Outbound      // the held message; Envelope nil when none
+	batch         *[]Outbound   // where a batch outside a handler collects held messages; nil: none
 }
 
 // holds reports whether the terminal step holds the message for emit to
 // store, rather than handing it to the transport.
-func (r *outgoingRun) holds() bool { return r.bufferInHandler || r.contextOutbox != nil }
+func (r *outgoingRun) holds() bool {
+	return r.bufferInHandler || r.contextOutbox != nil || r.batch != nil
+}
 
 const (
 	ownValues uint8 = 1 << iota
@@ -225,7 +228,7 @@ func newOutgoingRun(b *Bus, p *pipe[Outgoing]) *outgoingRun {
 
 func (r *outgoingRun) reset() {
 	r.msg, r.scope, r.headers, r.bufferInHandler = nil, nil, nil, false
-	r.held, r.contextOutbox = Outbound{}, nil
+	r.held, r.contextOutbox, r.batch = Outbound{}, nil, nil
 	r.attrs = Attributes{}
 	r.owned = 0
 	r.due = time.Time{}

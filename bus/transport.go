@@ -211,6 +211,27 @@ type Delayer interface {
 	MaxDelay() time.Duration
 }
 
+// Batcher is implemented by transports that can hand many finished
+// messages to the broker at once and report, per message, whether the
+// broker confirmed it. [Bus.SendBatch], [Bus.PublishBatch], the flush of
+// a handler's sends and [Bus.DispatchBatch] (the outbox relay) use it;
+// without it the bus hands the messages to Send and Publish one by one,
+// each waiting for its own confirmation.
+//
+// SendBatch sends the sends and publishes the publishes of batch, as Send
+// and Publish would (an Envelope.Due ahead goes through the transport's
+// delay path), and returns once the broker confirmed or refused each. It
+// returns nil when every message was confirmed, and a [*BatchError] whose
+// Failures name, by index in batch, each message that was not (with why)
+// when some were not: every message it does not name was confirmed. Any
+// other error means that no message of the batch is known to be
+// confirmed: the bus reports each as failed with it. Like Send, it may be
+// called concurrently and keeps no pointer into batch once it returns
+// when the transport is an [EnvelopeCopier].
+type Batcher interface {
+	SendBatch(ctx context.Context, batch []Outbound) error
+}
+
 // Connector is implemented by transports that hold a connection to a
 // broker. Start calls Connect on a bus that does not receive (a send-only
 // bus, which never calls Setup), so that Start fails, when ctx ends, on a

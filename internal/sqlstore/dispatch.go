@@ -153,6 +153,17 @@ func (e *DispatchError) Is(target error) bool { return target == ErrParked && e.
 // the message to the transport again, with the same message id. It returns
 // how many were dispatched.
 func (s *Store) DispatchPending(ctx context.Context, limit int, dispatch func(context.Context, bus.Outbound) error) (int, error) {
+	return s.DispatchPendingBatch(ctx, limit, oneByOne(dispatch))
+}
+
+// DispatchPendingBatch is [Store.DispatchPending] handing the claimed
+// messages to dispatch as one batch (bus.Bus.DispatchBatch: one confirm
+// round trip on a transport that takes batches). dispatch returns nil
+// when every message was accepted, a *bus.BatchError naming by index those
+// that were not (each such row records its error and is retried, or
+// parked, as with DispatchPending), or any other error, which counts
+// against every message of the batch.
+func (s *Store) DispatchPendingBatch(ctx context.Context, limit int, dispatch func(context.Context, []bus.Outbound) error) (int, error) {
 	if limit < 1 {
 		limit = 1
 	}
@@ -183,7 +194,7 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-func (s *Store) dispatchWithRowLocks(ctx context.Context, limit int, dispatch func(context.Context, bus.Outbound) error) (int, error) {
+func (s *Store) dispatchWithRowLocks(ctx context.Context, limit int, dispatch func(context.Context, []bus.Outbound) error) (int, error) {
 	// Not ctx: database/sql rolls a transaction back when its context is
 	// done, and what was dispatched before a Stop must still be marked.
 	// The watchdog cancels it when a step on the database outlives the
@@ -243,30 +254,73 @@ func readBatch(rows *sql.Rows, limit int) ([]batchRow, error) {
 	return batch, nil
 }
 
-// dispatchAll dispatches batch until ctx is done. It returns the ids
-// dispatched, the rows refused, and ctx's error when it stopped early.
-func (s *Store) dispatchAll(ctx context.Context, batch []batchRow, dispatch func(context.Context, bus.Outbound) error) ([]int64, []*DispatchError, error) {
-	sent := make([]int64, 0, len(batch))
+// dispatchAll dispatches batch as one batch. It returns the ids
+// dispatched, the rows refused, and ctx's error when ctx ended: a message
+// the cancellation interrupted is neither dispatched nor refused.
+func (s *Store) dispatchAll(ctx context.Context, batch []batchRow, dispatch func(context.Context, []bus.Outbound) error) ([]int64, []*DispatchError, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
 	var failed []*DispatchError
-	for _, r := range batch {
-		if err := ctx.Err(); err != nil {
-			return sent, failed, err
-		}
-		err := r.undecodable
-		if err == nil {
-			if err = dispatch(ctx, r.msg); err == nil {
-				sent = append(sent, r.id)
-				continue
-			}
-			if cerr := ctx.Err(); cerr != nil {
-				return sent, failed, cerr // interrupted, not refused
-			}
-		}
+	refuse := func(r batchRow, err error) {
 		de := &DispatchError{ID: r.id, MessageID: r.msg.Envelope.Attributes.MessageID, Name: r.msg.Envelope.Name, Attempts: r.attempts + 1, Err: err}
 		de.Parked = r.undecodable != nil || de.Attempts >= s.retry.attempts
 		failed = append(failed, de)
 	}
-	return sent, failed, nil
+	msgs := make([]bus.Outbound, 0, len(batch))
+	rowOf := make([]int, 0, len(batch)) // the index in batch of each message in msgs
+	for i, r := range batch {
+		if r.undecodable != nil {
+			refuse(r, r.undecodable)
+			continue
+		}
+		msgs = append(msgs, r.msg)
+		rowOf = append(rowOf, i)
+	}
+	errs := make([]error, len(msgs))
+	if len(msgs) > 0 {
+		err := dispatch(ctx, msgs)
+		var be *bus.BatchError
+		switch {
+		case err == nil:
+		case errors.As(err, &be):
+			for _, f := range be.Failures {
+				errs[f.Index] = f.Err
+			}
+		default:
+			for i := range errs {
+				errs[i] = err
+			}
+		}
+	}
+	cerr := ctx.Err()
+	sent := make([]int64, 0, len(msgs))
+	for k, i := range rowOf {
+		switch err := errs[k]; {
+		case err == nil:
+			sent = append(sent, batch[i].id)
+		case cerr != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+			// interrupted, not refused
+		default:
+			refuse(batch[i], err)
+		}
+	}
+	return sent, failed, cerr
+}
+
+// oneByOne adapts a dispatch of one message to a batch: it dispatches
+// the messages in order until ctx ends; those it did not reach fail with
+// ctx's error.
+func oneByOne(dispatch func(context.Context, bus.Outbound) error) func(context.Context, []bus.Outbound) error {
+	return func(ctx context.Context, ms []bus.Outbound) error {
+		errs := make([]error, len(ms))
+		for i, m := range ms {
+			if errs[i] = ctx.Err(); errs[i] == nil {
+				errs[i] = dispatch(ctx, m)
+			}
+		}
+		return bus.BatchResult(errs)
+	}
 }
 
 func joinDispatch(cerr error, failed []*DispatchError) error {

@@ -9,8 +9,10 @@
 // messages are kept or lost together.
 //
 // A relay, started and stopped with the bus, hands the committed messages
-// to the bus's transport with [bus.Bus.Dispatch] (same message id, no
-// middleware re-run), marks them dispatched and deletes them after the
+// to the bus's transport with [bus.Bus.DispatchBatch] (same message id, no
+// middleware re-run; each claimed batch at once, so on a transport that
+// takes batches, bus.Batcher, it costs about one confirm round trip),
+// marks them dispatched and deletes them after the
 // retention window. It wakes on commit and polls as a fallback.
 //
 //	st, err := sqlite.Open("orders.db")
@@ -245,9 +247,9 @@ func (r *relay) loop(ctx context.Context) {
 	for {
 		woken := r.store.Committed()
 		if !retryAt.IsZero() && !time.Now().Before(retryAt) {
-			retryAt = time.Time{} // due: this DispatchPending takes it
+			retryAt = time.Time{} // due: this DispatchPendingBatch takes it
 		}
-		n, err := r.store.DispatchPending(ctx, r.cfg.batch, r.bus.Dispatch)
+		n, err := r.store.DispatchPendingBatch(ctx, r.cfg.batch, r.bus.DispatchBatch)
 		if ctx.Err() != nil {
 			return
 		}

@@ -79,8 +79,8 @@ type options struct{ broker *Broker }
 func WithBroker(b *Broker) Option { return func(o *options) { o.broker = b } }
 
 // Transport is a bus.Transport on a [Broker]. Besides the contract it
-// implements bus.InstanceQueuer, bus.InstanceReceiver, bus.EnvelopeCopier
-// and bus.Delayer. Make one with [New].
+// implements bus.InstanceQueuer, bus.InstanceReceiver, bus.EnvelopeCopier,
+// bus.Delayer and bus.Batcher. Make one with [New].
 type Transport struct {
 	impl   transportImpl
 	broker *Broker
@@ -97,6 +97,7 @@ type transportImpl interface {
 	bus.DeadLetterManager
 	bus.EndpointLister
 	bus.DeliveryCounter
+	bus.Batcher
 }
 
 // New returns a transport.
@@ -165,6 +166,15 @@ func (t *Transport) InstanceAddress() string { return t.impl.InstanceAddress() }
 // copy of the envelope.
 func (t *Transport) CopiesEnvelopes() bool { return t.impl.CopiesEnvelopes() }
 
+// SendBatch implements bus.Batcher: it puts a copy of each message of
+// batch where Send and Publish would, taking the broker's lock once for
+// the batch and each queue's lock once for its share, in batch order. A
+// send with no destination fails alone (in the *bus.BatchError, wrapping
+// bus.ErrNoRoute); the others are queued.
+func (t *Transport) SendBatch(ctx context.Context, batch []bus.Outbound) error {
+	return t.impl.SendBatch(ctx, batch)
+}
+
 // Delete acknowledges d: it will not be delivered again.
 func (t *Transport) Delete(ctx context.Context, d *bus.Delivery) error {
 	return t.impl.Delete(ctx, d)
@@ -207,4 +217,5 @@ var (
 	_ bus.DeadLetterManager = (*Transport)(nil)
 	_ bus.EndpointLister    = (*Transport)(nil)
 	_ bus.DeliveryCounter   = (*Transport)(nil)
+	_ bus.Batcher           = (*Transport)(nil)
 )

@@ -19,6 +19,7 @@ func TestConformance(t *testing.T) {
 	transporttest.Run(t, func(testing.TB) bus.Transport { return memory.New(memory.WithBroker(broker)) }, transporttest.Features{
 		Ordered:           true,
 		DeadLetterManager: true,
+		Batch:             true,
 		DeadLetters: func(ctx context.Context, _ testing.TB, endpoint string, n int) []bus.DeadLetter {
 			// The broker has no event for a dead letter: poll, bounded by ctx.
 			tick := time.NewTicker(time.Millisecond)

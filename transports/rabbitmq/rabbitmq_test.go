@@ -33,6 +33,7 @@ func TestConformance(t *testing.T) {
 		DeadLetterManager: true,
 		Messages:          2000,
 		DurableDelays:     true,
+		Batch:             true,
 	})
 }
 

@@ -397,23 +397,39 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, mandatory
 	if err != nil {
 		return err
 	}
+	dc, err := p.start(ctx, c, exchange, key, mandatory, msg)
+	if err != nil {
+		return err
+	}
+	return p.await(ctx, c, dc, exchange, key, mandatory, msg)
+}
+
+// start publishes msg on c without waiting for its confirmation, with
+// publish's errors for a publish that was not sent.
+func (p *publisher) start(ctx context.Context, c *pubChannel, exchange, key string, mandatory bool, msg *amqp.Publishing) (*amqp.DeferredConfirmation, error) {
 	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, *msg)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		// A write that failed because the connection broke (reset, broken
 		// pipe, EOF) can be seen before amqp091 marks the channel closed:
 		// both mean the session is gone and the message was not stored.
 		if c.ch.IsClosed() || connectionBroken(err) {
 			if !p.s.conn.IsClosed() && softError(c.cause()) {
-				return errChannelClosed
+				return nil, errChannelClosed
 			}
 			p.s.fail(err)
-			return errRetry
+			return nil, errRetry
 		}
-		return err
+		return nil, err
 	}
+	return dc, nil
+}
+
+// await waits for the confirmation of msg, published on c by start, with
+// publish's errors.
+func (p *publisher) await(ctx context.Context, c *pubChannel, dc *amqp.DeferredConfirmation, exchange, key string, mandatory bool, msg *amqp.Publishing) error {
 	k := returnKey{msg.MessageId, exchange, key}
 	select {
 	case <-dc.Done():

@@ -35,7 +35,12 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) erro
 	if delay := dueIn(env); delay > 0 {
 		return t.emitAfter(ctx, env, to, delay)
 	}
-	err := t.emit(ctx, env, "", to, true)
+	return t.sent(ctx, env, to, t.emit(ctx, env, "", to, true))
+}
+
+// sent is the result of a Send to to that ended with err: a send to a
+// missing instance queue is dropped with a warning.
+func (t *Transport) sent(ctx context.Context, env *bus.Envelope, to string, err error) error {
 	if err != nil && strings.HasPrefix(to, InstanceQueuePrefix) && errors.Is(err, ErrUnroutable) {
 		// An instance queue is gone for good (its instance stopped) or
 		// until its instance reconnects: no one can receive this message.
@@ -71,13 +76,7 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := validateHeaders(env.Headers); err != nil {
-		return err
-	}
-	if len(env.Body) > t.o.maxMessageSize {
-		return &bus.MessageTooLargeError{Transport: "rabbitmq", Message: env.Name, Size: len(env.Body), Limit: t.o.maxMessageSize}
-	}
-	msg, err := publishing(env)
+	msg, err := t.publishing(env)
 	if err != nil {
 		return err
 	}
@@ -128,6 +127,17 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 		}
 		return fmt.Errorf("rabbitmq: %s: %w", describe(exchange, key, env.Name), err)
 	}
+}
+
+// publishing checks env's headers and size and returns the message to publish.
+func (t *Transport) publishing(env *bus.Envelope) (amqp.Publishing, error) {
+	if err := validateHeaders(env.Headers); err != nil {
+		return amqp.Publishing{}, err
+	}
+	if len(env.Body) > t.o.maxMessageSize {
+		return amqp.Publishing{}, &bus.MessageTooLargeError{Transport: "rabbitmq", Message: env.Name, Size: len(env.Body), Limit: t.o.maxMessageSize}
+	}
+	return publishing(env)
 }
 
 func describe(exchange, key, name string) string {

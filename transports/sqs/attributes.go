@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	snstypes "github.com/aws/aws-sdk-go-v2/service/sns/types"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/plugbus/plugbus/bus"
@@ -229,6 +230,14 @@ func (e *encoded) sqsAttributes() map[string]sqstypes.MessageAttributeValue {
 	out := make(map[string]sqstypes.MessageAttributeValue, len(e.attrs))
 	for k, v := range e.attrs {
 		out[k] = sqstypes.MessageAttributeValue{DataType: strPtr(stringType), StringValue: strPtr(v)}
+	}
+	return out
+}
+
+func (e *encoded) snsAttributes() map[string]snstypes.MessageAttributeValue {
+	out := make(map[string]snstypes.MessageAttributeValue, len(e.attrs))
+	for k, v := range e.attrs {
+		out[k] = snstypes.MessageAttributeValue{DataType: strPtr(stringType), StringValue: strPtr(v)}
 	}
 	return out
 }

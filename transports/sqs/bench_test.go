@@ -71,3 +71,44 @@ func BenchmarkSendReceiveDelete(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBatchVersusSingleSends measures sending 100 messages to one
+// queue on the local emulator, one Send at a time and with one SendBatch
+// (10 SendMessageBatch calls, up to 8 at once). One op is 100 messages;
+// msgs/s is reported. The emulator is not AWS: the ratio, not the
+// figures, is what carries over, and only roughly.
+func BenchmarkBatchVersusSingleSends(b *testing.B) {
+	cfg := awsConfig(b)
+	prefix := sqstest.UniquePrefix(b, cfg)
+	ctx := context.Background()
+	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	defer tr.Close(ctx)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "bench", MaxAttempts: 5, Concurrency: 8}); err != nil {
+		b.Fatal(err)
+	}
+	const n = 100
+	batch := make([]bus.Outbound, n)
+	for i := range batch {
+		batch[i] = bus.Outbound{Kind: bus.KindSend, Envelope: benchEnvelope(), Destination: "bench"}
+	}
+	b.Run("Send", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, m := range batch {
+				if err := tr.Send(ctx, m.Envelope, m.Destination); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "msgs/s")
+	})
+	b.Run("SendBatch", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := tr.SendBatch(ctx, batch); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "msgs/s")
+	})
+}

@@ -91,3 +91,21 @@ func (e *NoQueueError) Is(target error) bool { return target == ErrNoQueue || ta
 
 // Unwrap returns the AWS error.
 func (e *NoQueueError) Unwrap() error { return e.Err }
+
+// EntryError is an entry of a SendMessageBatch or PublishBatch call that
+// SQS or SNS refused while it accepted the others ([Transport.SendBatch]):
+// the code and message it gave. SenderFault is false for a failure on the
+// service's side, which a later try may not meet.
+type EntryError struct {
+	Code        string
+	Message     string
+	SenderFault bool
+}
+
+// Error implements error.
+func (e *EntryError) Error() string {
+	if e.SenderFault {
+		return fmt.Sprintf("sqs: entry refused: %s: %s; the message was not sent, correct it before sending again", e.Code, e.Message)
+	}
+	return fmt.Sprintf("sqs: entry failed on the service's side: %s: %s; the message was not sent, send it again", e.Code, e.Message)
+}

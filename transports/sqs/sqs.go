@@ -51,7 +51,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssns "github.com/aws/aws-sdk-go-v2/service/sns"
-	snstypes "github.com/aws/aws-sdk-go-v2/service/sns/types"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/google/uuid"
@@ -608,46 +607,69 @@ func (t *Transport) send(ctx context.Context, env *bus.Envelope, to string, due 
 	if err := t.checkOpen(ctx); err != nil {
 		return err
 	}
+	q, err := t.prepareSend(ctx, env, to, due)
+	if err != nil {
+		return err
+	}
+	_, err = t.sqs.SendMessage(ctx, &awssqs.SendMessageInput{QueueUrl: &q.url, MessageBody: &q.e.body, MessageAttributes: q.e.sqsAttributes(), DelaySeconds: q.delaySeconds})
+	return t.sendError(ctx, env, to, q, err)
+}
+
+// queued is a message encoded for the queue it is sent to.
+type queued struct {
+	url          string
+	byURL        bool // the destination was the queue's URL
+	e            *encoded
+	delaySeconds int32
+}
+
+// prepareSend encodes env for the queue of to, delivered no earlier than due.
+func (t *Transport) prepareSend(ctx context.Context, env *bus.Envelope, to string, due time.Time) (queued, error) {
 	if to == "" {
-		return fmt.Errorf("sqs: send %s: %w: no destination endpoint", env.Name, bus.ErrNoRoute)
+		return queued{}, fmt.Errorf("sqs: send %s: %w: no destination endpoint", env.Name, bus.ErrNoRoute)
 	}
 	e, err := encode(env, t.o.maxSize)
 	if err != nil {
-		return fmt.Errorf("sqs: send %s: %w", env.Name, err)
+		return queued{}, fmt.Errorf("sqs: send %s: %w", env.Name, err)
 	}
 	delay, err := delayUntil(due, time.Now())
 	if err == nil && delay > t.o.hop {
 		err = e.setDue(env.Name, due, t.o.maxSize)
 	}
 	if err != nil {
-		return fmt.Errorf("sqs: send %s: %w", env.Name, err)
+		return queued{}, fmt.Errorf("sqs: send %s: %w", env.Name, err)
 	}
-	byURL := isQueueURL(to)
-	url := to
-	if !byURL {
-		url, err = t.queueURLOf(ctx, to)
-		if err != nil {
-			return fmt.Errorf("sqs: send %s: %w", env.Name, err)
+	q := queued{url: to, byURL: isQueueURL(to), e: e, delaySeconds: ceilSeconds(min(delay, t.o.hop))}
+	if !q.byURL {
+		if q.url, err = t.queueURLOf(ctx, to); err != nil {
+			return queued{}, fmt.Errorf("sqs: send %s: %w", env.Name, err)
 		}
 	}
-	_, err = t.sqs.SendMessage(ctx, &awssqs.SendMessageInput{QueueUrl: &url, MessageBody: &e.body, MessageAttributes: e.sqsAttributes(), DelaySeconds: ceilSeconds(min(delay, t.o.hop))})
-	if err != nil {
-		var nq *sqstypes.QueueDoesNotExist
-		if errors.As(err, &nq) && byURL && isInstanceQueueURL(url) {
-			t.log.WarnContext(ctx, "message to an instance queue that no longer exists dropped: its instance stopped",
-				slog.String("queue_url", url), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
-			return nil
-		}
-		if errors.As(err, &nq) && byURL {
-			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: to, Queue: queueName(url), Err: err})
-		}
-		if errors.As(err, &nq) {
-			t.forgetQueue(to)
-			return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: to, Queue: t.QueueName(to), Err: err})
-		}
-		return fmt.Errorf("sqs: send %s to endpoint %s: %w", env.Name, to, err)
+	return q, nil
+}
+
+// sendError is the error of a send of env to to (queued as q) that SQS
+// answered with err: nil for nil and for a missing instance queue (the
+// message is dropped with a warning), a [*NoQueueError] for another
+// missing queue.
+func (t *Transport) sendError(ctx context.Context, env *bus.Envelope, to string, q queued, err error) error {
+	if err == nil {
+		return nil
 	}
-	return nil
+	var nq *sqstypes.QueueDoesNotExist
+	if errors.As(err, &nq) && q.byURL && isInstanceQueueURL(q.url) {
+		t.log.WarnContext(ctx, "message to an instance queue that no longer exists dropped: its instance stopped",
+			slog.String("queue_url", q.url), slog.String("message_name", env.Name), slog.String("message_id", env.Attributes.MessageID))
+		return nil
+	}
+	if errors.As(err, &nq) && q.byURL {
+		return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: to, Queue: queueName(q.url), Err: err})
+	}
+	if errors.As(err, &nq) {
+		t.forgetQueue(to)
+		return fmt.Errorf("sqs: send %s: %w", env.Name, &NoQueueError{Endpoint: to, Queue: t.QueueName(to), Err: err})
+	}
+	return fmt.Errorf("sqs: send %s to endpoint %s: %w", env.Name, to, err)
 }
 
 // Publish puts env on the SNS topic of env.Name (creating the topic when
@@ -668,29 +690,35 @@ func (t *Transport) publish(ctx context.Context, env *bus.Envelope, due time.Tim
 	if err := t.checkOpen(ctx); err != nil {
 		return err
 	}
+	arn, e, err := t.preparePublish(ctx, env, due)
+	if err != nil {
+		return err
+	}
+	if _, err := t.sns.Publish(ctx, &awssns.PublishInput{TopicArn: &arn, Message: &e.body, MessageAttributes: e.snsAttributes()}); err != nil {
+		return fmt.Errorf("sqs: publish %s to topic %s: %w", env.Name, arn, err)
+	}
+	return nil
+}
+
+// preparePublish encodes env for the topic of its name, whose ARN it
+// returns, to be delivered no earlier than due.
+func (t *Transport) preparePublish(ctx context.Context, env *bus.Envelope, due time.Time) (string, *encoded, error) {
 	e, err := encode(env, t.o.maxSize)
 	if err != nil {
-		return fmt.Errorf("sqs: publish %s: %w", env.Name, err)
+		return "", nil, fmt.Errorf("sqs: publish %s: %w", env.Name, err)
 	}
 	delay, err := delayUntil(due, time.Now())
 	if err == nil && delay > 0 {
 		err = e.setDue(env.Name, due, t.o.maxSize)
 	}
 	if err != nil {
-		return fmt.Errorf("sqs: publish %s: %w", env.Name, err)
+		return "", nil, fmt.Errorf("sqs: publish %s: %w", env.Name, err)
 	}
 	arn, err := t.topicARN(ctx, env.Name)
 	if err != nil {
-		return fmt.Errorf("sqs: publish %s: %w", env.Name, err)
+		return "", nil, fmt.Errorf("sqs: publish %s: %w", env.Name, err)
 	}
-	attrs := make(map[string]snstypes.MessageAttributeValue, len(e.attrs))
-	for k, v := range e.attrs {
-		attrs[k] = snstypes.MessageAttributeValue{DataType: aws.String(stringType), StringValue: aws.String(v)}
-	}
-	if _, err := t.sns.Publish(ctx, &awssns.PublishInput{TopicArn: &arn, Message: &e.body, MessageAttributes: attrs}); err != nil {
-		return fmt.Errorf("sqs: publish %s to topic %s: %w", env.Name, arn, err)
-	}
-	return nil
+	return arn, e, nil
 }
 
 // queueName returns the name of a queue from its URL: the last path segment.

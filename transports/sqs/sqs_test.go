@@ -77,6 +77,7 @@ func TestConformance(t *testing.T) {
 		Timeout:           2 * time.Minute,        // the outage test sends for 40 delay units
 		DurableDelays:     true,                   // a delayed copy waits in SQS
 		DeadLetterManager: true,
+		Batch:             true,
 		DeadLetters: func(ctx context.Context, t testing.TB, endpoint string, n int) []bus.DeadLetter {
 			return sqstest.DeadLetters(ctx, t, probe, endpoint, n)
 		},

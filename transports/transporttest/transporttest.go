@@ -63,6 +63,9 @@ type Features struct {
 	// bus.DeadLetterManager: the suite then lists, filters, counts,
 	// replays (also interrupted midway) and deletes dead letters through it.
 	DeadLetterManager bool
+	// Batch is true when the transport implements bus.Batcher: the suite
+	// checks its SendBatch (and fails when the transport lacks it).
+	Batch bool
 }
 
 // Factory returns a fresh transport of the kind under test. Transports
@@ -131,6 +134,14 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 		t.Run("ScheduledSendNoneEarly", s.scheduledSendNoneEarly)
 		t.Run("ScheduledPublishReachesEachSubscriberOnce", s.scheduledPublishOncePerSubscriber)
 		t.Run("ScheduledSurvivesTransportRestart", s.scheduledSurvivesTransportRestart)
+	}
+	if f.Batch {
+		t.Run("BatchDeliversEach", s.batchDeliversEach)
+		t.Run("BatchFailsAlone", s.batchFailsAlone)
+		t.Run("BatchAfterClose", s.batchAfterClose)
+		if delays {
+			t.Run("BatchHonoursDue", s.batchHonoursDue)
+		}
 	}
 	if instances {
 		t.Run("InstanceQueue", s.instanceQueue)

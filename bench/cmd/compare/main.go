@@ -43,6 +43,8 @@ type config struct {
 	suites                []string
 	rounds, n             int
 	amqpRounds, amqpN     int
+	produceRounds         int
+	produceN, flushN      int
 	depthReps, depthIters int
 	concurrency           int
 	amqpURL               string
@@ -52,11 +54,14 @@ type config struct {
 
 func run() error {
 	var c config
-	suites := flag.String("suites", "memory,amqp,depth", "comma-separated suites to run: memory, amqp, depth")
+	suites := flag.String("suites", "memory,amqp,produce,depth", "comma-separated suites to run: memory, amqp, produce, depth")
 	flag.IntVar(&c.rounds, "rounds", 9, "rounds of each side in the memory suites")
 	flag.IntVar(&c.n, "n", 20000, "messages per round in the memory suites")
 	flag.IntVar(&c.amqpRounds, "amqp-rounds", 7, "rounds of each side in the RabbitMQ suite")
 	flag.IntVar(&c.amqpN, "amqp-n", 2000, "messages per round in the RabbitMQ suite")
+	flag.IntVar(&c.produceRounds, "produce-rounds", 5, "rounds of each side in the producer suite")
+	flag.IntVar(&c.produceN, "produce-n", 20000, "messages per round of the producers")
+	flag.IntVar(&c.flushN, "flush-n", 300, "handler runs (or single confirmed publishes) per round of the flush comparison")
 	flag.IntVar(&c.depthReps, "depth-reps", 200, "passes over the depths in the depth suite")
 	flag.IntVar(&c.depthIters, "depth-iters", 500, "operations per sample in the depth suite")
 	flag.IntVar(&c.concurrency, "concurrency", 1, "plugbus workers in the memory suites (Watermill's GoChannel hands a subscriber one message at a time)")
@@ -90,10 +95,12 @@ func run() error {
 			cs, err = memorySuite(ctx, w, c)
 		case "amqp":
 			cs, err = amqpSuite(ctx, w, c)
+		case "produce":
+			cs, err = produceSuite(ctx, w, c)
 		case "depth":
 			cs, err = depthSuite(w, c)
 		default:
-			err = fmt.Errorf("unknown suite %q: use memory, amqp or depth", s)
+			err = fmt.Errorf("unknown suite %q: use memory, amqp, produce or depth", s)
 		}
 		if err != nil {
 			return err

@@ -1,0 +1,94 @@
+package rabbitmq_test
+
+import (
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/transports/rabbitmq"
+	"github.com/plugbus/plugbus/transports/transporttest"
+)
+
+// In a batch, a send to a queue that does not exist and a message over the
+// size limit fail alone, each with the error Send gives it; the other
+// messages are confirmed and arrive in order.
+func TestBatchFailuresStayWithTheirMessage(t *testing.T) {
+	url := testenv.RabbitMQ(t)
+	adm := newAdmin(t, url)
+	queue := transporttest.Name("batch-target")
+	adm.declareQueue(t, queue)
+	tr := open(t, url, adm, rabbitmq.WithMaxMessageSize(64))
+	ctx := testContext(t, 30*time.Second)
+	var batch []bus.Outbound
+	for i := range 6 {
+		env := &bus.Envelope{Name: "batch.msg", ContentType: "application/json", Body: []byte(strconv.Itoa(i)),
+			Attributes: bus.NewAttributes(transporttest.Name("id"), "c", time.Now().UTC().Truncate(time.Millisecond), nil, nil)}
+		dest := queue
+		switch i {
+		case 2:
+			dest = transporttest.Name("no-such-queue")
+		case 4:
+			env.Body = make([]byte, 65)
+		}
+		batch = append(batch, bus.Outbound{Kind: bus.KindSend, Envelope: env, Destination: dest})
+	}
+	err := tr.SendBatch(ctx, batch)
+	var be *bus.BatchError
+	if !errors.As(err, &be) || len(be.Failures) != 2 {
+		t.Fatalf("SendBatch = %v, want a *bus.BatchError with 2 failures", err)
+	}
+	var unroutable *rabbitmq.UnroutableError
+	if be.Failures[0].Index != 2 || !errors.As(be.Failures[0].Err, &unroutable) {
+		t.Errorf("first failure %d %v, want index 2, unroutable", be.Failures[0].Index, be.Failures[0].Err)
+	}
+	if be.Failures[1].Index != 4 || !errors.Is(be.Failures[1].Err, bus.ErrMessageTooLarge) {
+		t.Errorf("second failure %d %v, want index 4, too large", be.Failures[1].Index, be.Failures[1].Err)
+	}
+	got := adm.get(t, queue, 10)
+	var bodies string
+	for _, m := range got {
+		bodies += string(m.Body)
+	}
+	if bodies != "0135" {
+		t.Errorf("queue holds %q, want 0135", bodies)
+	}
+}
+
+// A batch whose channel the broker closes mid-flight (a publish to the
+// topic exchange deleted behind the transport's back) loses nothing: the
+// messages it did not confirm are published again one by one, the
+// exchange is declared again, and every message of the batch arrives.
+func TestBatchRefusedMidFlightLosesNothing(t *testing.T) {
+	e := newEnv(t)
+	tr := e.transport(t, rabbitmq.WithPublisherChannels(1))
+	ctx := testContext(t, 30*time.Second)
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Handles: []string{"test.gone"}, Concurrency: 8, MaxAttempts: 2}); err != nil {
+		t.Fatal(err)
+	}
+	e.adm.deleteExchange(t, e.exchange)
+	batch := []bus.Outbound{
+		{Kind: bus.KindSend, Envelope: message("A", "a"), Destination: e.endpoint},
+		{Kind: bus.KindPublish, Envelope: message("test.gone", "g")},
+		{Kind: bus.KindSend, Envelope: message("B", "b"), Destination: e.endpoint},
+		{Kind: bus.KindSend, Envelope: message("C", "c"), Destination: e.endpoint},
+	}
+	if err := tr.SendBatch(ctx, batch); err != nil {
+		t.Fatalf("SendBatch: %v", err)
+	}
+	got := map[string]int{}
+	for len(got) < 4 {
+		d := receive(ctx, t, tr, 10*time.Second)
+		got[d.Attributes.MessageID]++
+		if err := tr.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"a", "g", "b", "c"} {
+		if got[id] == 0 {
+			t.Errorf("%s never arrived (received %v)", id, got)
+		}
+	}
+}

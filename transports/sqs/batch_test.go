@@ -1,0 +1,93 @@
+package sqs_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/sqstest"
+	"github.com/plugbus/plugbus/transports/sqs"
+)
+
+// batchCalls records the number of entries of each SendMessageBatch call.
+type batchCalls struct {
+	mu      sync.Mutex
+	entries []int
+}
+
+func (c *batchCalls) option(o *awssqs.Options) {
+	o.APIOptions = append(o.APIOptions, func(s *middleware.Stack) error {
+		return s.Initialize.Add(middleware.InitializeMiddlewareFunc("count-batches",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if b, ok := in.Parameters.(*awssqs.SendMessageBatchInput); ok {
+					c.mu.Lock()
+					c.entries = append(c.entries, len(b.Entries))
+					c.mu.Unlock()
+				}
+				return next.HandleInitialize(ctx, in)
+			}), middleware.After)
+	})
+}
+
+// A batch is split into calls of at most 10 entries and 256 KiB: of 25
+// messages of 30 KiB, 8 fit in a call; the 25 small ones after them fill
+// the last call of big ones and two more. Every message arrives. A send to an endpoint without a queue
+// fails alone, with a *NoQueueError.
+func TestBatchSplitsByCountAndSize(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := sqstest.UniquePrefix(t, cfg)
+	var calls batchCalls
+	tr := sqs.New(cfg, append(sqstest.FastOptions(prefix), sqs.WithSQSOptions(calls.option))...)
+	t.Cleanup(func() { _ = tr.Close(context.Background()) })
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Handles: []string{"big", "small"}, Concurrency: 1, MaxAttempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var batch []bus.Outbound
+	for i := range 25 {
+		env := envelope("big", "big-"+strconv.Itoa(i))
+		env.Body = []byte(`"` + strings.Repeat("x", 30<<10) + `"`)
+		batch = append(batch, bus.Outbound{Kind: bus.KindSend, Envelope: env, Destination: "ep"})
+	}
+	for i := range 25 {
+		batch = append(batch, bus.Outbound{Kind: bus.KindSend, Envelope: envelope("small", "small-"+strconv.Itoa(i)), Destination: "ep"})
+	}
+	batch = append(batch, bus.Outbound{Kind: bus.KindSend, Envelope: envelope("small", "lost"), Destination: "nobody"})
+	err := tr.SendBatch(ctx, batch)
+	var be *bus.BatchError
+	var nq *sqs.NoQueueError
+	if !errors.As(err, &be) || len(be.Failures) != 1 || be.Failures[0].Index != 50 || !errors.As(be.Failures[0].Err, &nq) {
+		t.Fatalf("SendBatch = %v, want the send to nobody (index 50) alone failed with a *sqs.NoQueueError", err)
+	}
+	calls.mu.Lock()
+	entries := append([]int(nil), calls.entries...)
+	calls.mu.Unlock()
+	slices.Sort(entries)
+	if !slices.Equal(entries, []int{6, 8, 8, 8, 10, 10}) {
+		t.Errorf("calls of %v entries, want 8, 8, 8 (256 KiB each), 1 big + 9 small, 10 and 6", entries)
+	}
+	seen := map[string]bool{}
+	for len(seen) < 50 {
+		d, err := tr.Receive(ctx)
+		if err != nil {
+			t.Fatalf("Receive after %d of 50 (%v): %v", len(seen), seen, err)
+		}
+		if d.Err != nil {
+			t.Errorf("received %s with error %v", d.Attributes.MessageID, d.Err)
+		}
+		seen[d.Attributes.MessageID] = true
+		if err := tr.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
