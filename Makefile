@@ -15,21 +15,31 @@ demo:
 
 test: services vet
 	$(GO) test -race -count=1 -timeout 20m ./...
-	# The crash test again without the race detector, which slows the pure-Go
-	# SQLite thirtyfold: here it moves the full 10,000 messages on both stores.
-	$(GO) test -count=1 -timeout 10m -run '^TestCrash$$' ./plugins/outbox/
-	# The fault-injection suite (Toxiproxy between the bus and RabbitMQ,
-	# PostgreSQL and the SQS emulator), which the -race run skips: 2,000
-	# messages a case here, to stay within CI's time; its default, 10,000,
-	# for the figures of docs/reliability.md.
-	$(GO) test -count=1 -timeout 15m ./internal/faults/ -faults.messages=2000
-	# A 2-minute soak of the realistic mix: fails when heap, goroutines,
-	# open fds or the plugin's memory grow after warm-up.
-	$(GO) test -count=1 -timeout 10m -run '^TestSoak$$' ./internal/soak/ -soak=2m
-	# bench/ is a module of its own (so that its peers never become our
-	# dependencies) built against this tree: keep it building and its sides
-	# handling every message.
-	cd bench && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
+	# What follows runs without the race detector. The 2-minute soak of the
+	# realistic mix (it fails when heap, goroutines, open fds or the plugin's
+	# memory grow after warm-up) sends at a steady rate, so it runs beside
+	# the other steps; its output is printed when it ends.
+	# Then: the crash test moves the full 10,000 messages on both
+	# stores (the race detector slows the pure-Go SQLite thirtyfold); the
+	# fault-injection suite (Toxiproxy between the bus and RabbitMQ,
+	# PostgreSQL and the SQS emulator), which the -race run skips, streams
+	# 2,000 messages a case to stay within CI's time (its default, 10,000,
+	# gives the figures of docs/reliability.md); bench/ is a module of its
+	# own (so that its peers never become our dependencies) built against
+	# this tree: it must keep building and its sides handling every message.
+	@soaklog=$$(mktemp); \
+	echo "$(GO) test -count=1 -timeout 10m -run TestSoak ./internal/soak/ -soak=2m  (beside the next steps)"; \
+	$(GO) test -count=1 -timeout 10m -run '^TestSoak$$' ./internal/soak/ -soak=2m >"$$soaklog" 2>&1 & soak=$$!; \
+	status=0; \
+	echo "$(GO) test -count=1 -timeout 10m -run TestCrash ./plugins/outbox/"; \
+	$(GO) test -count=1 -timeout 10m -run '^TestCrash$$' ./plugins/outbox/ || status=1; \
+	echo "$(GO) test -count=1 -timeout 15m ./internal/faults/ -faults.messages=2000"; \
+	$(GO) test -count=1 -timeout 15m ./internal/faults/ -faults.messages=2000 || status=1; \
+	echo "cd bench && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./..."; \
+	(cd bench && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...) || status=1; \
+	wait $$soak || status=1; \
+	echo "== the soak:"; cat "$$soaklog"; rm -f "$$soaklog"; \
+	exit $$status
 
 services:
 	scripts/services.sh
