@@ -1,0 +1,80 @@
+package bench_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+)
+
+// BenchmarkHopFloor measures what one middleware layer costs by the shape
+// of its chain alone, no bus around it, so that the per-layer target of
+// #17 (≤ 2× a Watermill handler middleware) can be read against a floor:
+//
+//   - wrap: Watermill's shape, a middleware returns the handler that calls
+//     the inner one (one call per layer);
+//   - next/locked=K: plugbus's shape, a (ctx, next) middleware whose next
+//     is a closure calling the inner middleware (two calls per layer), with
+//     K locked atomic operations per hop. plugbus's pipeline makes two (a
+//     compare-and-swap when next is called, a swap when the layer returns),
+//     which is what detects a second next and keeps a pooled run from
+//     being reused while a next handed to another goroutine still runs.
+//
+// The cost of a layer is the difference between depth 16 and depth 0,
+// divided by 16.
+func BenchmarkHopFloor(b *testing.B) {
+	type next func(context.Context) error
+	type handler func(context.Context) error
+	noop := func(ctx context.Context, n next) error { return n(ctx) }
+	wrap := func(depth int) handler {
+		h := handler(func(context.Context) error { return nil })
+		for range depth {
+			inner := h
+			h = func(ctx context.Context) error { return inner(ctx) }
+		}
+		return h
+	}
+	chain := func(depth, locked int) handler {
+		states := make([]atomic.Uint64, depth)
+		var epoch atomic.Uint64
+		epoch.Store(1)
+		n := next(func(context.Context) error { return nil })
+		for i := range depth {
+			inner, st := n, &states[i]
+			switch locked {
+			case 0:
+				n = func(ctx context.Context) error { return noop(ctx, inner) }
+			case 1:
+				n = func(ctx context.Context) error {
+					st.Add(1) // one locked operation, as a single enter record would cost
+					return noop(ctx, inner)
+				}
+			case 2:
+				n = func(ctx context.Context) error {
+					e := epoch.Load()
+					if !st.CompareAndSwap(e-1, e) {
+						return fmt.Errorf("layer %d: next twice", i)
+					}
+					err := noop(ctx, inner)
+					st.Swap(e - 1)
+					return err
+				}
+			}
+		}
+		return handler(n)
+	}
+	run := func(b *testing.B, h handler) {
+		ctx := context.Background()
+		for b.Loop() {
+			if err := h(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for _, depth := range []int{0, 16} {
+		b.Run(fmt.Sprintf("wrap/depth=%d", depth), func(b *testing.B) { run(b, wrap(depth)) })
+		for _, locked := range []int{0, 1, 2} {
+			b.Run(fmt.Sprintf("next/locked=%d/depth=%d", locked, depth), func(b *testing.B) { run(b, chain(depth, locked)) })
+		}
+	}
+}
