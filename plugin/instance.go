@@ -263,7 +263,13 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 			cs.out = pluginproto.HostFrame{Call: id, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}}}
 			err = cs.rpc.Send(&cs.out)
 		case *pluginproto.PluginFrame_Done:
-			d := k.Done
+			// Copied out: the stream's next frame, once it is back in the
+			// pool, is decoded into the same Done (frameCodec).
+			d := struct {
+				Continue, HoldsContext bool
+				Mutation               *pluginproto.Mutation
+				Error                  *pluginproto.Error
+			}{k.Done.Continue, k.Done.HoldsContext, k.Done.Mutation, k.Done.Error}
 			if cs.timer.Stop() && (stopWatch == nil || stopWatch()) {
 				proc.release(cs)
 			} else {
