@@ -159,8 +159,9 @@ func (inst *instance) incoming(ctx context.Context, in *bus.Incoming, next bus.N
 		x = new(incomingInvocation)
 	}
 	pluginproto.SetAttributes(&x.attrs, in.Attributes())
+	headers := x.msg.Headers // kept from the previous use, cleared
 	x.msg = pluginproto.IncomingMessage{Name: in.Name(), ContentType: in.ContentType(), Body: in.Body(),
-		Attributes: &x.attrs, Attempt: int32(in.Attempt()), Endpoint: in.Endpoint()}
+		Attributes: &x.attrs, Attempt: int32(in.Attempt()), Endpoint: in.Endpoint(), Headers: headers}
 	for k, v := range in.Headers() {
 		if x.msg.Headers == nil {
 			x.msg.Headers = make(map[string]string, 4)
@@ -170,7 +171,12 @@ func (inst *instance) incoming(ctx context.Context, in *bus.Incoming, next bus.N
 	x.subject.Incoming = &x.msg
 	x.inv = pluginproto.Invoke{Subject: &x.subject}
 	err := inst.invoke(ctx, bus.StageIncoming, &x.inv, nil, next)
-	x.inv, x.msg, x.attrs = pluginproto.Invoke{}, pluginproto.IncomingMessage{}, pluginproto.Attributes{}
+	// Nothing references the message once sent but the maps, kept for the
+	// next use: the rest drops the delivery's strings and body.
+	headers = x.msg.Headers
+	clear(headers)
+	x.inv, x.msg = pluginproto.Invoke{}, pluginproto.IncomingMessage{Headers: headers}
+	pluginproto.SetAttributes(&x.attrs, bus.Attributes{})
 	x.subject.Incoming = nil
 	inst.p.incomingPool.Put(x)
 	return err
@@ -257,7 +263,13 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 			cs.out = pluginproto.HostFrame{Call: id, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}}}
 			err = cs.rpc.Send(&cs.out)
 		case *pluginproto.PluginFrame_Done:
-			d := k.Done
+			// Copied out: the stream's next frame, once it is back in the
+			// pool, is decoded into the same Done (frameCodec).
+			d := struct {
+				Continue, HoldsContext bool
+				Mutation               *pluginproto.Mutation
+				Error                  *pluginproto.Error
+			}{k.Done.Continue, k.Done.HoldsContext, k.Done.Mutation, k.Done.Error}
 			if cs.timer.Stop() && (stopWatch == nil || stopWatch()) {
 				proc.release(cs)
 			} else {

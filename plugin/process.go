@@ -10,6 +10,7 @@ import (
 
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/plugbus/plugbus/internal/pluginproto"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -49,7 +50,9 @@ func newProcess(p *Plugin, client *goplugin.Client, rpc pluginproto.PluginClient
 	streamsCtx, endStreams := context.WithCancel(context.Background())
 	proc := &process{p: p, client: client, rpc: rpc, started: time.Now(), streamsCtx: streamsCtx, endStreams: endStreams, dead: make(chan struct{}), stopServed: func() {}}
 	if rpc != nil {
-		proc.newCall = func(ctx context.Context) (pluginproto.Plugin_CallClient, error) { return rpc.Call(ctx) }
+		proc.newCall = func(ctx context.Context) (pluginproto.Plugin_CallClient, error) {
+			return rpc.Call(ctx, grpc.ForceCodecV2(frameCodec{}))
+		}
 	}
 	return proc
 }

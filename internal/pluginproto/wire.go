@@ -106,21 +106,30 @@ func FromAttributes(a bus.Attributes) *Attributes {
 	return p
 }
 
-// SetAttributes encodes bus attributes into p, which it resets first.
+// SetAttributes encodes bus attributes into p, which it resets first,
+// keeping (cleared) the maps p already has, so that a pooled p allocates
+// no maps once they exist.
 func SetAttributes(p *Attributes, a bus.Attributes) {
-	*p = Attributes{MessageId: a.MessageID, CorrelationId: a.CorrelationID}
+	values, sticky := p.Values, p.Sticky
+	clear(values)
+	clear(sticky)
+	*p = Attributes{MessageId: a.MessageID, CorrelationId: a.CorrelationID, Values: values, Sticky: sticky}
 	if !a.SentAt.IsZero() {
 		p.SentAtUnixNano = a.SentAt.UnixNano()
 	}
 	if n, s := a.Len(); n > 0 || s > 0 {
 		if n > 0 {
-			p.Values = make(map[string]string, n)
+			if p.Values == nil {
+				p.Values = make(map[string]string, n)
+			}
 			for k, v := range a.Values() {
 				p.Values[k] = v
 			}
 		}
 		if s > 0 {
-			p.Sticky = make(map[string]string, s)
+			if p.Sticky == nil {
+				p.Sticky = make(map[string]string, s)
+			}
 			for k, v := range a.StickyValues() {
 				p.Sticky[k] = v
 			}
