@@ -15,11 +15,11 @@ demo:
 
 test: services vet
 	$(GO) test -race -count=1 -timeout 20m ./...
-	# What follows runs without the race detector. The 2-minute soak of the
-	# realistic mix (it fails when heap, goroutines, open fds or the plugin's
-	# memory grow after warm-up) sends at a steady rate, so it runs beside
-	# the other steps; its output is printed when it ends.
-	# Then: the crash test moves the full 10,000 messages on both
+	# What follows runs without the race detector, the first two in the
+	# background beside the others (their output is printed when they end):
+	# the 2-minute soak of the realistic mix (it fails when heap, goroutines,
+	# open fds or the plugin's memory grow after warm-up) sends at a steady
+	# rate; the crash test moves the full 10,000 messages on both
 	# stores (the race detector slows the pure-Go SQLite thirtyfold); the
 	# fault-injection suite (Toxiproxy between the bus and RabbitMQ,
 	# PostgreSQL and the SQS emulator), which the -race run skips, streams
@@ -27,19 +27,18 @@ test: services vet
 	# gives the figures of docs/reliability.md); bench/ is a module of its
 	# own (so that its peers never become our dependencies) built against
 	# this tree: it must keep building and its sides handling every message.
-	@soaklog=$$(mktemp); \
-	echo "$(GO) test -count=1 -timeout 10m -run TestSoak ./internal/soak/ -soak=2m  (beside the next steps)"; \
-	$(GO) test -count=1 -timeout 10m -run '^TestSoak$$' ./internal/soak/ -soak=2m >"$$soaklog" 2>&1 & soak=$$!; \
-	status=0; \
-	echo "$(GO) test -count=1 -timeout 10m -run TestCrash ./plugins/outbox/"; \
-	$(GO) test -count=1 -timeout 10m -run '^TestCrash$$' ./plugins/outbox/ || status=1; \
+	@logs=$$(mktemp -d); status=0; \
+	echo "$(GO) test -count=1 -timeout 10m -run TestSoak ./internal/soak/ -soak=2m  (in the background)"; \
+	$(GO) test -count=1 -timeout 10m -run '^TestSoak$$' ./internal/soak/ -soak=2m >"$$logs/soak" 2>&1 & soak=$$!; \
+	echo "$(GO) test -count=1 -timeout 10m -run TestCrash ./plugins/outbox/  (in the background)"; \
+	$(GO) test -count=1 -timeout 10m -run '^TestCrash$$' ./plugins/outbox/ >"$$logs/crash" 2>&1 & crash=$$!; \
 	echo "$(GO) test -count=1 -timeout 15m ./internal/faults/ -faults.messages=2000"; \
 	$(GO) test -count=1 -timeout 15m ./internal/faults/ -faults.messages=2000 || status=1; \
 	echo "cd bench && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./..."; \
 	(cd bench && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...) || status=1; \
-	wait $$soak || status=1; \
-	echo "== the soak:"; cat "$$soaklog"; rm -f "$$soaklog"; \
-	exit $$status
+	wait $$crash || status=1; echo "== the crash test:"; cat "$$logs/crash"; \
+	wait $$soak || status=1; echo "== the soak:"; cat "$$logs/soak"; \
+	rm -rf "$$logs"; exit $$status
 
 services:
 	scripts/services.sh
