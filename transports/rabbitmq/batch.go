@@ -15,7 +15,8 @@ import (
 // SendBatch implements bus.Batcher: it publishes every message of batch on
 // one confirm channel without waiting, then awaits all the broker's
 // confirmations, so that a batch costs about one round trip to the
-// broker. Each message goes where [Transport.Send] or [Transport.Publish]
+// broker; the batch's frames reach the broker in one write (or one per
+// 64 KiB), so that it stores and confirms them together. Each message goes where [Transport.Send] or [Transport.Publish]
 // would send it and fails as they would (an [*UnroutableError], a
 // [*bus.MessageTooLargeError], ...), alone: the *bus.BatchError names it
 // by index. A message with a due time ahead goes through the delay
@@ -40,6 +41,9 @@ func (t *Transport) SendBatch(ctx context.Context, batch []bus.Outbound) error {
 		c = nil // every message one by one, each on a new session
 	}
 	flight := make([]inflight, 0, len(batch))
+	// The publishes below wait for nothing from the broker: their writes
+	// gather on the connection and go out together when the loop ends.
+	s.wire.hold()
 	for i, m := range batch {
 		if c == nil || dueIn(m.Envelope) > 0 {
 			oneByOne = append(oneByOne, i)
@@ -65,6 +69,9 @@ func (t *Transport) SendBatch(ctx context.Context, batch []bus.Outbound) error {
 		}
 		flight = append(flight, f)
 	}
+	// A write that failed closed the connection: the confirmations below
+	// fail, and those messages go Send's way.
+	_ = s.wire.release()
 	for _, f := range flight {
 		err := p.await(ctx, f.c, f.dc, f.exchange, f.key, f.mandatory, &f.msg)
 		switch {

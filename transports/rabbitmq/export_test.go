@@ -20,3 +20,15 @@ func DelayHops(delay time.Duration) int {
 	units := uint64((delay + delayClockMargin + delayUnit - 1) / delayUnit)
 	return bits.OnesCount64(units)
 }
+
+// ConnectionWrites returns how many writes the current connection made
+// to its socket.
+func (t *Transport) ConnectionWrites(ctx context.Context) (int, error) {
+	s, err := t.session(ctx, func() string { return "counting writes" })
+	if err != nil {
+		return 0, err
+	}
+	s.wire.mu.Lock()
+	defer s.wire.mu.Unlock()
+	return s.wire.writes, nil
+}

@@ -444,6 +444,7 @@ func (t *Transport) supervise(ctx context.Context) {
 func (t *Transport) connect(ctx context.Context) (*session, error) {
 	cfg := t.o.config
 	var stop func() bool
+	var wire *coalescingConn
 	cfg.Dial = func(network, addr string) (net.Conn, error) {
 		d := net.Dialer{Timeout: t.o.dialTimeout}
 		c, err := d.DialContext(ctx, network, addr)
@@ -457,7 +458,8 @@ func (t *Transport) connect(ctx context.Context) (*session, error) {
 			return nil, err
 		}
 		stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-		return c, nil
+		wire = &coalescingConn{Conn: c}
+		return wire, nil
 	}
 	conn, err := amqp.DialConfig(t.url, cfg)
 	if stop != nil {
@@ -466,7 +468,7 @@ func (t *Transport) connect(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: connecting: %w", err)
 	}
-	s, err := newSession(t, conn)
+	s, err := newSession(t, conn, wire)
 	if err != nil {
 		s.close()
 		return nil, err

@@ -23,6 +23,7 @@ import (
 type session struct {
 	t    *Transport
 	conn *amqp.Connection
+	wire *coalescingConn // under conn: batches gather their writes in it
 	pubs []*publisher
 	rr   atomic.Uint32
 
@@ -96,8 +97,8 @@ func (c *pubChannel) cause() *amqp.Error {
 
 type returnKey struct{ id, exchange, key string }
 
-func newSession(t *Transport, conn *amqp.Connection) (*session, error) {
-	s := &session{t: t, conn: conn, dead: make(chan struct{}), declared: map[string]bool{}, consuming: make(chan struct{})}
+func newSession(t *Transport, conn *amqp.Connection, wire *coalescingConn) (*session, error) {
+	s := &session{t: t, conn: conn, wire: wire, dead: make(chan struct{}), declared: map[string]bool{}, consuming: make(chan struct{})}
 	s.watch(conn.NotifyClose(make(chan *amqp.Error, 1)))
 	ch, err := conn.Channel()
 	if err != nil {
