@@ -40,14 +40,61 @@ type Chain struct {
 //     outgoing stage;
 //   - watermill handler: a router handler function that decodes the
 //     payload for a typed handler, wrapped in the layers the way
-//     message.Router composes handler middleware, called with a message.
+//     message.Router composes handler middleware, called with a message;
+//   - bare (ctx, next): the same decoding handler under layers of the
+//     shape plugbus's middleware has, func(ctx, stage, next) error, each
+//     next a closure calling the following layer's function and nothing
+//     else: no bookkeeping, no pooling, no misuse detection. It is the
+//     floor of any pipeline whose middleware is handed next as a
+//     function: a layer is two calls (the middleware, and the next that
+//     runs the following one) where a Watermill layer is one.
 func DepthChains() []Chain {
 	return []Chain{
 		{"plugbus incoming", func(n int) (func() error, error) { return plugbusDeliver(n, bus.StageIncoming) }},
 		{"plugbus handler", func(n int) (func() error, error) { return plugbusDeliver(n, bus.StageHandler) }},
 		{"plugbus outgoing", plugbusPublish},
-		{"watermill handler", watermillChain},
+		{BareChain, bareNextChain},
+		{WatermillChain, watermillChain},
 	}
+}
+
+// The names of the reference chains of [DepthChains].
+const (
+	BareChain      = "bare (ctx, next)"
+	WatermillChain = "watermill handler"
+)
+
+// bareStage stands for a stage context: what a layer is handed besides
+// ctx and next.
+type bareStage struct{ body []byte }
+
+// bareMiddleware is a no-op layer of the bare chain. It is read from a
+// variable, as a bus reads its middleware, so that the compiler cannot
+// inline it into the next that calls it.
+var bareMiddleware = []func(context.Context, *bareStage, func(context.Context) error) error{
+	func(ctx context.Context, _ *bareStage, next func(context.Context) error) error { return next(ctx) },
+}
+
+func bareNextChain(layers int) (func() error, error) {
+	c := newCounter()
+	body, err := json.Marshal(order(1))
+	if err != nil {
+		return nil, err
+	}
+	st := &bareStage{body: body}
+	next := func(context.Context) error {
+		var m OrderPlaced
+		if err := json.Unmarshal(st.body, &m); err != nil {
+			return err
+		}
+		return c.handle(&m)
+	}
+	for range layers {
+		fn, inner := bareMiddleware[0], next
+		next = func(ctx context.Context) error { return fn(ctx, st, inner) }
+	}
+	ctx := context.Background()
+	return func() error { return next(ctx) }, nil
 }
 
 func stageNoops(n int, stage bus.Stage) []bus.Plugin {

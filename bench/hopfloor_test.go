@@ -7,6 +7,10 @@ import (
 	"testing"
 )
 
+type next func(context.Context) error
+
+var hopNoop = []func(context.Context, next) error{func(ctx context.Context, n next) error { return n(ctx) }}
+
 // BenchmarkHopFloor measures what one middleware layer costs by the shape
 // of its chain alone, no bus around it, so that the per-layer target of
 // #17 (≤ 2× a Watermill handler middleware) can be read against a floor:
@@ -14,8 +18,10 @@ import (
 //   - wrap: Watermill's shape, a middleware returns the handler that calls
 //     the inner one (one call per layer);
 //   - next/locked=K: plugbus's shape, a (ctx, next) middleware whose next
-//     is a closure calling the inner middleware (two calls per layer), with
-//     K locked atomic operations per hop. plugbus's pipeline makes two (a
+//     is a closure calling the inner middleware (two calls per layer: the
+//     middleware is read from a variable, as a bus reads it, so that the
+//     compiler cannot inline it into the closure), with K locked atomic
+//     operations per hop. plugbus's pipeline makes two (a
 //     compare-and-swap when next is called, a swap when the layer returns),
 //     which is what detects a second next and keeps a pooled run from
 //     being reused while a next handed to another goroutine still runs.
@@ -23,9 +29,8 @@ import (
 // The cost of a layer is the difference between depth 16 and depth 0,
 // divided by 16.
 func BenchmarkHopFloor(b *testing.B) {
-	type next func(context.Context) error
 	type handler func(context.Context) error
-	noop := func(ctx context.Context, n next) error { return n(ctx) }
+	noop := hopNoop[0] // read from a variable: a bus's middleware cannot be inlined into its next either
 	wrap := func(depth int) handler {
 		h := handler(func(context.Context) error { return nil })
 		for range depth {

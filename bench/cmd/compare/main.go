@@ -246,18 +246,35 @@ func depthSuite(w io.Writer, c config) ([]check, error) {
 	if err := bench.WriteDepth(w, "middleware depth: cost of one more no-op layer", note, rs, c.markdown); err != nil {
 		return nil, err
 	}
+	perLayer := map[string]float64{}
+	for _, r := range rs {
+		perLayer[r.Chain] = r.NsPerLayer
+	}
+	wm, bare := perLayer[bench.WatermillChain], perLayer[bench.BareChain]
 	var checks []check
 	for _, r := range rs {
 		if !strings.HasPrefix(r.Chain, "plugbus") {
 			continue
 		}
+		// Allocations are counted process-wide: allow for a stray one of
+		// another goroutine in a sample.
+		noAllocs := r.AllocsPerLayer < 0.01 && r.Points[len(r.Points)-1].AllocsPerOp < r.Points[0].AllocsPerOp+0.05
 		checks = append(checks, check{
 			target:   r.Chain + ": <= 20 ns and 0 allocs per layer",
 			measured: fmt.Sprintf("%.1f ns, %.2f allocs", r.NsPerLayer, r.AllocsPerLayer),
-			// Allocations are counted process-wide: allow for a stray one
-			// of another goroutine in a sample.
-			met: r.NsPerLayer <= 20 && r.AllocsPerLayer < 0.01 && r.Points[len(r.Points)-1].AllocsPerOp < r.Points[0].AllocsPerOp+0.05,
+			met:      r.NsPerLayer <= 20 && noAllocs,
 		})
+		if wm > 0 {
+			c := check{
+				target:   r.Chain + ": per layer <= 2x a Watermill handler middleware's, 0 allocs",
+				measured: fmt.Sprintf("%.2fx (%.1f vs %.1f ns; the bare (ctx, next) chain: %.2fx, plugbus / bare: %.2fx)", r.NsPerLayer/wm, r.NsPerLayer, wm, bare/wm, r.NsPerLayer/bare),
+				met:      r.NsPerLayer <= 2*wm && noAllocs,
+			}
+			if bare > 2*wm {
+				c.why = fmt.Sprintf("below the floor: a bare (ctx, next) chain is itself %.2fx", bare/wm)
+			}
+			checks = append(checks, c)
+		}
 	}
 	return checks, nil
 }
