@@ -101,3 +101,34 @@ func TestAFailedWriteEndsTheConnection(t *testing.T) {
 		t.Errorf("%d writes reached the socket after it failed", len(sock.writes))
 	}
 }
+
+// Overlapping publishes gather their writes; the last to leave sends
+// them, and a batch's release sends at once whoever still publishes.
+func TestOverlappingPublishesLeaveTogether(t *testing.T) {
+	sock := &socket{}
+	c := &coalescingConn{Conn: sock}
+	c.join()
+	c.join()
+	for _, p := range []string{"a", "b"} {
+		if _, err := c.Write([]byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.leave(); err != nil || len(sock.writes) != 0 {
+		t.Fatalf("leave with another publish under way: %v, %d writes; want none yet", err, len(sock.writes))
+	}
+	if err := c.leave(); err != nil || len(sock.writes) != 1 || string(sock.writes[0]) != "ab" {
+		t.Fatalf("the last leave: %v, writes %q; want [ab]", err, sock.writes)
+	}
+	c.join()
+	c.hold()
+	if _, err := c.Write([]byte("c")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.release(); err != nil || len(sock.writes) != 2 {
+		t.Fatalf("a batch's release while a publish is under way: %v, %d writes; want it sent", err, len(sock.writes))
+	}
+	if err := c.leave(); err != nil || len(sock.writes) != 2 {
+		t.Fatalf("leave with nothing gathered: %v, %d writes", err, len(sock.writes))
+	}
+}

@@ -398,7 +398,9 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, mandatory
 	if err != nil {
 		return err
 	}
+	p.s.wire.join() // publishes of other goroutines meanwhile leave in one write with this one
 	dc, err := p.start(ctx, c, exchange, key, mandatory, msg)
+	_ = p.s.wire.leave() // a failed write closed the connection: await sees it
 	if err != nil {
 		return err
 	}
