@@ -1,6 +1,7 @@
 package rabbitmq_test
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"sync"
@@ -112,23 +113,17 @@ func TestBatchReachesTheBrokerInOneWrite(t *testing.T) {
 	if err := tr.SendBatch(ctx, []bus.Outbound{send(-1)}); err != nil { // connects
 		t.Fatalf("SendBatch of one: %v", err)
 	}
-	before, err := tr.ConnectionWrites(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var batch []bus.Outbound
 	for i := range 50 {
 		batch = append(batch, send(i))
 	}
-	if err := tr.SendBatch(ctx, batch); err != nil {
-		t.Fatalf("SendBatch: %v", err)
-	}
-	after, err := tr.ConnectionWrites(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := writesDuring(ctx, t, tr, func() {
+		if err := tr.SendBatch(ctx, batch); err != nil {
+			t.Fatalf("SendBatch: %v", err)
+		}
+	})
 	// One write carries the batch; a heartbeat may add one.
-	if n := after - before; n < 1 || n > 2 {
+	if n < 1 || n > 2 {
 		t.Errorf("a batch of 50 took %d writes to the socket, want 1 (2 with a heartbeat)", n)
 	}
 	got := adm.get(t, queue, 60)
@@ -159,31 +154,41 @@ func TestConcurrentSendsShareWrites(t *testing.T) {
 	if err := tr.Send(ctx, env(), queue); err != nil { // connects
 		t.Fatal(err)
 	}
-	before, err := tr.ConnectionWrites(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const senders, each = 256, 20
-	var wg sync.WaitGroup
-	for range senders {
-		wg.Go(func() {
-			for range each {
-				if err := tr.Send(ctx, env(), queue); err != nil {
-					t.Error(err)
-					return
+	n := writesDuring(ctx, t, tr, func() {
+		var wg sync.WaitGroup
+		for range senders {
+			wg.Go(func() {
+				for range each {
+					if err := tr.Send(ctx, env(), queue); err != nil {
+						t.Error(err)
+						return
+					}
 				}
-			}
-		})
-	}
-	wg.Wait()
-	after, err := tr.ConnectionWrites(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if per := float64(after-before) / (senders * each); per > 0.75 {
+			})
+		}
+		wg.Wait()
+	})
+	if per := float64(n) / (senders * each); per > 0.75 {
 		t.Errorf("%.2f socket writes per send from %d goroutines, want well under 1 (0.27-0.37 measured)", per, senders)
 	}
 	if n := adm.depth(t, queue); n != senders*each+1 {
 		t.Errorf("queue holds %d messages, want %d", n, senders*each+1)
 	}
+}
+
+// writesDuring returns how many writes tr's connection made to its socket
+// while f ran.
+func writesDuring(ctx context.Context, t *testing.T, tr *rabbitmq.Transport, f func()) int {
+	t.Helper()
+	before, err := tr.ConnectionWrites(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f()
+	after, err := tr.ConnectionWrites(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return after - before
 }

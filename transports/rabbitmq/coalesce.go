@@ -76,15 +76,7 @@ func (c *coalescingConn) hold() {
 // batches still hold the connection: no write waits for more than one
 // batch. Its error is the failed write's (amqp091 sees the connection
 // closed too).
-func (c *coalescingConn) release() error {
-	if c == nil {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.holds--
-	return c.flushLocked()
-}
+func (c *coalescingConn) release() error { return c.end(true) }
 
 // join is a hold for one Send's publish, ended by leave. While publishes
 // of several goroutines overlap, their writes gather; the last to leave
@@ -94,14 +86,18 @@ func (c *coalescingConn) join() { c.hold() }
 
 // leave ends a join, sending what was gathered when no other publish or
 // batch holds the connection any more.
-func (c *coalescingConn) leave() error {
+func (c *coalescingConn) leave() error { return c.end(false) }
+
+// end ends a hold, sending what was gathered always, or only when it was
+// the last.
+func (c *coalescingConn) end(always bool) error {
 	if c == nil {
 		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.holds--
-	if c.holds > 0 {
+	if !always && c.holds > 0 {
 		return nil
 	}
 	return c.flushLocked()
