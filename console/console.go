@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"time"
 
@@ -109,7 +110,9 @@ func New(m bus.DeadLetterManager, opts ...Option) (*Console, error) {
 
 func (c *Console) parse() error {
 	c.pages = map[string]*template.Template{}
-	funcs := template.FuncMap{"time": formatTime, "oneLine": dlview.OneLine}
+	// seg escapes a path segment: an endpoint or a dead letter's id may hold
+	// "/", "?" or "#" (a foreign producer's message id, an SQS id).
+	funcs := template.FuncMap{"time": formatTime, "oneLine": dlview.OneLine, "seg": url.PathEscape}
 	for _, page := range []string{"index.html", "endpoint.html", "message.html", "error.html"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page)
 		if err != nil {

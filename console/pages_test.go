@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"net/http"
 	"net/url"
 	"strings"
@@ -104,5 +105,64 @@ func TestStatsShowDepthDeadLettersAndRate(t *testing.T) {
 	mu.Unlock()
 	if got := stats(); got["messages_per_second"] != 10.0 || got["rate_kind"] != "delivered" {
 		t.Errorf("stats after 20 messages in 2s: %v, want 10 delivered a second", got)
+	}
+}
+
+// oddIDs shows a manager's dead letters under ids holding what a path
+// segment cannot ("/", "?", "#", as a foreign producer's message id may),
+// and takes them back in filters.
+type oddIDs struct{ bus.DeadLetterManager }
+
+const oddPrefix = "orders/2026?x#"
+
+func (m oddIDs) in(f bus.DeadLetterFilter) bus.DeadLetterFilter {
+	ids := make([]string, len(f.IDs))
+	for i, id := range f.IDs {
+		ids[i] = strings.TrimPrefix(id, oddPrefix)
+	}
+	f.IDs = ids
+	return f
+}
+
+func (m oddIDs) ListDeadLetters(ctx context.Context, f bus.DeadLetterFilter) ([]bus.DeadLetter, error) {
+	dls, err := m.DeadLetterManager.ListDeadLetters(ctx, m.in(f))
+	for i := range dls {
+		dls[i].ID = oddPrefix + dls[i].ID
+	}
+	return dls, err
+}
+
+func (m oddIDs) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilter, r bus.Replay, done func(bus.DeadLetter)) (int, error) {
+	return m.DeadLetterManager.ReplayDeadLetters(ctx, m.in(f), r, done)
+}
+
+// A dead letter whose id holds "/", "?" and "#" is linked, shown and
+// replayed from its own page.
+func TestOddIDsAreLinkedAndReplayed(t *testing.T) {
+	tr := memoryWith(t, "shop", dltest.Message{Name: "shop.order", Body: `{"n":1}`, Reason: "a"})
+	_, srv := server(t, oddIDs{tr})
+	_, page := get(t, srv.URL+"/endpoints/shop")
+	link := "/endpoints/shop/messages/" + url.PathEscape(oddPrefix)
+	i := strings.Index(page, link)
+	if i < 0 {
+		t.Fatalf("the endpoint page has no link starting %s:\n%s", link, page)
+	}
+	href := page[i : i+strings.IndexByte(page[i:], '"')]
+	code, msg := get(t, srv.URL+href)
+	if code != http.StatusOK || !strings.Contains(msg, "shop.order") {
+		t.Fatalf("GET %s: %d\n%s", href, code, msg)
+	}
+	one := `name="one" value="`
+	j := strings.Index(msg, one)
+	if j < 0 {
+		t.Fatalf("the message page has no replay form:\n%s", msg)
+	}
+	id := html.UnescapeString(msg[j+len(one) : j+len(one)+strings.IndexByte(msg[j+len(one):], '"')])
+	if !strings.HasPrefix(id, oddPrefix) {
+		t.Fatalf("the replay form names %q, want the dead letter's id", id)
+	}
+	resp, _ := post(t, srv.URL+"/endpoints/shop/replay", url.Values{"one": {id}, "csrf": {csrf(t, msg)}})
+	if resp.StatusCode != http.StatusSeeOther || tr.Broker().Depth("shop") != 1 {
+		t.Fatalf("replay from the message's page: %d, depth %d", resp.StatusCode, tr.Broker().Depth("shop"))
 	}
 }
