@@ -42,36 +42,38 @@ func (t *Transport) SendBatch(ctx context.Context, batch []bus.Outbound) error {
 	}
 	flight := make([]inflight, 0, len(batch))
 	// The publishes below wait for nothing from the broker: their writes
-	// gather on the connection and go out together when the loop ends.
-	s.wire.hold()
-	for i, m := range batch {
-		if c == nil || dueIn(m.Envelope) > 0 {
-			oneByOne = append(oneByOne, i)
-			continue
-		}
-		f := inflight{index: i, c: c}
-		if f.exchange, f.key, f.mandatory, err = t.route(m); err != nil {
-			errs[i] = err
-			continue
-		}
-		if f.msg, err = t.publishing(m.Envelope); err != nil {
-			errs[i] = err
-			continue
-		}
-		if f.dc, err = p.start(ctx, c, f.exchange, f.key, f.mandatory, &f.msg); err != nil {
-			if publishAgain(err) {
-				c = nil // the channel or the session is gone: the rest one by one
+	// gather on the connection and go out together when they end. A write
+	// that failed closed the connection: the confirmations awaited after
+	// fail, and those messages go Send's way.
+	func() {
+		s.wire.hold()
+		defer func() { _ = s.wire.release() }()
+		for i, m := range batch {
+			if c == nil || dueIn(m.Envelope) > 0 {
 				oneByOne = append(oneByOne, i)
 				continue
 			}
-			errs[i] = t.batchError(ctx, m, f.exchange, f.key, err)
-			continue
+			f := inflight{index: i, c: c}
+			if f.exchange, f.key, f.mandatory, err = t.route(m); err != nil {
+				errs[i] = err
+				continue
+			}
+			if f.msg, err = t.publishing(m.Envelope); err != nil {
+				errs[i] = err
+				continue
+			}
+			if f.dc, err = p.start(ctx, c, f.exchange, f.key, f.mandatory, &f.msg); err != nil {
+				if publishAgain(err) {
+					c = nil // the channel or the session is gone: the rest one by one
+					oneByOne = append(oneByOne, i)
+					continue
+				}
+				errs[i] = t.batchError(ctx, m, f.exchange, f.key, err)
+				continue
+			}
+			flight = append(flight, f)
 		}
-		flight = append(flight, f)
-	}
-	// A write that failed closed the connection: the confirmations below
-	// fail, and those messages go Send's way.
-	_ = s.wire.release()
+	}()
 	for _, f := range flight {
 		err := p.await(ctx, f.c, f.dc, f.exchange, f.key, f.mandatory, &f.msg)
 		switch {

@@ -398,13 +398,20 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, mandatory
 	if err != nil {
 		return err
 	}
-	p.s.wire.join() // publishes of other goroutines meanwhile leave in one write with this one
-	dc, err := p.start(ctx, c, exchange, key, mandatory, msg)
-	_ = p.s.wire.leave() // a failed write closed the connection: await sees it
+	dc, err := p.startJoined(ctx, c, exchange, key, mandatory, msg)
 	if err != nil {
 		return err
 	}
 	return p.await(ctx, c, dc, exchange, key, mandatory, msg)
+}
+
+// startJoined is start with the publish joined to those other goroutines
+// make meanwhile: they leave in one write. A write that failed closed the
+// connection, which await sees.
+func (p *publisher) startJoined(ctx context.Context, c *pubChannel, exchange, key string, mandatory bool, msg *amqp.Publishing) (*amqp.DeferredConfirmation, error) {
+	p.s.wire.join()
+	defer func() { _ = p.s.wire.leave() }()
+	return p.start(ctx, c, exchange, key, mandatory, msg)
 }
 
 // start publishes msg on c without waiting for its confirmation, with
