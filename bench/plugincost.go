@@ -61,10 +61,11 @@ type PluginCostConfig struct {
 	Dir string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
-	// PluginCPUProfile and PluginTrace, when set, are the prefixes of the
-	// plugin processes' CPU profiles and execution traces: each side
-	// writes PREFIX-SIDE-wWORKERS.prof (or .trace) when its plugin stops.
-	PluginCPUProfile, PluginTrace string
+	// PluginCPUProfile, PluginTrace and PluginMemProfile, when set, are
+	// the prefixes of the plugin processes' CPU profiles, execution traces
+	// and allocation profiles: each side writes PREFIX-SIDE-wWORKERS.prof
+	// (.trace, .mprof) when its plugin stops.
+	PluginCPUProfile, PluginTrace, PluginMemProfile string
 }
 
 // PluginCostResult is one side at one concurrency: medians over rounds.
@@ -253,6 +254,9 @@ func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum 
 		if cfg.PluginTrace != "" {
 			args = append(args, fmt.Sprintf("-trace=%s-%s-w%d.trace", cfg.PluginTrace, side, workers))
 		}
+		if cfg.PluginMemProfile != "" {
+			args = append(args, fmt.Sprintf("-memprofile=%s-%s-w%d.mprof", cfg.PluginMemProfile, side, workers))
+		}
 		return args
 	}
 	rs, err := openRawEcho(ctx, workers, raw, rawSum, payload, profileArgs("raw"))
@@ -398,9 +402,10 @@ func runWorkers(workers, n int, op func(worker int) error) ([]time.Duration, err
 	return slices.Concat(lat...), nil
 }
 
-// ProfilePlugin starts the CPU profile and the execution trace a plugin
-// binary of the benchmark was asked for with "-cpuprofile=FILE" and
-// "-trace=FILE" arguments, and returns the other arguments and a function
+// ProfilePlugin starts the CPU profile, the execution trace and the
+// allocation profile (of every allocation) a plugin binary of the
+// benchmark was asked for with "-cpuprofile=FILE", "-trace=FILE" and
+// "-memprofile=FILE" arguments, and returns the other arguments and a function
 // that writes them (the binary calls it once serving returned, when the
 // host stops the plugin).
 func ProfilePlugin(args []string) (rest []string, stop func()) {
@@ -414,6 +419,11 @@ func ProfilePlugin(args []string) (rest []string, stop func()) {
 			start, end = pprof.StartCPUProfile, pprof.StopCPUProfile
 		case "-trace":
 			start, end = trace.Start, trace.Stop
+		case "-memprofile":
+			runtime.MemProfileRate = 1
+			var w io.Writer
+			start = func(f io.Writer) error { w = f; return nil }
+			end = func() { _ = pprof.Lookup("allocs").WriteTo(w, 0) }
 		default:
 			rest = append(rest, a)
 			continue

@@ -137,8 +137,6 @@ type Plugin struct {
 	beginClose     context.CancelFunc
 	wg             sync.WaitGroup
 
-	incomingPool sync.Pool // of *incomingInvocation
-
 	invocations, skipped, unavailable, timeouts, crashes, restarts atomic.Uint64
 	lastSkipLog                                                    atomic.Int64
 }

@@ -51,7 +51,7 @@ func newProcess(p *Plugin, client *goplugin.Client, rpc pluginproto.PluginClient
 	proc := &process{p: p, client: client, rpc: rpc, started: time.Now(), streamsCtx: streamsCtx, endStreams: endStreams, dead: make(chan struct{}), stopServed: func() {}}
 	if rpc != nil {
 		proc.newCall = func(ctx context.Context) (pluginproto.Plugin_CallClient, error) {
-			return rpc.Call(ctx, grpc.ForceCodecV2(frameCodec{}))
+			return rpc.Call(ctx, grpc.ForceCodecV2(pluginproto.Codec{}))
 		}
 	}
 	return proc
@@ -117,9 +117,10 @@ type callStream struct {
 	timer    *time.Timer // the invocation timeout: marks timedOut and cancels
 	timedOut atomic.Bool
 
-	in     pluginproto.PluginFrame // each Recv's frame
-	out    pluginproto.HostFrame
-	invoke pluginproto.HostFrame_Invoke
+	in       pluginproto.PluginFrame // each Recv's frame
+	out      pluginproto.HostFrame
+	invoke   pluginproto.HostFrame_Invoke
+	incoming pluginproto.IncomingInvoke
 }
 
 // openCall opens a Call stream.

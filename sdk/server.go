@@ -15,7 +15,15 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/pluginproto"
+	"google.golang.org/grpc"
 )
+
+// newGRPCServer is the plugin's gRPC server: pluginproto's, with the
+// codec of Call streams, which decodes the frames every message makes by
+// hand (the other services' messages decode as with gRPC's own codec).
+func newGRPCServer(opts []grpc.ServerOption) *grpc.Server {
+	return pluginproto.NewGRPCServer(append(opts[:len(opts):len(opts)], grpc.ForceServerCodecV2(pluginproto.Codec{})))
+}
 
 // server is the plugin side of the wire protocol.
 type server struct {
@@ -361,12 +369,16 @@ func (c *stageCall) run(inv *pluginproto.Invoke) {
 	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})
 }
 
-// streamFrames are a Call stream's Done frame, reused by its invocations
-// one after the other (Send encodes it before returning).
+// streamFrames are a Call stream's frames, reused by its invocations one
+// after the other: the Done frame (Send encodes it before returning), and
+// the frames received, decoded into the previous ones' messages
+// (pluginproto.Codec) once the invocation that read them ended.
 type streamFrames struct {
-	frame pluginproto.PluginFrame
-	kind  pluginproto.PluginFrame_Done
-	done  pluginproto.Done
+	frame  pluginproto.PluginFrame
+	kind   pluginproto.PluginFrame_Done
+	done   pluginproto.Done
+	invoke pluginproto.HostFrame // an invocation, or a Release
+	answer pluginproto.HostFrame // what the host answers to next
 }
 
 // send sends f to the host on the call's session or stream. A stream
@@ -471,8 +483,9 @@ func (c *stageCall) next(ctx context.Context) error {
 // awaitOnStream reads the host's answer to next from the call's stream.
 // The host cancels the invocation by cancelling the stream.
 func (c *stageCall) awaitOnStream() error {
+	f := &c.frames.answer
 	for {
-		f, err := c.stream.Recv()
+		err := c.stream.RecvMsg(f)
 		if err != nil {
 			c.cancel()
 			if c.stop.Err() != nil {
@@ -498,8 +511,9 @@ func (c *stageCall) awaitOnStream() error {
 func (s *server) Call(stream pluginproto.Plugin_CallServer) error {
 	ctx := stream.Context()
 	frames := new(streamFrames)
+	f := &frames.invoke
 	for {
-		f, err := stream.Recv()
+		err := stream.RecvMsg(f)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, io.EOF) {
 				return nil

@@ -46,6 +46,7 @@ func run() error {
 	traceFile := flag.String("trace", "", "write the host process's execution trace to this file")
 	flag.StringVar(&cfg.PluginCPUProfile, "plugincpuprofile", "", "write each plugin process's CPU profile to PREFIX-SIDE-wWORKERS.prof")
 	flag.StringVar(&cfg.PluginTrace, "plugintrace", "", "write each plugin process's execution trace to PREFIX-SIDE-wWORKERS.trace")
+	flag.StringVar(&cfg.PluginMemProfile, "pluginmemprofile", "", "write each plugin process's allocation profile (every allocation) to PREFIX-SIDE-wWORKERS.mprof")
 	flag.Parse()
 	for _, w := range strings.Split(*workers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(w))
