@@ -324,6 +324,8 @@ type stageCall struct {
 
 	out     *bus.Outgoing
 	outBase *pluginproto.OutgoingMessage
+
+	delivery bus.Delivery // the message of an incoming or handler invocation
 }
 
 func (c *stageCall) run(inv *pluginproto.Invoke) {
@@ -411,7 +413,8 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		if inst.mw.Incoming == nil {
 			return c.skip()
 		}
-		d := &bus.Delivery{Envelope: bus.Envelope{Name: m.Name, ContentType: m.ContentType, Body: m.Body,
+		d := &c.delivery
+		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.Name, ContentType: m.ContentType, Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
 		return inst.mw.Incoming(c.ctx, inst.stages.Incoming(d, m.Endpoint), c.next)
 	case *pluginproto.Invoke_Handling:
@@ -419,7 +422,8 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		if inst.mw.Handling == nil {
 			return c.skip()
 		}
-		d := &bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
+		d := &c.delivery
+		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes)}, Attempt: int(m.Attempt)}
 		return inst.mw.Handling(c.ctx, inst.stages.Handling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d), c.next)
 	case *pluginproto.Invoke_Outgoing:
