@@ -197,7 +197,7 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 	if ctx.Done() != nil {
 		stopWatch = context.AfterFunc(ctx, cs.cancel)
 	}
-	cs.timer.Reset(p.cfg.callTimeout)
+	cs.startTimeout(p.cfg.callTimeout)
 	if in != nil {
 		// Encoded from in, with no message built (pluginproto.Codec).
 		f := &cs.incoming
@@ -228,13 +228,13 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 			}
 			apply(out, k.Next.Mutation)
 			nextCalled = true
-			cs.timer.Stop() // the time the host spends in next does not count
+			cs.stopTimeout() // the time the host spends in next does not count
 			nctx := ctx
 			if k.Next.HoldsContext {
 				nctx = context.WithValue(ctx, heldKey{inst}, id)
 			}
 			nextErr = callNext(nctx, cs, k.Next.DeadlineUnixNano, next)
-			cs.timer.Reset(p.cfg.callTimeout)
+			cs.startTimeout(p.cfg.callTimeout)
 			cs.out = pluginproto.HostFrame{Call: id, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}}}
 			err = cs.rpc.Send(&cs.out)
 		case *pluginproto.PluginFrame_Done:
@@ -245,7 +245,7 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 				Mutation               *pluginproto.Mutation
 				Error                  *pluginproto.Error
 			}{k.Done.Continue, k.Done.HoldsContext, k.Done.Mutation, k.Done.Error}
-			if cs.timer.Stop() && (stopWatch == nil || stopWatch()) {
+			if cs.stopTimeout() && (stopWatch == nil || stopWatch()) {
 				proc.release(cs)
 			} else {
 				cs.abandon() // cancelled meanwhile: the plugin may have seen it

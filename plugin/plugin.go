@@ -377,6 +377,7 @@ func (p *Plugin) start() (*process, error) {
 	if gc, ok := rpc.(*goplugin.GRPCClient); ok {
 		proc.conn = gc
 	}
+	proc.watchTimeouts(max(p.cfg.callTimeout/8, time.Millisecond))
 	if err := proc.watchLiveness(); err != nil {
 		proc.stop()
 		return nil, fmt.Errorf("plugin: %s: opening a stream: %w", p.path, err)
