@@ -39,8 +39,10 @@ type server struct {
 	// made meanwhile (sends while handling) take their values from it.
 	held sync.Map // uint64 → context.Context
 
-	mu        sync.Mutex // serialises Configure+Instantiate; guards instances
-	instances map[uint32]*instance
+	mu sync.Mutex // serialises Configure+Instantiate and changes of instances
+	// instances is replaced whole under mu, so that every invocation reads
+	// it without a lock.
+	instances atomic.Pointer[map[uint32]*instance]
 }
 
 type instance struct {
@@ -50,7 +52,9 @@ type instance struct {
 }
 
 func newServer(p bus.Plugin, version string, logger *slog.Logger) *server {
-	return &server{p: p, beforeOnly: beforeOnlyStages(p), declared: declaredErrors(p), version: version, logger: logger, instances: make(map[uint32]*instance)}
+	s := &server{p: p, beforeOnly: beforeOnlyStages(p), declared: declaredErrors(p), version: version, logger: logger}
+	s.instances.Store(&map[uint32]*instance{})
+	return s
 }
 
 func (s *server) instantiate(config []byte, info bus.PluginInfo) (bus.Middleware, error) {
@@ -103,15 +107,22 @@ func (s *server) Instantiate(_ context.Context, req *pluginproto.InstantiateRequ
 	if err != nil {
 		return nil, err
 	}
-	s.instances[req.Instance] = &instance{mw: m, logger: s.logger,
-		stages: bus.NewStageMaker(bus.StageInfo{Middleware: m.Name, Endpoint: req.Endpoint, Logger: s.logger})}
+	s.setInstance(req.Instance, &instance{mw: m, logger: s.logger,
+		stages: bus.NewStageMaker(bus.StageInfo{Middleware: m.Name, Endpoint: req.Endpoint, Logger: s.logger})})
 	return &pluginproto.InstantiateResponse{Name: m.Name, Stages: implementedStages(m, s.beforeOnly), HasStart: m.Start != nil, HasStop: m.Stop != nil}, nil
 }
 
-func (s *server) instance(id uint32) *instance {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.instances[id]
+func (s *server) instance(id uint32) *instance { return (*s.instances.Load())[id] }
+
+// setInstance adds, replaces or (nil) removes instance id. s.mu is held.
+func (s *server) setInstance(id uint32, inst *instance) {
+	m := maps.Clone(*s.instances.Load())
+	if inst == nil {
+		delete(m, id)
+	} else {
+		m[id] = inst
+	}
+	s.instances.Store(&m)
 }
 
 // Lifecycle runs Start or Stop, or forgets an instance.
@@ -137,7 +148,7 @@ func (s *server) Lifecycle(ctx context.Context, req *pluginproto.LifecycleReques
 		}
 	case pluginproto.LifecycleRequest_OP_RELEASE:
 		s.mu.Lock()
-		delete(s.instances, req.Instance)
+		s.setInstance(req.Instance, nil)
 		s.mu.Unlock()
 	}
 	return &pluginproto.LifecycleResponse{Error: pluginproto.EncodeError(err)}, nil
