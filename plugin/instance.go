@@ -235,7 +235,9 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 			}
 			nextErr = callNext(nctx, cs, k.Next.DeadlineUnixNano, next)
 			cs.startTimeout(p.cfg.callTimeout)
-			cs.out = pluginproto.HostFrame{Call: id, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}}}
+			cs.nextResult = pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}
+			cs.nextResultKind.NextResult = &cs.nextResult
+			cs.out = pluginproto.HostFrame{Call: id, Kind: &cs.nextResultKind}
 			err = cs.rpc.Send(&cs.out)
 		case *pluginproto.PluginFrame_Done:
 			// Copied out: the stream's next frame, once it is back in the
@@ -250,7 +252,9 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 			} else {
 				cs.abandon() // cancelled meanwhile: the plugin may have seen it
 			}
-			proc.consecutiveTimeouts.Store(0)
+			if proc.consecutiveTimeouts.Load() != 0 { // a store per invocation would bounce the line between cores
+				proc.consecutiveTimeouts.Store(0)
+			}
 			if d.Continue {
 				apply(out, d.Mutation)
 				if d.HoldsContext {

@@ -121,10 +121,14 @@ type callStream struct {
 	deadline atomic.Int64
 	timedOut atomic.Bool
 
-	in       pluginproto.PluginFrame // each Recv's frame
-	out      pluginproto.HostFrame
-	invoke   pluginproto.HostFrame_Invoke
-	incoming pluginproto.IncomingInvoke
+	// The frames of the stream's invocations, reused: each is encoded
+	// before Send returns.
+	in             pluginproto.PluginFrame // each Recv's frame
+	out            pluginproto.HostFrame
+	invoke         pluginproto.HostFrame_Invoke
+	incoming       pluginproto.IncomingInvoke
+	nextResultKind pluginproto.HostFrame_NextResult
+	nextResult     pluginproto.NextResult
 }
 
 // openCall opens a Call stream.

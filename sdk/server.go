@@ -383,15 +383,18 @@ func (c *stageCall) run(inv *pluginproto.Invoke) {
 }
 
 // streamFrames are a Call stream's frames, reused by its invocations one
-// after the other: the Done frame (Send encodes it before returning), and
+// after the other: the Next and Done frames (Send encodes them before
+// returning), and
 // the frames received, decoded into the previous ones' messages
 // (pluginproto.Codec) once the invocation that read them ended.
 type streamFrames struct {
-	frame  pluginproto.PluginFrame
-	kind   pluginproto.PluginFrame_Done
-	done   pluginproto.Done
-	invoke pluginproto.HostFrame // an invocation, or a Release
-	answer pluginproto.HostFrame // what the host answers to next
+	frame    pluginproto.PluginFrame
+	kind     pluginproto.PluginFrame_Done
+	done     pluginproto.Done
+	nextKind pluginproto.PluginFrame_Next
+	next     pluginproto.NextCall
+	invoke   pluginproto.HostFrame // an invocation, or a Release
+	answer   pluginproto.HostFrame // what the host answers to next
 }
 
 // send sends f to the host on the call's session or stream. A stream
@@ -468,7 +471,14 @@ func (c *stageCall) next(ctx context.Context) error {
 		c.continued = true
 		return nil
 	}
-	nc := &pluginproto.NextCall{DeadlineUnixNano: pluginproto.Deadline(ctx)}
+	var nc *pluginproto.NextCall
+	if c.frames != nil {
+		nc = &c.frames.next
+		*nc = pluginproto.NextCall{}
+	} else {
+		nc = new(pluginproto.NextCall)
+	}
+	nc.DeadlineUnixNano = pluginproto.Deadline(ctx)
 	if c.out != nil {
 		nc.Mutation = mutation(c.out, c.outBase)
 	}
@@ -477,10 +487,13 @@ func (c *stageCall) next(ctx context.Context) error {
 		defer c.server.held.Delete(c.id)
 		nc.HoldsContext = true
 	}
-	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
-	if c.stream != nil {
+	if c.frames != nil { // sent on the call's stream: its frames are reused
+		c.frames.nextKind.Next = nc
+		c.frames.frame = pluginproto.PluginFrame{Call: c.id, Kind: &c.frames.nextKind}
+		c.send(&c.frames.frame)
 		return c.awaitOnStream()
 	}
+	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
 	// As in process, next returns what the rest of the chain returned: the
 	// host runs it under ctx's deadline and answers even when ctx (or the
 	// call's own deadline) expires meanwhile. Only the call's end (the
