@@ -17,17 +17,17 @@ import (
 //
 //   - The frames every message makes are encoded and decoded by hand
 //     ([IncomingInvoke]; HostFrame and PluginFrame without an error or a
-//     mutation): no reflection, and strings repeated from frame to frame
-//     are not allocated again. Any other frame, and any frame with a field
+//     mutation): no reflection and fewer allocations. Any other frame, and any frame with a field
 //     the hand-written code does not expect, goes through the generated
 //     code.
 //   - Marshal writes into a buffer of gRPC's pool, which gRPC frees once
 //     the frame is written.
 //   - Unmarshal decodes a HostFrame or a PluginFrame it decodes by hand
 //     into the messages the previous frame of the same kind left in it:
-//     the caller must be done with a frame's contents before it receives
-//     the next one into the same frame. Strings, bodies and maps are never
-//     reused.
+//     the caller must be done with those messages before it receives the
+//     next frame into the same frame. Bodies and maps are never reused
+//     (the caller may keep them); a string equal to the previous frame's
+//     is kept rather than allocated again.
 type Codec struct{}
 
 // poolingThreshold is the size up to which gRPC's mem.NewBuffer does not
