@@ -13,6 +13,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,6 +61,11 @@ type PluginCostConfig struct {
 	Dir string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// PluginCPUProfile, PluginTrace and PluginMemProfile, when set, are
+	// the prefixes of the plugin processes' CPU profiles, execution traces
+	// and allocation profiles: each side writes PREFIX-SIDE-wWORKERS.prof
+	// (.trace, .mprof) when its plugin stops.
+	PluginCPUProfile, PluginTrace, PluginMemProfile string
 }
 
 // PluginCostResult is one side at one concurrency: medians over rounds.
@@ -147,7 +154,7 @@ func PluginCost(ctx context.Context, cfg PluginCostConfig) ([]PluginCostResult, 
 		if workers == 1 {
 			n = max(cfg.N/10, 1)
 		}
-		sides, err := openCostSides(ctx, workers, raw, rawSum, pass, passSum, payload, d, cfg.Streams)
+		sides, err := openCostSides(ctx, workers, raw, rawSum, pass, passSum, payload, d, cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -177,11 +184,19 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 		for k := range sides {
 			i := (r + k) % len(sides)
 			runtime.GC()
+			var err error
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
 			hostBefore, pluginBefore := processCPU(0), processCPU(sides[i].pid)
 			start := time.Now()
-			lat, err := sides[i].round(ctx, n)
+			var lat []time.Duration
+			// The label and the log events mark the side's round in a
+			// profile (-tagfocus side=...) and in a trace.
+			pprof.Do(ctx, pprof.Labels("side", sides[i].name), func(ctx context.Context) {
+				trace.Log(ctx, "plugincost", "begin "+sides[i].name)
+				lat, err = sides[i].round(ctx, n)
+				trace.Log(ctx, "plugincost", "end "+sides[i].name)
+			})
 			elapsed := time.Since(start)
 			hostAfter, pluginAfter := processCPU(0), processCPU(sides[i].pid)
 			runtime.ReadMemStats(&after)
@@ -231,14 +246,30 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 
 // openCostSides opens the raw stream side (first: the ratios' reference)
 // and the two plugbus sides for workers concurrent workers.
-func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum string, payload int, d *bus.Delivery, streams int) ([]costSide, error) {
-	rs, err := openRawEcho(ctx, workers, raw, rawSum, payload)
+func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum string, payload int, d *bus.Delivery, cfg PluginCostConfig) ([]costSide, error) {
+	profileArgs := func(side string) (args []string) {
+		if cfg.PluginCPUProfile != "" {
+			args = append(args, fmt.Sprintf("-cpuprofile=%s-%s-w%d.prof", cfg.PluginCPUProfile, side, workers))
+		}
+		if cfg.PluginTrace != "" {
+			args = append(args, fmt.Sprintf("-trace=%s-%s-w%d.trace", cfg.PluginTrace, side, workers))
+		}
+		if cfg.PluginMemProfile != "" {
+			args = append(args, fmt.Sprintf("-memprofile=%s-%s-w%d.mprof", cfg.PluginMemProfile, side, workers))
+		}
+		return args
+	}
+	rs, err := openRawEcho(ctx, workers, raw, rawSum, payload, profileArgs("raw"))
 	if err != nil {
 		return nil, err
 	}
 	sides := []costSide{rs}
 	for _, around := range []bool{false, true} {
-		s, err := openPlugbusSide(workers, pass, passSum, around, d, streams)
+		side := "before-only"
+		if around {
+			side = "around"
+		}
+		s, err := openPlugbusSide(workers, pass, passSum, around, d, cfg.Streams, profileArgs(side))
 		if err != nil {
 			for _, o := range sides {
 				o.close()
@@ -252,12 +283,12 @@ func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum 
 
 // openRawEcho starts the raw echo plugin as plugin.Load starts a plugbus
 // plugin and opens one stream per worker.
-func openRawEcho(ctx context.Context, workers int, path, sum string, payload int) (costSide, error) {
+func openRawEcho(ctx context.Context, workers int, path, sum string, payload int, args []string) (costSide, error) {
 	want, _ := hex.DecodeString(sum)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  rawEchoHandshake,
 		VersionedPlugins: map[int]goplugin.PluginSet{1: {rawEchoKey: rawEchoPlugin{}}},
-		Cmd:              exec.Command(path),
+		Cmd:              exec.Command(path, args...),
 		SecureConfig:     &goplugin.SecureConfig{Checksum: want, Hash: sha256.New()},
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
@@ -309,13 +340,16 @@ func openRawEcho(ctx context.Context, workers int, path, sum string, payload int
 }
 
 // openPlugbusSide loads the pass plugin and runs deliveries through a bus.
-func openPlugbusSide(workers int, path, sum string, around bool, d *bus.Delivery, streams int) (costSide, error) {
+func openPlugbusSide(workers int, path, sum string, around bool, d *bus.Delivery, streams int, args []string) (costSide, error) {
 	quiet := slog.New(slog.DiscardHandler)
 	opts := []plugin.Option{plugin.WithSHA256(sum), plugin.WithLogger(quiet)}
 	name := "plugbus before-only"
 	if around {
-		opts = append(opts, plugin.WithArgs("around"))
+		args = append(args, "around")
 		name = "plugbus around"
+	}
+	if len(args) > 0 {
+		opts = append(opts, plugin.WithArgs(args...))
 	}
 	if streams > 0 {
 		opts = append(opts, plugin.WithStreams(streams))
@@ -366,6 +400,54 @@ func runWorkers(workers, n int, op func(worker int) error) ([]time.Duration, err
 		}
 	}
 	return slices.Concat(lat...), nil
+}
+
+// ProfilePlugin starts the CPU profile, the execution trace and the
+// allocation profile (of every allocation) a plugin binary of the
+// benchmark was asked for with "-cpuprofile=FILE", "-trace=FILE" and
+// "-memprofile=FILE" arguments, and returns the other arguments and a function
+// that writes them (the binary calls it once serving returned, when the
+// host stops the plugin).
+func ProfilePlugin(args []string) (rest []string, stop func()) {
+	var stops []func()
+	for _, a := range args {
+		name, file, _ := strings.Cut(a, "=")
+		var start func(io.Writer) error
+		var end func()
+		switch name {
+		case "-cpuprofile":
+			start, end = pprof.StartCPUProfile, pprof.StopCPUProfile
+		case "-trace":
+			start, end = trace.Start, trace.Stop
+		case "-memprofile":
+			runtime.MemProfileRate = 1
+			var w io.Writer
+			start = func(f io.Writer) error { w = f; return nil }
+			end = func() { _ = pprof.Lookup("allocs").WriteTo(w, 0) }
+		default:
+			rest = append(rest, a)
+			continue
+		}
+		f, err := os.Create(file)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			continue
+		}
+		if err := start(f); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			f.Close()
+			continue
+		}
+		stops = append(stops, func() {
+			end()
+			f.Close()
+		})
+	}
+	return rest, func() {
+		for _, s := range stops {
+			s()
+		}
+	}
 }
 
 // costDelivery is the benchmark's received message.

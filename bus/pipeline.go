@@ -49,6 +49,16 @@ type run[C any] struct {
 	terminal         func(context.Context) error
 	messageFields    func() []any // what scopes a logger to the message
 	shortCircuitLog  string       // the debug message when a layer does not call next
+
+	// single holds the per-layer slices of a one-layer chain (a stage
+	// context made by a StageMaker, for one), which then cost no
+	// allocation of their own.
+	single struct {
+		contexts       [1]C
+		nexts          [1]Next
+		phases         [1]atomic.Uint64
+		messageLoggers [1]*slog.Logger
+	}
 }
 
 func (r *run[C]) init(chain *pipe[C], stageContext func(i int) C, terminal func(context.Context) error, messageFields func() []any, shortCircuitLog string) {
@@ -57,10 +67,15 @@ func (r *run[C]) init(chain *pipe[C], stageContext func(i int) C, terminal func(
 		n = len(chain.names)
 	}
 	r.chain = chain
-	r.contexts = make([]C, n)
-	r.nexts = make([]Next, n)
-	r.phases = make([]atomic.Uint64, n)
-	r.messageLoggers = make([]*slog.Logger, n)
+	if n == 1 {
+		r.contexts, r.nexts = r.single.contexts[:], r.single.nexts[:]
+		r.phases, r.messageLoggers = r.single.phases[:], r.single.messageLoggers[:]
+	} else {
+		r.contexts = make([]C, n)
+		r.nexts = make([]Next, n)
+		r.phases = make([]atomic.Uint64, n)
+		r.messageLoggers = make([]*slog.Logger, n)
+	}
 	r.terminal = terminal
 	r.messageFields = messageFields
 	r.shortCircuitLog = shortCircuitLog

@@ -143,43 +143,8 @@ func (inst *instance) stop(ctx context.Context) error {
 	return err
 }
 
-// incomingInvocation is the messages of one incoming invocation, reused
-// through the plugin's pool: they are encoded once, when the invocation is
-// sent, and not referenced after.
-type incomingInvocation struct {
-	inv     pluginproto.Invoke
-	subject pluginproto.Invoke_Incoming
-	msg     pluginproto.IncomingMessage
-	attrs   pluginproto.Attributes
-}
-
 func (inst *instance) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-	x, _ := inst.p.incomingPool.Get().(*incomingInvocation)
-	if x == nil {
-		x = new(incomingInvocation)
-	}
-	pluginproto.SetAttributes(&x.attrs, in.Attributes())
-	headers := x.msg.Headers // kept from the previous use, cleared
-	x.msg = pluginproto.IncomingMessage{Name: in.Name(), ContentType: in.ContentType(), Body: in.Body(),
-		Attributes: &x.attrs, Attempt: int32(in.Attempt()), Endpoint: in.Endpoint(), Headers: headers}
-	for k, v := range in.Headers() {
-		if x.msg.Headers == nil {
-			x.msg.Headers = make(map[string]string, 4)
-		}
-		x.msg.Headers[k] = v
-	}
-	x.subject.Incoming = &x.msg
-	x.inv = pluginproto.Invoke{Subject: &x.subject}
-	err := inst.invoke(ctx, bus.StageIncoming, &x.inv, nil, next)
-	// Nothing references the message once sent but the maps, kept for the
-	// next use: the rest drops the delivery's strings and body.
-	headers = x.msg.Headers
-	clear(headers)
-	x.inv, x.msg = pluginproto.Invoke{}, pluginproto.IncomingMessage{Headers: headers}
-	pluginproto.SetAttributes(&x.attrs, bus.Attributes{})
-	x.subject.Incoming = nil
-	inst.p.incomingPool.Put(x)
-	return err
+	return inst.invoke(ctx, bus.StageIncoming, in, nil, nil, next)
 }
 
 func (inst *instance) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
@@ -189,7 +154,7 @@ func (inst *instance) handling(ctx context.Context, h *bus.Handling, next bus.Ne
 	}
 	m := &pluginproto.HandlingMessage{Handler: h.HandlerName(), MessageName: h.MessageName(), Body: body,
 		Attributes: pluginproto.FromAttributes(h.Attributes()), Attempt: int32(h.Attempt())}
-	return inst.invoke(ctx, bus.StageHandler, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Handling{Handling: m}}, nil, next)
+	return inst.invoke(ctx, bus.StageHandler, nil, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Handling{Handling: m}}, nil, next)
 }
 
 func (inst *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
@@ -205,22 +170,23 @@ func (inst *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.
 	if h := out.Headers(); len(h) > 0 {
 		m.Headers = maps.Clone(h)
 	}
-	return inst.invoke(ctx, bus.StageOutgoing, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Outgoing{Outgoing: m}}, out, next)
+	return inst.invoke(ctx, bus.StageOutgoing, nil, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Outgoing{Outgoing: m}}, out, next)
 }
 
-// invoke runs one stage invocation in the plugin, on a stream of its own.
-// When the plugin calls next, the host runs the rest of the chain here, on
-// the caller's goroutine, and sends back the outcome.
-func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginproto.Invoke, out *bus.Outgoing, next bus.Next) error {
+// invoke runs one stage invocation in the plugin, on a stream of its own:
+// an incoming one for in, else inv. When the plugin calls next, the host
+// runs the rest of the chain here, on the caller's goroutine, and sends
+// back the outcome.
+func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incoming, inv *pluginproto.Invoke, out *bus.Outgoing, next bus.Next) error {
 	p := inst.p
 	p.invocations.Add(1)
 	proc := p.live.Load()
 	if proc == nil {
 		return p.down(ctx, stage, next, false, nil, errors.New("the plugin process is down"))
 	}
-	inv.Instance, inv.Stage, inv.DeadlineUnixNano = inst.id, pluginproto.StageOf(stage), pluginproto.Deadline(ctx)
-	if parent, ok := ctx.Value(heldKey{inst}).(uint64); ok {
-		inv.Parent = parent
+	var parent uint64
+	if held, ok := ctx.Value(heldKey{inst}).(uint64); ok {
+		parent = held
 	}
 	cs, err := proc.acquire()
 	if err != nil {
@@ -231,11 +197,20 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 	if ctx.Done() != nil {
 		stopWatch = context.AfterFunc(ctx, cs.cancel)
 	}
-	cs.timer.Reset(p.cfg.callTimeout)
-	cs.invoke.Invoke = inv
-	cs.out = pluginproto.HostFrame{Call: id, Kind: &cs.invoke}
-	err = cs.rpc.Send(&cs.out)
-	cs.invoke.Invoke = nil
+	cs.startTimeout(p.cfg.callTimeout)
+	if in != nil {
+		// Encoded from in, with no message built (pluginproto.Codec).
+		f := &cs.incoming
+		f.Call, f.Parent, f.Instance, f.Deadline, f.In = id, parent, inst.id, pluginproto.Deadline(ctx), in
+		err = cs.rpc.SendMsg(f)
+		cs.incoming.In = nil
+	} else {
+		inv.Instance, inv.Stage, inv.DeadlineUnixNano, inv.Parent = inst.id, pluginproto.StageOf(stage), pluginproto.Deadline(ctx), parent
+		cs.invoke.Invoke = inv
+		cs.out = pluginproto.HostFrame{Call: id, Kind: &cs.invoke}
+		err = cs.rpc.Send(&cs.out)
+		cs.invoke.Invoke = nil
+	}
 	var (
 		nextCalled bool
 		nextErr    error
@@ -253,29 +228,33 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, inv *pluginpr
 			}
 			apply(out, k.Next.Mutation)
 			nextCalled = true
-			cs.timer.Stop() // the time the host spends in next does not count
+			cs.stopTimeout() // the time the host spends in next does not count
 			nctx := ctx
 			if k.Next.HoldsContext {
 				nctx = context.WithValue(ctx, heldKey{inst}, id)
 			}
 			nextErr = callNext(nctx, cs, k.Next.DeadlineUnixNano, next)
-			cs.timer.Reset(p.cfg.callTimeout)
-			cs.out = pluginproto.HostFrame{Call: id, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}}}
+			cs.startTimeout(p.cfg.callTimeout)
+			cs.nextResult = pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}
+			cs.nextResultKind.NextResult = &cs.nextResult
+			cs.out = pluginproto.HostFrame{Call: id, Kind: &cs.nextResultKind}
 			err = cs.rpc.Send(&cs.out)
 		case *pluginproto.PluginFrame_Done:
 			// Copied out: the stream's next frame, once it is back in the
-			// pool, is decoded into the same Done (frameCodec).
+			// pool, is decoded into the same Done (pluginproto.Codec).
 			d := struct {
 				Continue, HoldsContext bool
 				Mutation               *pluginproto.Mutation
 				Error                  *pluginproto.Error
 			}{k.Done.Continue, k.Done.HoldsContext, k.Done.Mutation, k.Done.Error}
-			if cs.timer.Stop() && (stopWatch == nil || stopWatch()) {
+			if cs.stopTimeout() && (stopWatch == nil || stopWatch()) {
 				proc.release(cs)
 			} else {
 				cs.abandon() // cancelled meanwhile: the plugin may have seen it
 			}
-			proc.consecutiveTimeouts.Store(0)
+			if proc.consecutiveTimeouts.Load() != 0 { // a store per invocation would bounce the line between cores
+				proc.consecutiveTimeouts.Store(0)
+			}
 			if d.Continue {
 				apply(out, d.Mutation)
 				if d.HoldsContext {

@@ -137,8 +137,6 @@ type Plugin struct {
 	beginClose     context.CancelFunc
 	wg             sync.WaitGroup
 
-	incomingPool sync.Pool // of *incomingInvocation
-
 	invocations, skipped, unavailable, timeouts, crashes, restarts atomic.Uint64
 	lastSkipLog                                                    atomic.Int64
 }
@@ -379,6 +377,7 @@ func (p *Plugin) start() (*process, error) {
 	if gc, ok := rpc.(*goplugin.GRPCClient); ok {
 		proc.conn = gc
 	}
+	proc.watchTimeouts(max(p.cfg.callTimeout/8, time.Millisecond))
 	if err := proc.watchLiveness(); err != nil {
 		proc.stop()
 		return nil, fmt.Errorf("plugin: %s: opening a stream: %w", p.path, err)

@@ -34,7 +34,8 @@ type process struct {
 	// newCall opens a Call stream (proc.rpc.Call; tests fake it).
 	newCall    func(ctx context.Context) (pluginproto.Plugin_CallClient, error)
 	poolMu     sync.Mutex
-	idle       []*callStream // the pool's idle streams, the last used last
+	idle       []*callStream            // the pool's idle streams, the last used last
+	open       map[*callStream]struct{} // every stream not abandoned, for watchTimeouts
 	lastCallID atomic.Uint64
 
 	dead                chan struct{}
@@ -48,10 +49,11 @@ type process struct {
 
 func newProcess(p *Plugin, client *goplugin.Client, rpc pluginproto.PluginClient) *process {
 	streamsCtx, endStreams := context.WithCancel(context.Background())
-	proc := &process{p: p, client: client, rpc: rpc, started: time.Now(), streamsCtx: streamsCtx, endStreams: endStreams, dead: make(chan struct{}), stopServed: func() {}}
+	proc := &process{p: p, client: client, rpc: rpc, started: time.Now(), streamsCtx: streamsCtx, endStreams: endStreams, dead: make(chan struct{}), stopServed: func() {},
+		open: make(map[*callStream]struct{})}
 	if rpc != nil {
 		proc.newCall = func(ctx context.Context) (pluginproto.Plugin_CallClient, error) {
-			return rpc.Call(ctx, grpc.ForceCodecV2(frameCodec{}))
+			return rpc.Call(ctx, grpc.ForceCodecV2(pluginproto.Codec{}))
 		}
 	}
 	return proc
@@ -111,15 +113,22 @@ func (proc *process) checkHung() {
 // panicked) cancels the invocation in the plugin; such a stream is
 // dropped, an idle one goes back to the pool.
 type callStream struct {
-	proc     *process
-	rpc      pluginproto.Plugin_CallClient
-	cancel   context.CancelFunc
-	timer    *time.Timer // the invocation timeout: marks timedOut and cancels
+	proc   *process
+	rpc    pluginproto.Plugin_CallClient
+	cancel context.CancelFunc
+	// deadline is when the invocation times out, on the process's clock;
+	// 0 when no timeout runs. watchTimeouts sets timedOut and cancels.
+	deadline atomic.Int64
 	timedOut atomic.Bool
 
-	in     pluginproto.PluginFrame // each Recv's frame
-	out    pluginproto.HostFrame
-	invoke pluginproto.HostFrame_Invoke
+	// The frames of the stream's invocations, reused: each is encoded
+	// before Send returns.
+	in             pluginproto.PluginFrame // each Recv's frame
+	out            pluginproto.HostFrame
+	invoke         pluginproto.HostFrame_Invoke
+	incoming       pluginproto.IncomingInvoke
+	nextResultKind pluginproto.HostFrame_NextResult
+	nextResult     pluginproto.NextResult
 }
 
 // openCall opens a Call stream.
@@ -131,12 +140,50 @@ func (proc *process) openCall() (*callStream, error) {
 		return nil, err
 	}
 	cs := &callStream{proc: proc, rpc: rpc, cancel: cancel}
-	cs.timer = time.AfterFunc(time.Hour, func() {
-		cs.timedOut.Store(true)
-		cancel()
-	})
-	cs.timer.Stop()
+	proc.poolMu.Lock()
+	proc.open[cs] = struct{}{}
+	proc.poolMu.Unlock()
 	return cs, nil
+}
+
+// clock is the time since the process started, monotonic.
+func (proc *process) clock() time.Duration { return time.Since(proc.started) }
+
+// startTimeout starts the invocation timeout of the stream's invocation.
+func (cs *callStream) startTimeout(d time.Duration) {
+	cs.deadline.Store(int64(cs.proc.clock() + d))
+}
+
+// stopTimeout stops the invocation timeout; it reports false when the
+// timeout expired first.
+func (cs *callStream) stopTimeout() bool { return cs.deadline.Swap(0) != 0 }
+
+// watchTimeouts times out the invocations that run past their deadline,
+// checking the streams every interval, until the streams end. One
+// watcher per process costs less than a timer per invocation: arming a
+// timer adds it to the runtime's timer heap, which wakes an idle thread to
+// poll for it, on every invocation.
+func (proc *process) watchTimeouts(interval time.Duration) {
+	proc.wg.Go(func() {
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-proc.streamsCtx.Done():
+				return
+			case <-tick.C:
+			}
+			now := int64(proc.clock())
+			proc.poolMu.Lock()
+			for cs := range proc.open {
+				if d := cs.deadline.Load(); d != 0 && d <= now && cs.deadline.CompareAndSwap(d, 0) {
+					cs.timedOut.Store(true)
+					cs.cancel()
+				}
+			}
+			proc.poolMu.Unlock()
+		}
+	})
 }
 
 // acquire returns an idle stream of the pool, or a new one.
@@ -162,8 +209,11 @@ func (proc *process) release(cs *callStream) {
 
 // abandon cancels the stream, which is not used again.
 func (cs *callStream) abandon() {
-	cs.timer.Stop()
+	cs.stopTimeout()
 	cs.cancel()
+	cs.proc.poolMu.Lock()
+	delete(cs.proc.open, cs)
+	cs.proc.poolMu.Unlock()
 }
 
 // watchLiveness keeps one Call stream open without invocations: it fails

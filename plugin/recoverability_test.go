@@ -51,7 +51,12 @@ func TestKilledTwiceUnderTheDefaultRetryPolicyLosesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i == n/4 || i == 3*n/5 {
-			waitFor(t, "the plugin running", func() bool { return p.PID() != 0 })
+			// The host notices a crash a few milliseconds after the kill,
+			// when thousands of sends may have gone: until then PID is
+			// the killed process's.
+			waitFor(t, "the plugin running after the crashes so far", func() bool {
+				return p.Stats().Crashes == uint64(len(killed)) && p.PID() != 0
+			})
 			pid := p.PID()
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 				t.Fatal(err)

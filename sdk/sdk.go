@@ -127,7 +127,7 @@ func serve(p bus.Plugin, opts []Option) error {
 		VersionedPlugins: map[int]goplugin.PluginSet{
 			pluginproto.ProtocolVersion: {pluginproto.PluginKey: &pluginproto.GRPCPlugin{Impl: s}},
 		},
-		GRPCServer: pluginproto.NewGRPCServer,
+		GRPCServer: newGRPCServer,
 		Logger:     newHCLogger(logger),
 	})
 	return nil

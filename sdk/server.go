@@ -15,7 +15,15 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/pluginproto"
+	"google.golang.org/grpc"
 )
+
+// newGRPCServer is the plugin's gRPC server: pluginproto's, with the
+// codec of Call streams, which decodes the frames every message makes by
+// hand (the other services' messages decode as with gRPC's own codec).
+func newGRPCServer(opts []grpc.ServerOption) *grpc.Server {
+	return pluginproto.NewGRPCServer(append(opts[:len(opts):len(opts)], grpc.ForceServerCodecV2(pluginproto.Codec{})))
+}
 
 // server is the plugin side of the wire protocol.
 type server struct {
@@ -31,8 +39,10 @@ type server struct {
 	// made meanwhile (sends while handling) take their values from it.
 	held sync.Map // uint64 → context.Context
 
-	mu        sync.Mutex // serialises Configure+Instantiate; guards instances
-	instances map[uint32]*instance
+	mu sync.Mutex // serialises Configure+Instantiate and changes of instances
+	// instances is replaced whole under mu, so that every invocation reads
+	// it without a lock.
+	instances atomic.Pointer[map[uint32]*instance]
 }
 
 type instance struct {
@@ -42,7 +52,9 @@ type instance struct {
 }
 
 func newServer(p bus.Plugin, version string, logger *slog.Logger) *server {
-	return &server{p: p, beforeOnly: beforeOnlyStages(p), declared: declaredErrors(p), version: version, logger: logger, instances: make(map[uint32]*instance)}
+	s := &server{p: p, beforeOnly: beforeOnlyStages(p), declared: declaredErrors(p), version: version, logger: logger}
+	s.instances.Store(&map[uint32]*instance{})
+	return s
 }
 
 func (s *server) instantiate(config []byte, info bus.PluginInfo) (bus.Middleware, error) {
@@ -95,15 +107,22 @@ func (s *server) Instantiate(_ context.Context, req *pluginproto.InstantiateRequ
 	if err != nil {
 		return nil, err
 	}
-	s.instances[req.Instance] = &instance{mw: m, logger: s.logger,
-		stages: bus.NewStageMaker(bus.StageInfo{Middleware: m.Name, Endpoint: req.Endpoint, Logger: s.logger})}
+	s.setInstance(req.Instance, &instance{mw: m, logger: s.logger,
+		stages: bus.NewStageMaker(bus.StageInfo{Middleware: m.Name, Endpoint: req.Endpoint, Logger: s.logger})})
 	return &pluginproto.InstantiateResponse{Name: m.Name, Stages: implementedStages(m, s.beforeOnly), HasStart: m.Start != nil, HasStop: m.Stop != nil}, nil
 }
 
-func (s *server) instance(id uint32) *instance {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.instances[id]
+func (s *server) instance(id uint32) *instance { return (*s.instances.Load())[id] }
+
+// setInstance adds, replaces or (nil) removes instance id. s.mu is held.
+func (s *server) setInstance(id uint32, inst *instance) {
+	m := maps.Clone(*s.instances.Load())
+	if inst == nil {
+		delete(m, id)
+	} else {
+		m[id] = inst
+	}
+	s.instances.Store(&m)
 }
 
 // Lifecycle runs Start or Stop, or forgets an instance.
@@ -129,7 +148,7 @@ func (s *server) Lifecycle(ctx context.Context, req *pluginproto.LifecycleReques
 		}
 	case pluginproto.LifecycleRequest_OP_RELEASE:
 		s.mu.Lock()
-		delete(s.instances, req.Instance)
+		s.setInstance(req.Instance, nil)
 		s.mu.Unlock()
 	}
 	return &pluginproto.LifecycleResponse{Error: pluginproto.EncodeError(err)}, nil
@@ -316,6 +335,8 @@ type stageCall struct {
 
 	out     *bus.Outgoing
 	outBase *pluginproto.OutgoingMessage
+
+	delivery bus.Delivery // the message of an incoming or handler invocation
 }
 
 func (c *stageCall) run(inv *pluginproto.Invoke) {
@@ -361,12 +382,19 @@ func (c *stageCall) run(inv *pluginproto.Invoke) {
 	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})
 }
 
-// streamFrames are a Call stream's Done frame, reused by its invocations
-// one after the other (Send encodes it before returning).
+// streamFrames are a Call stream's frames, reused by its invocations one
+// after the other: the Next and Done frames (Send encodes them before
+// returning), and
+// the frames received, decoded into the previous ones' messages
+// (pluginproto.Codec) once the invocation that read them ended.
 type streamFrames struct {
-	frame pluginproto.PluginFrame
-	kind  pluginproto.PluginFrame_Done
-	done  pluginproto.Done
+	frame    pluginproto.PluginFrame
+	kind     pluginproto.PluginFrame_Done
+	done     pluginproto.Done
+	nextKind pluginproto.PluginFrame_Next
+	next     pluginproto.NextCall
+	invoke   pluginproto.HostFrame // an invocation, or a Release
+	answer   pluginproto.HostFrame // what the host answers to next
 }
 
 // send sends f to the host on the call's session or stream. A stream
@@ -399,7 +427,8 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		if inst.mw.Incoming == nil {
 			return c.skip()
 		}
-		d := &bus.Delivery{Envelope: bus.Envelope{Name: m.Name, ContentType: m.ContentType, Body: m.Body,
+		d := &c.delivery
+		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.Name, ContentType: m.ContentType, Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
 		return inst.mw.Incoming(c.ctx, inst.stages.Incoming(d, m.Endpoint), c.next)
 	case *pluginproto.Invoke_Handling:
@@ -407,7 +436,8 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		if inst.mw.Handling == nil {
 			return c.skip()
 		}
-		d := &bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
+		d := &c.delivery
+		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes)}, Attempt: int(m.Attempt)}
 		return inst.mw.Handling(c.ctx, inst.stages.Handling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d), c.next)
 	case *pluginproto.Invoke_Outgoing:
@@ -441,7 +471,14 @@ func (c *stageCall) next(ctx context.Context) error {
 		c.continued = true
 		return nil
 	}
-	nc := &pluginproto.NextCall{DeadlineUnixNano: pluginproto.Deadline(ctx)}
+	var nc *pluginproto.NextCall
+	if c.frames != nil {
+		nc = &c.frames.next
+		*nc = pluginproto.NextCall{}
+	} else {
+		nc = new(pluginproto.NextCall)
+	}
+	nc.DeadlineUnixNano = pluginproto.Deadline(ctx)
 	if c.out != nil {
 		nc.Mutation = mutation(c.out, c.outBase)
 	}
@@ -450,10 +487,13 @@ func (c *stageCall) next(ctx context.Context) error {
 		defer c.server.held.Delete(c.id)
 		nc.HoldsContext = true
 	}
-	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
-	if c.stream != nil {
+	if c.frames != nil { // sent on the call's stream: its frames are reused
+		c.frames.nextKind.Next = nc
+		c.frames.frame = pluginproto.PluginFrame{Call: c.id, Kind: &c.frames.nextKind}
+		c.send(&c.frames.frame)
 		return c.awaitOnStream()
 	}
+	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Next{Next: nc}})
 	// As in process, next returns what the rest of the chain returned: the
 	// host runs it under ctx's deadline and answers even when ctx (or the
 	// call's own deadline) expires meanwhile. Only the call's end (the
@@ -471,8 +511,9 @@ func (c *stageCall) next(ctx context.Context) error {
 // awaitOnStream reads the host's answer to next from the call's stream.
 // The host cancels the invocation by cancelling the stream.
 func (c *stageCall) awaitOnStream() error {
+	f := &c.frames.answer
 	for {
-		f, err := c.stream.Recv()
+		err := c.stream.RecvMsg(f)
 		if err != nil {
 			c.cancel()
 			if c.stop.Err() != nil {
@@ -498,8 +539,9 @@ func (c *stageCall) awaitOnStream() error {
 func (s *server) Call(stream pluginproto.Plugin_CallServer) error {
 	ctx := stream.Context()
 	frames := new(streamFrames)
+	f := &frames.invoke
 	for {
-		f, err := stream.Recv()
+		err := stream.RecvMsg(f)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, io.EOF) {
 				return nil

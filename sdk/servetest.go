@@ -40,7 +40,7 @@ func ServeTest(ctx context.Context, p bus.Plugin, logger *slog.Logger, opts ...O
 		VersionedPlugins: map[int]goplugin.PluginSet{
 			pluginproto.ProtocolVersion: {pluginproto.PluginKey: &pluginproto.GRPCPlugin{Impl: s}},
 		},
-		GRPCServer: pluginproto.NewGRPCServer,
+		GRPCServer: newGRPCServer,
 		// go-plugin's own records (such as its listener closing when the
 		// host stops the plugin) say nothing about the plugin under test.
 		Logger: hclog.NewNullLogger(),

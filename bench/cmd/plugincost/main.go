@@ -9,6 +9,8 @@
 //	cd bench && go run ./cmd/plugincost
 //	go run ./cmd/plugincost -rounds 9 -n 40000 -markdown
 //	go run ./cmd/plugincost -cpuprofile cpu.out   # the host process's profile
+//	go run ./cmd/plugincost -plugincpuprofile /tmp/p   # the plugin processes' profiles
+//	go run ./cmd/plugincost -workers 1 -rounds 1 -trace host.trace -plugintrace /tmp/p   # execution traces
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 
@@ -40,6 +43,10 @@ func run() error {
 	markdown := flag.Bool("markdown", false, "print markdown tables")
 	verbose := flag.Bool("v", false, "print every round")
 	cpuProfile := flag.String("cpuprofile", "", "write the host process's CPU profile to this file")
+	traceFile := flag.String("trace", "", "write the host process's execution trace to this file")
+	flag.StringVar(&cfg.PluginCPUProfile, "plugincpuprofile", "", "write each plugin process's CPU profile to PREFIX-SIDE-wWORKERS.prof")
+	flag.StringVar(&cfg.PluginTrace, "plugintrace", "", "write each plugin process's execution trace to PREFIX-SIDE-wWORKERS.trace")
+	flag.StringVar(&cfg.PluginMemProfile, "pluginmemprofile", "", "write each plugin process's allocation profile (every allocation) to PREFIX-SIDE-wWORKERS.mprof")
 	flag.Parse()
 	for _, w := range strings.Split(*workers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(w))
@@ -61,6 +68,17 @@ func run() error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *traceFile != "" {
+		f, err := os.Create(*traceFile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return err
+		}
+		defer trace.Stop()
 	}
 	res, err := bench.PluginCost(context.Background(), cfg)
 	if err != nil {
