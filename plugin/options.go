@@ -127,8 +127,9 @@ func WithStartTimeout(d time.Duration) Option {
 // stage invocation, not counting the time the host spends in next. The
 // host checks the invocations in flight every eighth of d, so one that
 // does not answer fails between d and 9/8 d after it began, with a
-// [*TimeoutError] under the failure policy; a plugin that stops answering health checks, or times out three
-// times in a row, is considered hung and restarted. The default is 5s.
+// [*TimeoutError] under the failure policy; a plugin that stops answering
+// health checks, or times out three times in a row, is considered hung
+// and restarted. The default is 5s.
 func WithInvocationTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
