@@ -242,7 +242,6 @@ func (m *incomingWire) unmarshal(b []byte) error {
 		attrs = new(Attributes)
 	}
 	*m = incomingWire{Name: prev.name, ContentType: prev.contentType, Endpoint: prev.endpoint}
-	next := m
 	var seen [incomingEndpoint + 1]bool
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -255,7 +254,7 @@ func (m *incomingWire) unmarshal(b []byte) error {
 			if typ != protowire.VarintType || n < 0 {
 				return errSlowPath
 			}
-			next.Attempt, b = int32(v), b[n:]
+			m.Attempt, b = int32(v), b[n:]
 			continue
 		}
 		v, n := protowire.ConsumeBytes(b)
@@ -272,29 +271,29 @@ func (m *incomingWire) unmarshal(b []byte) error {
 		seen[num] = true
 		switch num {
 		case incomingName:
-			if !keep(&next.Name, v) {
+			if !keep(&m.Name, v) {
 				return errSlowPath
 			}
 		case incomingContentType:
-			if !keep(&next.ContentType, v) {
+			if !keep(&m.ContentType, v) {
 				return errSlowPath
 			}
 		case incomingEndpoint:
-			if !keep(&next.Endpoint, v) {
+			if !keep(&m.Endpoint, v) {
 				return errSlowPath
 			}
 		case incomingBody:
-			next.Body = append([]byte(nil), v...)
+			m.Body = append([]byte(nil), v...)
 		case incomingAttributes:
 			if err := (*attributesWire)(attrs).unmarshal(v); err != nil {
 				return err
 			}
-			next.Attributes = attrs
+			m.Attributes = attrs
 		case incomingHeaders:
-			if next.Headers == nil {
-				next.Headers = make(map[string]string, 4)
+			if m.Headers == nil {
+				m.Headers = make(map[string]string, 4)
 			}
-			if !mapEntry(next.Headers, v) {
+			if !mapEntry(m.Headers, v) {
 				return errSlowPath
 			}
 		}
@@ -303,11 +302,11 @@ func (m *incomingWire) unmarshal(b []byte) error {
 		if !ok {
 			switch i {
 			case incomingName:
-				next.Name = ""
+				m.Name = ""
 			case incomingContentType:
-				next.ContentType = ""
+				m.ContentType = ""
 			case incomingEndpoint:
-				next.Endpoint = ""
+				m.Endpoint = ""
 			}
 		}
 	}
@@ -332,7 +331,6 @@ type attributesWire Attributes
 
 func (a *attributesWire) unmarshal(b []byte) error {
 	*a = attributesWire{}
-	next := a
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -344,7 +342,7 @@ func (a *attributesWire) unmarshal(b []byte) error {
 			if typ != protowire.VarintType || n < 0 {
 				return errSlowPath
 			}
-			next.SentAtUnixNano, b = int64(v), b[n:]
+			a.SentAtUnixNano, b = int64(v), b[n:]
 			continue
 		}
 		v, n := protowire.ConsumeBytes(b)
@@ -358,14 +356,14 @@ func (a *attributesWire) unmarshal(b []byte) error {
 				return errSlowPath
 			}
 			if num == attributesMessageID {
-				next.MessageId = string(v)
+				a.MessageId = string(v)
 			} else {
-				next.CorrelationId = string(v)
+				a.CorrelationId = string(v)
 			}
 		case attributesValues, attributesSticky:
-			m := &next.Values
+			m := &a.Values
 			if num == attributesSticky {
-				m = &next.Sticky
+				m = &a.Sticky
 			}
 			if *m == nil {
 				*m = make(map[string]string, 4)

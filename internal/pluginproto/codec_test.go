@@ -192,3 +192,21 @@ func TestCodecDecodesUnexpectedBytesAsTheGeneratedCode(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDecodeIncomingInvocation is what the plugin spends decoding
+// one incoming invocation (attributes, sticky values and headers) into the
+// previous one's frame.
+func BenchmarkDecodeIncomingInvocation(b *testing.B) {
+	data, err := pluginproto.Codec{}.Marshal(&pluginproto.IncomingInvoke{Call: 1, Instance: 2, In: incoming(deliveries[0], "orders")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer data.Free()
+	var f pluginproto.HostFrame
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := (pluginproto.Codec{}).Unmarshal(data, &f); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
