@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"sync"
 	"time"
 
 	"github.com/plugbus/plugbus/internal/lazylog"
@@ -56,11 +57,17 @@ func NewHandling(handlerName string, msg Message, d *Delivery, info StageInfo) *
 // have in common (the middleware's name, its scoped logger) from one
 // context to the next: a process that serves a plugin makes one per
 // message. It is safe for concurrent use.
+//
+// A context given back with [StageMaker.ReleaseIncoming] or
+// [StageMaker.ReleaseHandling] is reused by a later call, so that making
+// one allocates nothing.
 type StageMaker struct {
-	info     StageInfo
-	incoming *pipe[Incoming]
-	handling *pipe[Handling]
-	outgoing *pipe[Outgoing]
+	info         StageInfo
+	incoming     *pipe[Incoming]
+	handling     *pipe[Handling]
+	outgoing     *pipe[Outgoing]
+	incomingRuns sync.Pool // *incomingRun given back
+	handlingRuns sync.Pool // *handlingRun given back
 }
 
 // NewStageMaker returns a StageMaker for the middleware info describes.
@@ -75,19 +82,47 @@ func (s *StageMaker) Incoming(d *Delivery, endpoint string) *Incoming {
 	if endpoint == "" {
 		endpoint = s.info.Endpoint
 	}
-	r := &incomingRun{d: d, endpoint: endpoint}
-	r.init(s.incoming, func(i int) Incoming { return Incoming{r: r, i: i} },
-		noTerminal, func() []any { return describeEnvelope(&r.d.Envelope) }, "")
+	r, _ := s.incomingRuns.Get().(*incomingRun)
+	if r == nil {
+		r = &incomingRun{}
+		r.init(s.incoming, func(i int) Incoming { return Incoming{r: r, i: i} },
+			noTerminal, func() []any { return describeEnvelope(&r.d.Envelope) }, "")
+	}
+	r.d, r.endpoint = d, endpoint
 	return &r.contexts[0]
+}
+
+// ReleaseIncoming gives back in, made by s.Incoming, for a later call to
+// reuse: call it once the middleware given in returned, when nothing it
+// started may still read in (it called next before returning, and its
+// next returned nil). Neither in nor its Delivery may be used afterwards.
+func (s *StageMaker) ReleaseIncoming(in *Incoming) {
+	r := in.r
+	r.d, r.endpoint = nil, ""
+	clear(r.messageLoggers)
+	s.incomingRuns.Put(r)
 }
 
 // Handling returns a handler stage context for the handler handlerName
 // about to handle msg, received as d. UseOutbox on it records nothing.
 func (s *StageMaker) Handling(handlerName string, msg Message, d *Delivery) *Handling {
-	r := &handlingRun{h: &handler{name: handlerName}, msg: msg, d: d}
-	r.init(s.handling, func(i int) Handling { return Handling{r: r, i: i} },
-		noTerminal, func() []any { return append(describeEnvelope(&r.d.Envelope), slog.String("handler", handlerName)) }, "")
+	r, _ := s.handlingRuns.Get().(*handlingRun)
+	if r == nil {
+		r = &handlingRun{h: &handler{}}
+		r.init(s.handling, func(i int) Handling { return Handling{r: r, i: i} },
+			noTerminal, func() []any { return append(describeEnvelope(&r.d.Envelope), slog.String("handler", r.h.name)) }, "")
+	}
+	r.h.name, r.msg, r.d = handlerName, msg, d
 	return &r.contexts[0]
+}
+
+// ReleaseHandling gives back h, made by s.Handling, for a later call to
+// reuse, under the conditions of [StageMaker.ReleaseIncoming].
+func (s *StageMaker) ReleaseHandling(h *Handling) {
+	r := h.r
+	r.h.name, r.msg, r.d = "", nil, nil
+	clear(r.messageLoggers)
+	s.handlingRuns.Put(r)
 }
 
 // OutgoingMessage describes a message being sent, for [NewOutgoing].

@@ -305,9 +305,10 @@ func (c *stageCall) setContext(inv *pluginproto.Invoke) {
 }
 
 const (
-	callRunning int32 = iota
-	callNext
-	callReturned
+	callRunning  int32 = iota
+	callNext           // in next
+	callNextDone       // next returned
+	callReturned       // the middleware returned
 )
 
 // stageCall is one stage invocation inside the plugin, of an Invoke
@@ -328,6 +329,7 @@ type stageCall struct {
 	mw             string
 
 	state      atomic.Int32
+	nextFn     bus.Next // c.next, made once per stageCall
 	beforeOnly bool
 	continued  bool
 	nextCtx    context.Context // what the middleware gave next
@@ -337,9 +339,29 @@ type stageCall struct {
 	outBase *pluginproto.OutgoingMessage
 
 	delivery bus.Delivery // the message of an incoming or handler invocation
+	// The stage context the middleware was given, handed back to its
+	// StageMaker when the invocation ended clean.
+	inst     *instance
+	incoming *bus.Incoming
+	handling *bus.Handling
 }
 
-func (c *stageCall) run(inv *pluginproto.Invoke) {
+// reset readies a stageCall of a Call stream, whose last invocation ended
+// clean, for the stream's next invocation.
+func (c *stageCall) reset(id uint64, inv *pluginproto.Invoke) {
+	c.id, c.inv, c.stage = id, inv, pluginproto.BusStage(inv.Stage)
+	c.ctx, c.cancelDeadline, c.mw = nil, nil, ""
+	c.state.Store(callRunning)
+	c.beforeOnly, c.continued, c.nextCtx, c.nextErr = false, false, nil, nil
+	c.out, c.outBase, c.inst, c.incoming, c.handling = nil, nil, nil, nil, nil
+}
+
+// run runs the invocation and sends its outcome. It reports whether the
+// invocation ended clean: the middleware called next, its next returned
+// nil before the middleware returned, and it returned nil. Nothing the
+// middleware started can still use the call or its stage context then
+// (next again is a misuse), which are reused.
+func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 	defer func() {
 		if c.cancelDeadline != nil {
 			c.cancelDeadline()
@@ -359,7 +381,14 @@ func (c *stageCall) run(inv *pluginproto.Invoke) {
 		done = &pluginproto.Done{}
 	}
 	err := c.invoke(inv)
-	c.state.Store(callReturned)
+	clean = c.state.Swap(callReturned) == callNextDone && err == nil && c.nextErr == nil
+	if clean && c.inst != nil {
+		if c.incoming != nil {
+			c.inst.stages.ReleaseIncoming(c.incoming)
+		} else if c.handling != nil {
+			c.inst.stages.ReleaseHandling(c.handling)
+		}
+	}
 	if c.continued && err == nil {
 		done.Continue = true
 		if c.out != nil {
@@ -377,9 +406,10 @@ func (c *stageCall) run(inv *pluginproto.Invoke) {
 		c.frames.kind.Done = done
 		c.frames.frame = pluginproto.PluginFrame{Call: c.id, Kind: &c.frames.kind}
 		c.send(&c.frames.frame)
-		return
+		return clean
 	}
 	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})
+	return clean
 }
 
 // streamFrames are a Call stream's frames, reused by its invocations one
@@ -430,7 +460,8 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		d := &c.delivery
 		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.Name, ContentType: m.ContentType, Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
-		return inst.mw.Incoming(c.ctx, inst.stages.Incoming(d, m.Endpoint), c.next)
+		c.inst, c.incoming = inst, inst.stages.Incoming(d, m.Endpoint)
+		return inst.mw.Incoming(c.ctx, c.incoming, c.nextFunc())
 	case *pluginproto.Invoke_Handling:
 		m := s.Handling
 		if inst.mw.Handling == nil {
@@ -439,7 +470,8 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		d := &c.delivery
 		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes)}, Attempt: int(m.Attempt)}
-		return inst.mw.Handling(c.ctx, inst.stages.Handling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d), c.next)
+		c.inst, c.handling = inst, inst.stages.Handling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d)
+		return inst.mw.Handling(c.ctx, c.handling, c.nextFunc())
 	case *pluginproto.Invoke_Outgoing:
 		m := s.Outgoing
 		if inst.mw.Outgoing == nil {
@@ -449,7 +481,7 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		c.out = inst.stages.Outgoing(bus.OutgoingMessage{Kind: bus.Kind(m.Kind), Name: m.Name, Message: RawMessage{Name: m.Name, Body: m.Body},
 			Destination: m.Destination, Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers, InHandler: m.InHandler,
 			Due: pluginproto.ToDue(m.DueUnixNano)})
-		return inst.mw.Outgoing(c.ctx, c.out, c.next)
+		return inst.mw.Outgoing(c.ctx, c.out, c.nextFunc())
 	}
 	return fmt.Errorf("sdk: invocation without a subject (host speaks a newer protocol?)")
 }
@@ -461,11 +493,20 @@ func (c *stageCall) skip() error {
 	return c.next(c.ctx)
 }
 
+// nextFunc is c.next as the middleware's next, made once per stageCall.
+func (c *stageCall) nextFunc() bus.Next {
+	if c.nextFn == nil {
+		c.nextFn = c.next
+	}
+	return c.nextFn
+}
+
 // next crosses back to the host, which runs the rest of the chain.
 func (c *stageCall) next(ctx context.Context) error {
 	if !c.state.CompareAndSwap(callRunning, callNext) {
 		return &bus.NextMisuseError{Stage: c.stage, Middleware: c.mw, AfterReturn: c.state.Load() == callReturned}
 	}
+	defer c.state.CompareAndSwap(callNext, callNextDone)
 	c.nextCtx = ctx
 	if c.beforeOnly {
 		c.continued = true
@@ -540,6 +581,7 @@ func (s *server) Call(stream pluginproto.Plugin_CallServer) error {
 	ctx := stream.Context()
 	frames := new(streamFrames)
 	f := &frames.invoke
+	var idle *stageCall // the last invocation's, when it ended clean
 	for {
 		err := stream.RecvMsg(f)
 		if err != nil {
@@ -552,10 +594,16 @@ func (s *server) Call(stream pluginproto.Plugin_CallServer) error {
 		case *pluginproto.HostFrame_Invoke:
 			// The host cancels the invocation by cancelling the stream:
 			// the stream's context is the call's.
-			c := &stageCall{id: f.Call, server: s, stream: stream, frames: frames, inv: k.Invoke, stage: pluginproto.BusStage(k.Invoke.Stage),
-				stop: ctx, cancel: func() {}}
+			c := idle
+			if c == nil {
+				c = &stageCall{server: s, stream: stream, frames: frames, stop: ctx, cancel: func() {}}
+			}
+			c.reset(f.Call, k.Invoke)
 			c.setContext(k.Invoke)
-			c.run(k.Invoke)
+			idle = nil
+			if c.run(k.Invoke) {
+				idle = c
+			}
 		case *pluginproto.HostFrame_Release:
 			s.held.Delete(f.Call)
 		}

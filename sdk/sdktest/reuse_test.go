@@ -1,0 +1,103 @@
+package sdktest_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
+	"github.com/plugbus/plugbus/sdk/sdktest"
+)
+
+// lockedBuffer is a bytes.Buffer for loggers written from several
+// goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+type keptCall struct {
+	messageID string
+	err       error
+}
+
+// The plugin process reuses a stream's call and stage context from one
+// invocation to the next only when the invocation ended clean: every
+// message's context reads and logs that message, and a middleware that
+// keeps its context and next past its return keeps the message it was
+// given, its late next refused as called after return, while the messages
+// after it go through.
+func TestStageContextsAreReusedOnlyAfterACleanInvocation(t *testing.T) {
+	kept := make(chan keptCall, 1)
+	release := make(chan struct{})
+	var logs lockedBuffer
+	logger := slog.New(slog.NewJSONHandler(&logs, nil))
+	keeper := bus.Middleware{Name: "keeper", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		in.Logger().Info("seen")
+		if _, ok := in.Header("x-keep"); ok {
+			go func() {
+				<-release
+				id := in.Attributes().MessageID
+				kept <- keptCall{id, next(ctx)}
+			}()
+			return nil
+		}
+		return next(ctx)
+	}}
+	p := sdktest.Load(t, keeper, sdktest.Wire, sdktest.WithLogger(logger))
+
+	var (
+		mu      sync.Mutex
+		handled []string
+	)
+	b := bustest.Start(t, bus.WithEndpoint("orders"), bus.WithMiddleware(p), bus.WithLogger(slog.New(slog.DiscardHandler)),
+		bus.WithHandler(func(_ context.Context, _ Order, a bus.Attributes) error {
+			mu.Lock()
+			handled = append(handled, a.MessageID)
+			mu.Unlock()
+			return nil
+		}))
+	for _, id := range []string{"m-1", "m-2", "m-3", "m-4", "m-5", "m-6"} {
+		d := bustest.Delivery(Order{ID: id}, bus.Attributes{MessageID: id})
+		if id == "m-4" {
+			d.Headers = map[string]string{"x-keep": "1"}
+		}
+		if err := b.Deliver(context.Background(), d); err != nil {
+			t.Fatalf("delivering %s: %v", id, err)
+		}
+	}
+	close(release)
+	k := <-kept
+	var misuse *bus.NextMisuseError
+	if k.messageID != "m-4" || !errors.As(k.err, &misuse) || !misuse.AfterReturn {
+		t.Fatalf("the kept context read %q and its next returned %v; want m-4 and next refused after return", k.messageID, k.err)
+	}
+	mu.Lock()
+	got := strings.Join(handled, ",")
+	mu.Unlock()
+	if got != "m-1,m-2,m-3,m-5,m-6" {
+		t.Fatalf("handled %s, want every message but the kept one", got)
+	}
+	for _, id := range []string{"m-1", "m-2", "m-3", "m-4", "m-5", "m-6"} {
+		if !strings.Contains(logs.String(), `"msg":"seen","stage":"incoming","middleware":"keeper","message_name":"probe.order","message_id":"`+id+`"`) {
+			t.Fatalf("no record of %s scoped with its own message:\n%s", id, logs.String())
+		}
+	}
+}
