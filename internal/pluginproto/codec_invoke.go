@@ -1,7 +1,9 @@
 package pluginproto
 
 import (
+	"bytes"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/plugbus/plugbus/bus"
@@ -331,6 +333,7 @@ type attributesWire Attributes
 
 func (a *attributesWire) unmarshal(b []byte) error {
 	*a = attributesWire{}
+	var id, correlation []byte // as received; made strings together below
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -356,9 +359,9 @@ func (a *attributesWire) unmarshal(b []byte) error {
 				return errSlowPath
 			}
 			if num == attributesMessageID {
-				a.MessageId = string(v)
+				id = v
 			} else {
-				a.CorrelationId = string(v)
+				correlation = v
 			}
 		case attributesValues, attributesSticky:
 			m := &a.Values
@@ -375,7 +378,27 @@ func (a *attributesWire) unmarshal(b []byte) error {
 			return errSlowPath
 		}
 	}
+	a.MessageId, a.CorrelationId = twoStrings(id, correlation)
 	return nil
+}
+
+// twoStrings returns a and b as strings made in one allocation, or one
+// string for both when they are equal (a message that starts a
+// conversation is its own correlation).
+func twoStrings(a, b []byte) (string, string) {
+	switch {
+	case len(a) == 0 || len(b) == 0:
+		return string(a), string(b)
+	case bytes.Equal(a, b):
+		s := string(a)
+		return s, s
+	}
+	var sb strings.Builder
+	sb.Grow(len(a) + len(b))
+	sb.Write(a)
+	sb.Write(b)
+	s := sb.String()
+	return s[:len(a)], s[len(a):]
 }
 
 // mapEntry decodes a map<string, string> entry into m; it reports false

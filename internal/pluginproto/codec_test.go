@@ -46,6 +46,9 @@ var deliveries = []*bus.Delivery{
 	{Envelope: bus.Envelope{Name: "n"}, Attempt: -2},                                             // no attributes, a negative attempt
 	{Envelope: bus.Envelope{Name: "ünïcode", Body: make([]byte, 5000)}, Attempt: 1 << 30},        // a body past the pooling threshold
 	{Envelope: bus.Envelope{Name: "orders.placed", ContentType: "application/json"}, Attempt: 1}, // the same strings again
+	{Envelope: bus.Envelope{Name: "self", Attributes: bus.Attributes{MessageID: "same", CorrelationID: "same"}}, Attempt: 1},
+	{Envelope: bus.Envelope{Name: "correlated", Attributes: bus.Attributes{CorrelationID: "c-only"}}, Attempt: 1},
+	{Envelope: bus.Envelope{Name: "identified", Attributes: bus.Attributes{MessageID: "id-only"}}, Attempt: 1},
 }
 
 // An IncomingInvoke decodes with the generated code as the HostFrame the
