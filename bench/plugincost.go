@@ -85,6 +85,9 @@ type PluginCostResult struct {
 	// ThroughputRatio and P50Ratio are the medians over rounds of this
 	// side's figure divided by the raw stream's in the same round.
 	ThroughputRatio, P50Ratio float64
+	// BusThroughputRatio and BusP50Ratio are the same against the raw
+	// stream in a bus (RawInBusSide): the bus's own work on both sides.
+	BusThroughputRatio, BusP50Ratio float64
 	// PayloadBytes is the size of the gRPC message the raw stream echoes:
 	// that of plugbus's incoming invocation of the benchmark message.
 	PayloadBytes int
@@ -222,13 +225,15 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 			}
 			return Median(v)
 		}
-		ratio := func(f func(costSample) float64) float64 {
+		ratio := func(f func(costSample) float64, ref int) float64 {
 			v := make([]float64, len(ss))
 			for j := range ss {
-				v[j] = f(ss[j]) / f(samples[0][j])
+				v[j] = f(ss[j]) / f(samples[ref][j])
 			}
 			return Median(v)
 		}
+		throughput := func(x costSample) float64 { return x.msgsPerSec }
+		p50 := func(x costSample) float64 { return float64(x.p50) }
 		res[i] = PluginCostResult{Side: s.name, Workers: workers,
 			MsgsPerSec:      med(func(x costSample) float64 { return x.msgsPerSec }),
 			P50:             time.Duration(med(func(x costSample) float64 { return float64(x.p50) })),
@@ -237,15 +242,27 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 			BytesPerMsg:     med(func(x costSample) float64 { return x.bytes }),
 			HostCPU:         time.Duration(med(func(x costSample) float64 { return float64(x.hostCPU) })),
 			PluginCPU:       time.Duration(med(func(x costSample) float64 { return float64(x.pluginCPU) })),
-			ThroughputRatio: ratio(func(x costSample) float64 { return x.msgsPerSec }),
-			P50Ratio:        ratio(func(x costSample) float64 { return float64(x.p50) }),
+			ThroughputRatio: ratio(throughput, 0),
+			P50Ratio:        ratio(p50, 0),
+		}
+		if bus := slices.IndexFunc(sides, func(s costSide) bool { return s.name == RawInBusSide }); bus >= 0 {
+			res[i].BusThroughputRatio, res[i].BusP50Ratio = ratio(throughput, bus), ratio(p50, bus)
 		}
 	}
 	return res, nil
 }
 
-// openCostSides opens the raw stream side (first: the ratios' reference)
-// and the two plugbus sides for workers concurrent workers.
+// The sides of [PluginCost], in the order it measures them.
+const (
+	RawSide        = "raw go-plugin stream"
+	RawInBusSide   = "raw stream in a bus"
+	BeforeOnlySide = "plugbus before-only"
+	AroundSide     = "plugbus around"
+)
+
+// openCostSides opens the raw stream side (first: the ratios' reference),
+// the raw stream in a bus and the two plugbus sides for workers
+// concurrent workers.
 func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum string, payload int, d *bus.Delivery, cfg PluginCostConfig) ([]costSide, error) {
 	profileArgs := func(side string) (args []string) {
 		if cfg.PluginCPUProfile != "" {
@@ -264,6 +281,12 @@ func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum 
 		return nil, err
 	}
 	sides := []costSide{rs}
+	rb, err := openRawEchoInBus(ctx, workers, raw, rawSum, payload, d, profileArgs("rawbus"))
+	if err != nil {
+		rs.close()
+		return nil, err
+	}
+	sides = append(sides, rb)
 	for _, around := range []bool{false, true} {
 		side := "before-only"
 		if around {
@@ -281,9 +304,81 @@ func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum 
 	return sides, nil
 }
 
-// openRawEcho starts the raw echo plugin as plugin.Load starts a plugbus
-// plugin and opens one stream per worker.
+// rawEcho is a running raw echo plugin and one stream per worker.
+type rawEcho struct {
+	client  *goplugin.Client
+	streams []grpc.ClientStream
+	body    []byte // the payload: a BytesValue of the invocation's size on the wire
+	cancel  context.CancelFunc
+	pid     int
+}
+
+// echo sends the payload on stream w and reads the echo.
+func (r *rawEcho) echo(w int) error {
+	out, in := &wrapperspb.BytesValue{Value: r.body}, new(wrapperspb.BytesValue)
+	if err := r.streams[w].SendMsg(out); err != nil {
+		return err
+	}
+	return r.streams[w].RecvMsg(in)
+}
+
+func (r *rawEcho) close() {
+	for _, s := range r.streams {
+		_ = s.CloseSend()
+	}
+	r.cancel()
+	r.client.Kill()
+}
+
+// openRawEcho opens the raw stream side.
 func openRawEcho(ctx context.Context, workers int, path, sum string, payload int, args []string) (costSide, error) {
+	r, err := startRawEcho(ctx, workers, path, sum, payload, args)
+	if err != nil {
+		return costSide{}, err
+	}
+	round := func(_ context.Context, n int) ([]time.Duration, error) { return runWorkers(workers, n, r.echo) }
+	return costSide{name: RawSide, pid: r.pid, round: round, close: r.close}, nil
+}
+
+// openRawEchoInBus opens the raw stream in a bus: Bus.Deliver of the
+// message through an in-process incoming middleware that echoes the
+// payload on the worker's raw stream and calls next — the plugbus sides'
+// bus, handler and message, with the raw stream for the plugin.
+func openRawEchoInBus(ctx context.Context, workers int, path, sum string, payload int, d *bus.Delivery, args []string) (costSide, error) {
+	r, err := startRawEcho(ctx, workers, path, sum, payload, args)
+	if err != nil {
+		return costSide{}, err
+	}
+	type workerKey struct{}
+	echo := bus.Middleware{Name: "raw-echo", Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+		if err := r.echo(ctx.Value(workerKey{}).(int)); err != nil {
+			return err
+		}
+		return next(ctx)
+	}}
+	quiet := slog.New(slog.DiscardHandler)
+	b, err := bus.New(bus.WithEndpoint("bench"), bus.WithMiddleware(echo), bus.WithLogger(quiet),
+		bus.WithHandler(func(context.Context, OrderPlaced, bus.Attributes) error { return nil }))
+	if err != nil {
+		r.close()
+		return costSide{}, err
+	}
+	ctxs := make([]context.Context, workers) // made before the rounds: a context per delivery would count against this side
+	for w := range ctxs {
+		ctxs[w] = context.WithValue(context.Background(), workerKey{}, w)
+	}
+	round := func(_ context.Context, n int) ([]time.Duration, error) {
+		return runWorkers(workers, n, func(w int) error { return b.Deliver(ctxs[w], d) })
+	}
+	return costSide{name: RawInBusSide, pid: r.pid, round: round, close: func() {
+		_ = b.Stop(context.Background())
+		r.close()
+	}}, nil
+}
+
+// startRawEcho starts the raw echo plugin as plugin.Load starts a plugbus
+// plugin and opens one stream per worker.
+func startRawEcho(ctx context.Context, workers int, path, sum string, payload int, args []string) (*rawEcho, error) {
 	want, _ := hex.DecodeString(sum)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  rawEchoHandshake,
@@ -299,12 +394,12 @@ func openRawEcho(ctx context.Context, workers int, path, sum string, payload int
 	rpc, err := client.Client()
 	if err != nil {
 		client.Kill()
-		return costSide{}, fmt.Errorf("starting the raw echo plugin: %w", err)
+		return nil, fmt.Errorf("starting the raw echo plugin: %w", err)
 	}
 	rawConn, err := rpc.Dispense(rawEchoKey)
 	if err != nil {
 		client.Kill()
-		return costSide{}, err
+		return nil, err
 	}
 	conn := rawConn.(*grpc.ClientConn)
 	sctx, cancel := context.WithCancel(ctx)
@@ -313,40 +408,25 @@ func openRawEcho(ctx context.Context, workers int, path, sum string, payload int
 		if streams[i], err = conn.NewStream(sctx, &rawEchoDesc.Streams[0], "/plugbus.bench.Echo/Echo"); err != nil {
 			cancel()
 			client.Kill()
-			return costSide{}, err
+			return nil, err
 		}
-	}
-	body := make([]byte, payload-2) // a BytesValue of payload bytes on the wire
-	round := func(_ context.Context, n int) ([]time.Duration, error) {
-		return runWorkers(workers, n, func(w int) error {
-			out, in := &wrapperspb.BytesValue{Value: body}, new(wrapperspb.BytesValue)
-			if err := streams[w].SendMsg(out); err != nil {
-				return err
-			}
-			return streams[w].RecvMsg(in)
-		})
 	}
 	pid := 0
 	if rc := client.ReattachConfig(); rc != nil {
 		pid = rc.Pid
 	}
-	return costSide{name: "raw go-plugin stream", pid: pid, round: round, close: func() {
-		for _, s := range streams {
-			_ = s.CloseSend()
-		}
-		cancel()
-		client.Kill()
-	}}, nil
+	// A BytesValue of payload bytes on the wire.
+	return &rawEcho{client: client, streams: streams, body: make([]byte, payload-2), cancel: cancel, pid: pid}, nil
 }
 
 // openPlugbusSide loads the pass plugin and runs deliveries through a bus.
 func openPlugbusSide(workers int, path, sum string, around bool, d *bus.Delivery, streams int, args []string) (costSide, error) {
 	quiet := slog.New(slog.DiscardHandler)
 	opts := []plugin.Option{plugin.WithSHA256(sum), plugin.WithLogger(quiet)}
-	name := "plugbus before-only"
+	name := BeforeOnlySide
 	if around {
 		args = append(args, "around")
-		name = "plugbus around"
+		name = AroundSide
 	}
 	if len(args) > 0 {
 		opts = append(opts, plugin.WithArgs(args...))

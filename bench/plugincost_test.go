@@ -8,7 +8,7 @@ import (
 )
 
 // PluginCost measures every side at every concurrency, with the raw stream
-// as the reference of the ratios.
+// and the raw stream in a bus as the references of the ratios.
 func TestPluginCostMeasuresEverySide(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two plugin binaries")
@@ -17,15 +17,21 @@ func TestPluginCostMeasuresEverySide(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 6 {
-		t.Fatalf("%d results, want 3 sides × 2 concurrencies", len(res))
+	if len(res) != 8 {
+		t.Fatalf("%d results, want 4 sides × 2 concurrencies", len(res))
 	}
 	for _, r := range res {
 		if r.MsgsPerSec <= 0 || r.P50 <= 0 || r.PayloadBytes < 100 {
 			t.Fatalf("result %+v: nothing measured", r)
 		}
-		if r.Side == "raw go-plugin stream" && (r.ThroughputRatio != 1 || r.P50Ratio != 1) {
+		if r.Side == bench.RawSide && (r.ThroughputRatio != 1 || r.P50Ratio != 1) {
 			t.Fatalf("raw stream ratios %+v, want 1", r)
+		}
+		if r.Side == bench.RawInBusSide && (r.BusThroughputRatio != 1 || r.BusP50Ratio != 1) {
+			t.Fatalf("raw stream in a bus: ratios to itself %+v, want 1", r)
+		}
+		if r.BusThroughputRatio <= 0 || r.BusP50Ratio <= 0 {
+			t.Fatalf("result %+v: no ratio to the raw stream in a bus", r)
 		}
 	}
 }
