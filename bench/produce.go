@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/plugbus/plugbus/bus"
@@ -133,8 +134,15 @@ func (s *rawProducer) Round(ctx context.Context, n int) error {
 		if err != nil {
 			return err
 		}
+		// The message plugbus puts on the wire: a message id (a UUIDv7,
+		// from which plugbus's receiver reads the sent-at) besides the
+		// name, content type and body.
+		id, err := uuid.NewV7()
+		if err != nil {
+			return err
+		}
 		ring[slot], err = s.ch.PublishWithDeferredConfirmWithContext(ctx, "", s.queue, true, false, amqp.Publishing{
-			ContentType: "application/json", DeliveryMode: amqp.Persistent, Type: OrderPlaced{}.MessageName(), Body: body,
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, Type: OrderPlaced{}.MessageName(), MessageId: id.String(), Body: body,
 		})
 		if err != nil {
 			return err
