@@ -139,6 +139,26 @@ func TestDepthAllocatesNothingPerLayer(t *testing.T) {
 	}
 }
 
+// The depth suite's codec round-trips an order and refuses what it cannot
+// decode, so that every side's handler really receives the message.
+func TestDepthCodecRoundTrips(t *testing.T) {
+	want := bench.OrderPlaced{ID: 7, Customer: "customer-7", Amount: 12.5}
+	body, err := bench.DepthCodec{}.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got bench.OrderPlaced
+	if err := (bench.DepthCodec{}).Unmarshal(body, &got); err != nil || got != want {
+		t.Fatalf("decoded %+v, %v; want %+v", got, err, want)
+	}
+	if err := (bench.DepthCodec{}).Unmarshal(body[:15], &got); err == nil {
+		t.Error("a 15-byte message decoded")
+	}
+	if _, err := (bench.DepthCodec{}).Marshal("not an order"); err == nil {
+		t.Error("a string encoded as an order")
+	}
+}
+
 func TestMedianSlope(t *testing.T) {
 	if got := bench.Median([]float64{3, 1, 2}); got != 2 {
 		t.Errorf("Median = %v, want 2", got)
