@@ -141,7 +141,7 @@ func print(w io.Writer, res []bench.PluginCostResult, markdown bool) error {
 		return fmt.Sprintf("%.2fx", r.P50Ratio), r.P50Ratio <= 2.3
 	})
 	add("before-only: allocs/msg <= 16 (host, 1 worker)", find(bench.BeforeOnlySide, 1), func(r *bench.PluginCostResult) (string, bool) {
-		return fmt.Sprintf("%.1f", r.AllocsPerMsg), r.AllocsPerMsg <= 16
+		return fmt.Sprintf("%.2f", r.AllocsPerMsg), r.AllocsPerMsg <= 16
 	})
 	return bench.WriteRows(w, "targets", "", targets, markdown)
 }
