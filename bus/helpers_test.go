@@ -1,12 +1,10 @@
 package bus_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/bus/bustest"
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/transports/memory"
 )
 
@@ -49,25 +48,8 @@ type env struct {
 	broker *memory.Broker
 	rec    *bustest.Transport
 	bus    *bus.Bus
-	logs   *syncBuffer
+	logs   *testenv.LogBuffer
 	read   int // how many settlements next returned
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // newEnv starts an env on broker (nil: a broker of its own), stopped at
@@ -83,7 +65,7 @@ func newEnvOver(t *testing.T, broker *memory.Broker, wrap func(*bustest.Transpor
 	if broker == nil {
 		broker = memory.NewBroker()
 	}
-	e := &env{t: t, broker: broker, rec: bustest.NewTransport(memory.WithBroker(broker)), logs: &syncBuffer{}}
+	e := &env{t: t, broker: broker, rec: bustest.NewTransport(memory.WithBroker(broker)), logs: &testenv.LogBuffer{}}
 	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	base := []bus.Option{bus.WithEndpoint("ep"), bus.WithTransport(wrap(e.rec)), bus.WithMaxAttempts(3), bus.WithConcurrency(1), bus.WithLogger(logger)}
 	e.bus = startBus(t, append(base, opts...)...)

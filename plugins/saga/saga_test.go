@@ -1,7 +1,6 @@
 package saga_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/plugins/inbox"
 	"github.com/plugbus/plugbus/plugins/outbox"
 	"github.com/plugbus/plugbus/plugins/saga"
@@ -20,28 +20,10 @@ import (
 	"github.com/plugbus/plugbus/transports/memory"
 )
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // orderBus starts a bus of endpoint "orders" with the outbox and inbox on
 // st (unless bare) and the saga s, recording the handler names its
 // handler-stage middleware sees.
-func orderBus(t testing.TB, st *store.Store, tr bus.Transport, s *saga.Saga[Order], logs *syncBuffer, bare bool, extra ...bus.Option) (*bus.Bus, func() []string) {
+func orderBus(t testing.TB, st *store.Store, tr bus.Transport, s *saga.Saga[Order], logs *testenv.LogBuffer, bare bool, extra ...bus.Option) (*bus.Bus, func() []string) {
 	t.Helper()
 	var mu sync.Mutex
 	var seen []string
@@ -92,7 +74,7 @@ func TestOrderFlow(t *testing.T) {
 		broker := memory.NewBroker()
 		sk := newSink(t, memTransport(broker))
 		s := orderSaga(st, time.Hour)
-		logs := &syncBuffer{}
+		logs := &testenv.LogBuffer{}
 		t.Cleanup(func() {
 			if t.Failed() {
 				t.Log(logs.String())
@@ -142,7 +124,7 @@ func TestMissingInstance(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
 		st := db.Open(t)
 		broker := memory.NewBroker()
-		logs := &syncBuffer{}
+		logs := &testenv.LogBuffer{}
 		b, _ := orderBus(t, st, memTransport(broker), orderSaga(st, time.Hour), logs, false)
 		send(t, b, Paid{OrderID: "nobody"})
 		send(t, b, Shipped{OrderID: "nobody"})
@@ -202,7 +184,7 @@ func TestLateStartIgnoredWhileKept(t *testing.T) {
 	st := db.Open(t)
 	broker := memory.NewBroker()
 	sk := newSink(t, memTransport(broker))
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	b, _ := orderBus(t, st, memTransport(broker), orderSaga(st, time.Hour, saga.WithRetention(time.Hour)), logs, false)
 	send(t, b, Placed{OrderID: "o-3"})
 	waitFor(t, 10*time.Second, "placed", func() bool { _, _, ok := row(t, st, "order", "o-3"); return ok })

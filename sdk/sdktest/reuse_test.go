@@ -1,7 +1,6 @@
 package sdktest_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,27 +10,9 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/bus/bustest"
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/sdk/sdktest"
 )
-
-// lockedBuffer is a bytes.Buffer for loggers written from several
-// goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 type keptCall struct {
 	messageID string
@@ -47,7 +28,7 @@ type keptCall struct {
 func TestStageContextsAreReusedOnlyAfterACleanInvocation(t *testing.T) {
 	kept := make(chan keptCall, 1)
 	release := make(chan struct{})
-	var logs lockedBuffer
+	var logs testenv.LogBuffer
 	logger := slog.New(slog.NewJSONHandler(&logs, nil))
 	keeper := bus.Middleware{Name: "keeper", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
 		in.Logger().Info("seen")

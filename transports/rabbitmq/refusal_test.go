@@ -15,36 +15,21 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/transports/rabbitmq"
 	"github.com/plugbus/plugbus/transports/transporttest"
 )
 
-// logBuffer collects a transport's logs for tests that check what it did
-// not do (reconnect).
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+// reconnections counts the connection losses a transport logged into
+// logs, for tests that check what it did not do (reconnect).
+func reconnections(logs *testenv.LogBuffer) int {
+	return strings.Count(logs.String(), "connection to RabbitMQ lost")
 }
 
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
+// textLogger is a logger writing text into logs.
+func textLogger(logs *testenv.LogBuffer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(logs, nil))
 }
-
-func (l *logBuffer) reconnections() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.buf.String(), "connection to RabbitMQ lost")
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
 func message(name, id string) *bus.Envelope {
 	return &bus.Envelope{Name: name, ContentType: "application/json", Body: []byte(`{}`), Attributes: bus.NewAttributes(id, id, time.Now(), nil, nil)}
@@ -132,8 +117,8 @@ func TestRefusedResendRequeuesOriginal(t *testing.T) {
 // redelivered at once at the same attempt (a loop).
 func TestFailDeclaresADeletedDeadLetterQueueAgain(t *testing.T) {
 	e := newEnv(t)
-	var logs logBuffer
-	tr := e.transport(t, rabbitmq.WithLogger(logs.logger()))
+	var logs testenv.LogBuffer
+	tr := e.transport(t, rabbitmq.WithLogger(textLogger(&logs)))
 	ctx := testContext(t, 30*time.Second)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 1}); err != nil {
 		t.Fatal(err)
@@ -160,8 +145,8 @@ func TestFailDeclaresADeletedDeadLetterQueueAgain(t *testing.T) {
 // which would close the channel and loop the message at attempt 1.
 func TestResendOfForeignUserID(t *testing.T) {
 	e := newEnv(t)
-	var logs logBuffer
-	tr := e.transport(t, rabbitmq.WithLogger(logs.logger()))
+	var logs testenv.LogBuffer
+	tr := e.transport(t, rabbitmq.WithLogger(textLogger(&logs)))
 	ctx := testContext(t, 30*time.Second)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Concurrency: 1, MaxAttempts: 2}); err != nil {
 		t.Fatal(err)
@@ -193,7 +178,7 @@ func TestResendOfForeignUserID(t *testing.T) {
 	if dl := e.adm.deadLetters(testContext(t, 5*time.Second), t, e.endpoint, 1); len(dl) != 1 || dl[0].Failure.Reason != "boom" {
 		t.Errorf("dead letters: %+v, want the message failed with reason boom", dl)
 	}
-	if n := logs.reconnections(); n != 0 {
+	if n := reconnections(&logs); n != 0 {
 		t.Errorf("the connection was lost %d times", n)
 	}
 }
@@ -205,8 +190,8 @@ func TestResendOfForeignUserID(t *testing.T) {
 // through.
 func TestRefusedPublishKeepsConnection(t *testing.T) {
 	e := newEnv(t)
-	var logs logBuffer
-	tr := e.transport(t, rabbitmq.WithLogger(logs.logger()), rabbitmq.WithPublisherChannels(1))
+	var logs testenv.LogBuffer
+	tr := e.transport(t, rabbitmq.WithLogger(textLogger(&logs)), rabbitmq.WithPublisherChannels(1))
 	ctx := testContext(t, 30*time.Second)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Handles: []string{"test.gone"}, Concurrency: 1, MaxAttempts: 2}); err != nil {
 		t.Fatal(err)
@@ -239,7 +224,7 @@ func TestRefusedPublishKeepsConnection(t *testing.T) {
 	if !got["g"] || !got["b"] {
 		t.Errorf("received %v, want g and b", got)
 	}
-	if n := logs.reconnections(); n != 0 {
+	if n := reconnections(&logs); n != 0 {
 		t.Errorf("the connection was lost %d times", n)
 	}
 }
@@ -252,8 +237,8 @@ func TestConcurrentRefusalKeepsConnection(t *testing.T) {
 	for round := range 10 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
 			e := newEnv(t)
-			var logs logBuffer
-			tr := e.transport(t, rabbitmq.WithLogger(logs.logger()), rabbitmq.WithPublisherChannels(1))
+			var logs testenv.LogBuffer
+			tr := e.transport(t, rabbitmq.WithLogger(textLogger(&logs)), rabbitmq.WithPublisherChannels(1))
 			ctx := testContext(t, 60*time.Second)
 			if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Handles: []string{"test.gone"}, Concurrency: 1, MaxAttempts: 2}); err != nil {
 				t.Fatal(err)
@@ -288,7 +273,7 @@ func TestConcurrentRefusalKeepsConnection(t *testing.T) {
 			e.adm.deleteExchange(t, e.exchange)
 			close(deleted)
 			wg.Wait()
-			if n := logs.reconnections(); n != 0 {
+			if n := reconnections(&logs); n != 0 {
 				t.Errorf("the connection was lost %d times; logs:\n%s", n, logs.String())
 			}
 		})
