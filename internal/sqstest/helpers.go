@@ -1,20 +1,19 @@
 package sqstest
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"go.uber.org/goleak"
 
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/transports/sqs"
 	"github.com/plugbus/plugbus/transports/transporttest"
 )
@@ -52,17 +51,10 @@ func UniquePrefix(t testing.TB, cfg aws.Config) string {
 	return prefix
 }
 
-// LogRecorder keeps what a JSON slog handler writes, for tests to read.
+// LogRecorder keeps what a JSON slog handler writes, for tests to read
+// (slog's handlers write one record per call).
 type LogRecorder struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-// Write keeps p: slog's handlers write one record per call.
-func (l *LogRecorder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
+	testenv.LogBuffer
 }
 
 // Logger returns a logger writing JSON records of level info and above to l.
@@ -82,12 +74,10 @@ func (l *LogRecorder) Warnings(t *testing.T, msg string) []map[string]any {
 // Records returns the records of level whose message contains msg.
 func (l *LogRecorder) Records(t *testing.T, level, msg string) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for line := range bytes.Lines(l.buf.Bytes()) {
+	for line := range strings.Lines(l.String()) {
 		var rec map[string]any
-		if err := json.Unmarshal(line, &rec); err != nil {
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatalf("log line %q: %v", line, err)
 		}
 		if rec["level"] == level && strings.Contains(rec["msg"].(string), msg) {
@@ -95,11 +85,4 @@ func (l *LogRecorder) Records(t *testing.T, level, msg string) []map[string]any 
 		}
 	}
 	return out
-}
-
-// String returns everything logged.
-func (l *LogRecorder) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
