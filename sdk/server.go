@@ -358,9 +358,10 @@ func (c *stageCall) reset(id uint64, inv *pluginproto.Invoke) {
 
 // run runs the invocation and sends its outcome. It reports whether the
 // invocation ended clean: the middleware called next, its next returned
-// nil before the middleware returned, and it returned nil. Nothing the
-// middleware started can still use the call or its stage context then
-// (next again is a misuse), which are reused.
+// nil before the middleware returned, it returned nil, and the plugin
+// keeps no context of it. Nothing the middleware started can still use
+// the call or its stage context then (next again is a misuse), which are
+// reused.
 func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 	defer func() {
 		if c.cancelDeadline != nil {
@@ -381,7 +382,11 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 		done = &pluginproto.Done{}
 	}
 	err := c.invoke(inv)
-	clean = c.state.Swap(callReturned) == callNextDone && err == nil && c.nextErr == nil
+	// A before-only call whose middleware gave next a context of its own
+	// is not clean: the plugin keeps that context, which may hold the
+	// stage context, until the host's next returned (Release).
+	holds := c.continued && err == nil && c.nextCtx != c.ctx
+	clean = c.state.Swap(callReturned) == callNextDone && err == nil && c.nextErr == nil && !holds
 	if clean && c.inst != nil {
 		if c.incoming != nil {
 			c.inst.stages.ReleaseIncoming(c.incoming)
@@ -394,7 +399,7 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 		if c.out != nil {
 			done.Mutation = mutation(c.out, c.outBase)
 		}
-		if c.nextCtx != c.ctx {
+		if holds {
 			// Kept until the host's Release, after its next returned.
 			c.server.held.Store(c.id, c.nextCtx)
 			done.HoldsContext = true

@@ -3,6 +3,7 @@ package sdktest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/bus/bustest"
 	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/sdk"
 	"github.com/plugbus/plugbus/sdk/sdktest"
 )
 
@@ -79,6 +81,46 @@ func TestStageContextsAreReusedOnlyAfterACleanInvocation(t *testing.T) {
 	for _, id := range []string{"m-1", "m-2", "m-3", "m-4", "m-5", "m-6"} {
 		if !strings.Contains(logs.String(), `"msg":"seen","stage":"incoming","middleware":"keeper","message_name":"probe.order","message_id":"`+id+`"`) {
 			t.Fatalf("no record of %s scoped with its own message:\n%s", id, logs.String())
+		}
+	}
+}
+
+type incomingKey struct{}
+
+// A before-only middleware's stage context stays valid while the host's
+// next runs, as in process (where the middleware is still on the stack):
+// one put into the context it gives next reads its own message from the
+// same plugin's handler stage, though the plugin answered the incoming
+// invocation before the host ran next.
+func TestAHeldContextKeepsItsStageContext(t *testing.T) {
+	keeper := sdk.BeforeOnly(bus.Middleware{Name: "keeper",
+		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			return next(context.WithValue(ctx, incomingKey{}, in))
+		},
+		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			in, ok := ctx.Value(incomingKey{}).(*bus.Incoming)
+			if !ok {
+				return errors.New("no incoming stage context in ctx")
+			}
+			if got, want := in.Attributes().MessageID, h.Attributes().MessageID; got != want {
+				return fmt.Errorf("the incoming stage context reads %s in the handler stage of %s", got, want)
+			}
+			return next(ctx)
+		},
+	}, bus.StageIncoming)
+	p := sdktest.Load(t, keeper, sdktest.Wire)
+	handled := make(chan string, 10)
+	b := bustest.Start(t, bus.WithEndpoint("orders"), bus.WithMiddleware(p), bus.WithLogger(slog.New(slog.DiscardHandler)),
+		bus.WithHandler(func(_ context.Context, _ Order, a bus.Attributes) error {
+			handled <- a.MessageID
+			return nil
+		}))
+	for _, id := range []string{"m-1", "m-2", "m-3"} {
+		if err := b.Deliver(context.Background(), bustest.Delivery(Order{ID: id}, bus.Attributes{MessageID: id})); err != nil {
+			t.Fatalf("delivering %s: %v", id, err)
+		}
+		if got := <-handled; got != id {
+			t.Fatalf("handled %s, want %s", got, id)
 		}
 	}
 }
