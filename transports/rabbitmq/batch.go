@@ -16,8 +16,9 @@ import (
 // one confirm channel without waiting, then awaits all the broker's
 // confirmations, so that a batch costs about one round trip to the
 // broker; the batch's frames reach the broker in one write (or one per
-// 64 KiB), so that it stores and confirms them together. Each message goes where [Transport.Send] or [Transport.Publish]
-// would send it and fails as they would (an [*UnroutableError], a
+// 64 KiB), so that it stores and confirms them together. Each message
+// goes where [Transport.Send] or [Transport.Publish] would send it and
+// fails as they would (an [*UnroutableError], a
 // [*bus.MessageTooLargeError], ...), alone: the *bus.BatchError names it
 // by index. A message with a due time ahead goes through the delay
 // queues, one by one, as Send does; so does a message whose channel the
