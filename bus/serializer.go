@@ -1,6 +1,10 @@
 package bus
 
-import "encoding/json"
+import (
+	"bytes"
+	"encoding/json"
+	"sync"
+)
 
 // Serializer encodes message bodies. The default is [JSON].
 type Serializer interface {
@@ -19,5 +23,48 @@ func (JSON) ContentType() string { return "application/json" }
 // Marshal encodes v with encoding/json.
 func (JSON) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
 
-// Unmarshal decodes data with encoding/json.
-func (JSON) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+// Unmarshal decodes data with encoding/json and accepts what
+// json.Unmarshal accepts. It returns json.Unmarshal's error, with one
+// difference: when data holds a value followed by something other than
+// white space, v may hold that value.
+//
+// A body of up to 64 KiB is decoded by a pooled json.Decoder, which keeps
+// its decode state from one body to the next: json.Unmarshal makes that
+// state anew for every call (four allocations and about 200 bytes for a
+// small struct, and a third of its time).
+func (JSON) Unmarshal(data []byte, v any) error {
+	value := bytes.TrimRight(data, " \t\r\n")
+	if len(value) == 0 || len(value) > pooledDecodeMax {
+		return json.Unmarshal(data, v)
+	}
+	d := jsonDecoders.Get().(*jsonDecoder)
+	d.r.Reset(value)
+	start := d.dec.InputOffset()
+	if err := d.dec.Decode(v); err != nil || d.dec.InputOffset()-start != int64(len(value)) {
+		// Not one well-formed value: json.Unmarshal says what is wrong,
+		// with its own offsets. The decoder may have stopped inside data
+		// and is not reused.
+		return json.Unmarshal(data, v)
+	}
+	// The decoder read exactly value, so nothing of it is left for the
+	// next body.
+	d.r.Reset(nil)
+	jsonDecoders.Put(d)
+	return nil
+}
+
+// pooledDecodeMax is the largest body a pooled decoder reads: its buffer
+// grows to the largest body it has read, and the pool keeps it.
+const pooledDecodeMax = 64 << 10
+
+// jsonDecoder is a json.Decoder reading from a reader reset to each body.
+type jsonDecoder struct {
+	r   bytes.Reader
+	dec *json.Decoder
+}
+
+var jsonDecoders = sync.Pool{New: func() any {
+	d := new(jsonDecoder)
+	d.dec = json.NewDecoder(&d.r)
+	return d
+}}
