@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -66,6 +65,12 @@ type PluginCostConfig struct {
 	// and allocation profiles: each side writes PREFIX-SIDE-wWORKERS.prof
 	// (.trace, .mprof) when its plugin stops.
 	PluginCPUProfile, PluginTrace, PluginMemProfile string
+	// Codec is the message's encoding on the sides that run a bus:
+	// "json" (the default, bus.JSON) or "binary" ([DepthCodec], through
+	// bus.WithSerializer), which leaves the bus's decode a few
+	// nanoseconds. The raw stream echoes as many bytes as plugbus's
+	// invocation of the message has on the wire either way.
+	Codec string
 }
 
 // PluginCostResult is one side at one concurrency: medians over rounds.
@@ -126,6 +131,11 @@ func PluginCost(ctx context.Context, cfg PluginCostConfig) ([]PluginCostResult, 
 	if cfg.N == 0 {
 		cfg.N = 20000
 	}
+	d, serializer, err := costDelivery(cfg.Codec)
+	if err != nil {
+		return nil, err
+	}
+	payload := invocationSize(d)
 	logw := cfg.Log
 	if logw == nil {
 		logw = io.Discard
@@ -148,8 +158,6 @@ func PluginCost(ctx context.Context, cfg PluginCostConfig) ([]PluginCostResult, 
 	if err != nil {
 		return nil, err
 	}
-	d := costDelivery()
-	payload := invocationSize(d)
 
 	var out []PluginCostResult
 	for _, workers := range cfg.Workers {
@@ -157,7 +165,7 @@ func PluginCost(ctx context.Context, cfg PluginCostConfig) ([]PluginCostResult, 
 		if workers == 1 {
 			n = max(cfg.N/10, 1)
 		}
-		sides, err := openCostSides(ctx, workers, raw, rawSum, pass, passSum, payload, d, cfg)
+		sides, err := openCostSides(ctx, workers, raw, rawSum, pass, passSum, payload, d, serializer, cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -263,7 +271,7 @@ const (
 // openCostSides opens the raw stream side (first: the ratios' reference),
 // the raw stream in a bus and the two plugbus sides for workers
 // concurrent workers.
-func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum string, payload int, d *bus.Delivery, cfg PluginCostConfig) ([]costSide, error) {
+func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum string, payload int, d *bus.Delivery, serializer bus.Serializer, cfg PluginCostConfig) ([]costSide, error) {
 	profileArgs := func(side string) (args []string) {
 		if cfg.PluginCPUProfile != "" {
 			args = append(args, fmt.Sprintf("-cpuprofile=%s-%s-w%d.prof", cfg.PluginCPUProfile, side, workers))
@@ -281,7 +289,7 @@ func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum 
 		return nil, err
 	}
 	sides := []costSide{rs}
-	rb, err := openRawEchoInBus(ctx, workers, raw, rawSum, payload, d, profileArgs("rawbus"))
+	rb, err := openRawEchoInBus(ctx, workers, raw, rawSum, payload, d, serializer, profileArgs("rawbus"))
 	if err != nil {
 		rs.close()
 		return nil, err
@@ -292,7 +300,7 @@ func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum 
 		if around {
 			side = "around"
 		}
-		s, err := openPlugbusSide(workers, pass, passSum, around, d, cfg.Streams, profileArgs(side))
+		s, err := openPlugbusSide(workers, pass, passSum, around, d, serializer, cfg.Streams, profileArgs(side))
 		if err != nil {
 			for _, o := range sides {
 				o.close()
@@ -344,7 +352,7 @@ func openRawEcho(ctx context.Context, workers int, path, sum string, payload int
 // message through an in-process incoming middleware that echoes the
 // payload on the worker's raw stream and calls next — the plugbus sides'
 // bus, handler and message, with the raw stream for the plugin.
-func openRawEchoInBus(ctx context.Context, workers int, path, sum string, payload int, d *bus.Delivery, args []string) (costSide, error) {
+func openRawEchoInBus(ctx context.Context, workers int, path, sum string, payload int, d *bus.Delivery, serializer bus.Serializer, args []string) (costSide, error) {
 	r, err := startRawEcho(ctx, workers, path, sum, payload, args)
 	if err != nil {
 		return costSide{}, err
@@ -357,7 +365,7 @@ func openRawEchoInBus(ctx context.Context, workers int, path, sum string, payloa
 		return next(ctx)
 	}}
 	quiet := slog.New(slog.DiscardHandler)
-	b, err := bus.New(bus.WithEndpoint("bench"), bus.WithMiddleware(echo), bus.WithLogger(quiet),
+	b, err := bus.New(bus.WithEndpoint("bench"), bus.WithMiddleware(echo), bus.WithLogger(quiet), bus.WithSerializer(serializer),
 		bus.WithHandler(func(context.Context, OrderPlaced, bus.Attributes) error { return nil }))
 	if err != nil {
 		r.close()
@@ -420,7 +428,7 @@ func startRawEcho(ctx context.Context, workers int, path, sum string, payload in
 }
 
 // openPlugbusSide loads the pass plugin and runs deliveries through a bus.
-func openPlugbusSide(workers int, path, sum string, around bool, d *bus.Delivery, streams int, args []string) (costSide, error) {
+func openPlugbusSide(workers int, path, sum string, around bool, d *bus.Delivery, serializer bus.Serializer, streams int, args []string) (costSide, error) {
 	quiet := slog.New(slog.DiscardHandler)
 	opts := []plugin.Option{plugin.WithSHA256(sum), plugin.WithLogger(quiet)}
 	name := BeforeOnlySide
@@ -438,7 +446,7 @@ func openPlugbusSide(workers int, path, sum string, around bool, d *bus.Delivery
 	if err != nil {
 		return costSide{}, err
 	}
-	b, err := bus.New(bus.WithEndpoint("bench"), bus.WithMiddleware(p), bus.WithLogger(quiet),
+	b, err := bus.New(bus.WithEndpoint("bench"), bus.WithMiddleware(p), bus.WithLogger(quiet), bus.WithSerializer(serializer),
 		bus.WithHandler(func(context.Context, OrderPlaced, bus.Attributes) error { return nil }))
 	if err != nil {
 		p.Close()
@@ -530,11 +538,25 @@ func ProfilePlugin(args []string) (rest []string, stop func()) {
 	}
 }
 
-// costDelivery is the benchmark's received message.
-func costDelivery() *bus.Delivery {
-	body, _ := json.Marshal(OrderPlaced{ID: 1, Customer: "customer-0001", Amount: 42})
-	return &bus.Delivery{Envelope: bus.Envelope{Name: OrderPlaced{}.MessageName(), ContentType: "application/json", Body: body,
-		Attributes: bus.Attributes{MessageID: "0190a8f5-7c1e-7b3a-9d2f-1a2b3c4d5e6f", CorrelationID: "0190a8f5-7c1e-7b3a-9d2f-1a2b3c4d5e6f", SentAt: time.Now().UTC()}}, Attempt: 1}
+// costDelivery is the benchmark's received message in codec ("json" or
+// "" for bus.JSON, "binary" for DepthCodec), and the serializer of the
+// buses that receive it.
+func costDelivery(codec string) (*bus.Delivery, bus.Serializer, error) {
+	var serializer bus.Serializer
+	switch codec {
+	case "", "json":
+		serializer = bus.JSON{}
+	case "binary":
+		serializer = DepthCodec{}
+	default:
+		return nil, nil, fmt.Errorf("codec %q: want json or binary", codec)
+	}
+	body, err := serializer.Marshal(OrderPlaced{ID: 1, Customer: "customer-0001", Amount: 42})
+	if err != nil {
+		return nil, nil, err
+	}
+	return &bus.Delivery{Envelope: bus.Envelope{Name: OrderPlaced{}.MessageName(), ContentType: serializer.ContentType(), Body: body,
+		Attributes: bus.Attributes{MessageID: "0190a8f5-7c1e-7b3a-9d2f-1a2b3c4d5e6f", CorrelationID: "0190a8f5-7c1e-7b3a-9d2f-1a2b3c4d5e6f", SentAt: time.Now().UTC()}}, Attempt: 1}, serializer, nil
 }
 
 // invocationSize is the size on the wire of plugbus's invocation of the

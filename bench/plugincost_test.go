@@ -35,3 +35,26 @@ func TestPluginCostMeasuresEverySide(t *testing.T) {
 		}
 	}
 }
+
+// With the binary codec every bus side decodes the message with it (a
+// decode error would fail the round), and the raw stream echoes the size
+// of that smaller invocation.
+func TestPluginCostWithTheBinaryCodec(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two plugin binaries")
+	}
+	if _, err := bench.PluginCost(context.Background(), bench.PluginCostConfig{Codec: "yaml"}); err == nil {
+		t.Fatal("codec yaml accepted")
+	}
+	res, err := bench.PluginCost(context.Background(), bench.PluginCostConfig{Workers: []int{2}, Rounds: 1, N: 200, Codec: "binary"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jsonRes, err := bench.PluginCost(context.Background(), bench.PluginCostConfig{Workers: []int{2}, Rounds: 1, N: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 4 || res[0].PayloadBytes >= jsonRes[0].PayloadBytes {
+		t.Fatalf("binary: %d results, payload %d bytes (json: %d); want 4 sides and a smaller payload", len(res), res[0].PayloadBytes, jsonRes[0].PayloadBytes)
+	}
+}

@@ -11,6 +11,7 @@
 //
 //	cd bench && go run ./cmd/plugincost
 //	go run ./cmd/plugincost -rounds 9 -n 40000 -markdown
+//	go run ./cmd/plugincost -codec binary   # the bus's decode a few nanoseconds
 //	go run ./cmd/plugincost -cpuprofile cpu.out   # the host process's profile
 //	go run ./cmd/plugincost -plugincpuprofile /tmp/p   # the plugin processes' profiles
 //	go run ./cmd/plugincost -workers 1 -rounds 1 -trace host.trace -plugintrace /tmp/p   # execution traces
@@ -43,6 +44,7 @@ func run() error {
 	flag.IntVar(&cfg.Rounds, "rounds", 7, "rounds of each side per worker count")
 	flag.IntVar(&cfg.N, "n", 20000, "messages per round (a tenth with one worker)")
 	flag.IntVar(&cfg.Streams, "streams", 0, "plugin.WithStreams for the plugbus sides (0: the default)")
+	flag.StringVar(&cfg.Codec, "codec", "json", "the message's encoding on the sides with a bus: json (bus.JSON) or binary (bench.DepthCodec)")
 	markdown := flag.Bool("markdown", false, "print markdown tables")
 	verbose := flag.Bool("v", false, "print every round")
 	cpuProfile := flag.String("cpuprofile", "", "write the host process's CPU profile to this file")
@@ -87,13 +89,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	return print(os.Stdout, res, *markdown)
+	return print(os.Stdout, res, cfg.Codec, *markdown)
 }
 
-func print(w io.Writer, res []bench.PluginCostResult, markdown bool) error {
+func print(w io.Writer, res []bench.PluginCostResult, codec string, markdown bool) error {
 	note := ""
 	if len(res) > 0 {
-		note = fmt.Sprintf("payload: %d bytes each way (the size of plugbus's incoming invocation)", res[0].PayloadBytes)
+		note = fmt.Sprintf("message encoded %s; payload: %d bytes each way (the size of plugbus's incoming invocation)", codec, res[0].PayloadBytes)
 	}
 	rows := [][]string{{"workers", "side", "msg/s", "p50 µs", "p99 µs", "allocs/msg", "B/msg", "host CPU µs/msg", "plugin CPU µs/msg",
 		"throughput vs raw", "p50 vs raw", "throughput vs raw in a bus", "p50 vs raw in a bus"}}
