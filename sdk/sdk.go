@@ -207,9 +207,10 @@ type RawMessage struct {
 // MessageName returns the wire name.
 func (m RawMessage) MessageName() string { return m.Name }
 
-// Decode unmarshals the JSON body into v.
+// Decode unmarshals the JSON body into v, as the bus's default
+// serializer does (bus.JSON: encoding/json with a pooled decoder).
 func (m RawMessage) Decode(v any) error {
-	if err := json.Unmarshal(m.Body, v); err != nil {
+	if err := (bus.JSON{}).Unmarshal(m.Body, v); err != nil {
 		return fmt.Errorf("sdk: decoding %s: %w", m.Name, err)
 	}
 	return nil
