@@ -188,15 +188,11 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 	if held, ok := ctx.Value(heldKey{inst}).(uint64); ok {
 		parent = held
 	}
-	cs, err := proc.acquire()
+	cs, stopWatch, err := proc.acquireFor(ctx)
 	if err != nil {
 		return p.down(ctx, stage, next, false, nil, err)
 	}
 	id := proc.lastCallID.Add(1)
-	var stopWatch func() bool
-	if ctx.Done() != nil {
-		stopWatch = context.AfterFunc(ctx, cs.cancel)
-	}
 	cs.startTimeout(p.cfg.callTimeout)
 	if in != nil {
 		// Encoded from in, with no message built (pluginproto.Codec).
@@ -247,7 +243,7 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 				Mutation               *pluginproto.Mutation
 				Error                  *pluginproto.Error
 			}{k.Done.Continue, k.Done.HoldsContext, k.Done.Mutation, k.Done.Error}
-			if cs.stopTimeout() && (stopWatch == nil || stopWatch()) {
+			if cs.stopTimeout() && (stopWatch == nil || stopWatch()) && !cs.watchFired.Load() {
 				proc.release(cs)
 			} else {
 				cs.abandon() // cancelled meanwhile: the plugin may have seen it

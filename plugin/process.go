@@ -70,7 +70,14 @@ func (proc *process) fail(err error) {
 // stop ends the streams and the process and waits for their goroutines.
 func (proc *process) stop() {
 	proc.stopOnce.Do(func() {
-		proc.stopping.Store(true)
+		proc.poolMu.Lock()
+		proc.stopping.Store(true) // under poolMu: release abandons from now on
+		idle := proc.idle
+		proc.idle = nil
+		proc.poolMu.Unlock()
+		for _, cs := range idle {
+			cs.abandon() // ends its standing watch's goroutine
+		}
 		proc.fail(errors.New("plugin stopped"))
 		proc.endStreams()
 		if proc.attached {
@@ -81,7 +88,9 @@ func (proc *process) stop() {
 				_ = proc.conn.Close()
 			}
 		}
-		proc.client.Kill()
+		if proc.client != nil { // nil in the tests' fake processes
+			proc.client.Kill()
+		}
 		proc.wg.Wait()
 	})
 }
@@ -120,6 +129,18 @@ type callStream struct {
 	// 0 when no timeout runs. watchTimeouts sets timedOut and cancels.
 	deadline atomic.Int64
 	timedOut atomic.Bool
+
+	// A standing watch: while invocations come with the same Done channel
+	// (the bus's handler context's, in a running bus), one watch of it
+	// cancels the stream for all of them, instead of a context.AfterFunc
+	// registered and stopped on every invocation. It waits on the channel
+	// alone, so that it keeps no invocation's context (nor its values).
+	// Owned by the goroutine that holds the stream, and by stop for an
+	// idle one.
+	lastDone   <-chan struct{} // the previous invocation's ctx.Done()
+	watched    <-chan struct{} // the standing watch's channel; nil: none
+	unwatch    func() bool     // stops the standing watch
+	watchFired atomic.Bool     // the watched channel closed: the stream is cancelled
 
 	// The frames of the stream's invocations, reused: each is encoded
 	// before Send returns.
@@ -186,31 +207,120 @@ func (proc *process) watchTimeouts(interval time.Duration) {
 	})
 }
 
-// acquire returns an idle stream of the pool, or a new one.
+// acquire returns an idle stream of the pool, or a new one. An idle
+// stream whose standing watch fired (its context ended while it waited in
+// the pool) is cancelled and not returned.
 func (proc *process) acquire() (*callStream, error) {
-	proc.poolMu.Lock()
-	if n := len(proc.idle); n > 0 {
+	for {
+		proc.poolMu.Lock()
+		n := len(proc.idle)
+		if n == 0 {
+			proc.poolMu.Unlock()
+			return proc.openCall()
+		}
 		cs := proc.idle[n-1]
 		proc.idle[n-1] = nil
 		proc.idle = proc.idle[:n-1]
 		proc.poolMu.Unlock()
-		return cs, nil
+		if !cs.watchFired.Load() {
+			return cs, nil
+		}
+		cs.abandon()
 	}
-	proc.poolMu.Unlock()
-	return proc.openCall()
 }
 
-// release puts an idle stream back into the pool.
+// acquireFor returns a stream that ctx's end cancels, and the function
+// that stops the watch of this invocation alone (nil when none was
+// registered for it).
+func (proc *process) acquireFor(ctx context.Context) (*callStream, func() bool, error) {
+	for {
+		cs, err := proc.acquire()
+		if err != nil {
+			return nil, nil, err
+		}
+		if stop, ok := cs.watch(ctx); ok {
+			return cs, stop, nil
+		}
+		cs.abandon() // its standing watch fired meanwhile
+	}
+}
+
+// watch makes ctx's end cancel the stream for the invocation about to
+// run. With the Done channel of the stream's standing watch nothing is
+// registered. With another channel the standing watch ends (ok is false
+// when it already fired: the stream is cancelled), and the invocation
+// registers a context.AfterFunc of its own, whose stop function watch
+// returns; the second invocation in a row with one channel starts a
+// standing watch of it instead.
+func (cs *callStream) watch(ctx context.Context) (stop func() bool, ok bool) {
+	done := ctx.Done()
+	if cs.watched != nil {
+		if done == cs.watched {
+			return nil, true
+		}
+		if !cs.unwatch() {
+			return nil, false
+		}
+		cs.watched, cs.unwatch = nil, nil
+	}
+	switch {
+	case done == nil:
+		cs.lastDone = nil
+		return nil, true
+	case done == cs.lastDone:
+		// One goroutine waits on the channel (the context package's, for
+		// a context that is not its own) until it closes or unwatch.
+		cs.watched, cs.unwatch = done, context.AfterFunc(doneOnly(done), cs.watchedDone)
+		return nil, true
+	}
+	cs.lastDone = done
+	return context.AfterFunc(ctx, cs.cancel), true
+}
+
+// watchedDone runs when the standing watch's channel closes.
+func (cs *callStream) watchedDone() {
+	cs.watchFired.Store(true)
+	cs.cancel()
+}
+
+// doneOnly is a context that ends when its channel closes and carries
+// nothing else.
+type doneOnly <-chan struct{}
+
+func (doneOnly) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (d doneOnly) Done() <-chan struct{}     { return d }
+func (doneOnly) Value(any) any               { return nil }
+func (d doneOnly) Err() error {
+	select {
+	case <-d:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+
+// release puts an idle stream back into the pool; during stop, whose
+// sweep of the idle streams it may come after, it abandons it instead.
 func (proc *process) release(cs *callStream) {
 	proc.poolMu.Lock()
-	proc.idle = append(proc.idle, cs)
+	if !proc.stopping.Load() {
+		proc.idle = append(proc.idle, cs)
+		proc.poolMu.Unlock()
+		return
+	}
 	proc.poolMu.Unlock()
+	cs.abandon()
 }
 
-// abandon cancels the stream, which is not used again.
+// abandon cancels the stream, which is not used again, and ends its
+// standing watch.
 func (cs *callStream) abandon() {
 	cs.stopTimeout()
 	cs.cancel()
+	if cs.unwatch != nil {
+		cs.unwatch()
+		cs.watched, cs.unwatch = nil, nil
+	}
 	cs.proc.poolMu.Lock()
 	delete(cs.proc.open, cs)
 	cs.proc.poolMu.Unlock()

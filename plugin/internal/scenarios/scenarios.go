@@ -22,6 +22,10 @@ const ShorterDeadline = 100 * time.Millisecond
 // "permanent", "handler-permanent" and "decode" scenarios.
 const PermanentReason = "scenario: invalid for good"
 
+// HangHeader is the header that makes the "hang-on-header" scenario wait
+// for its ctx to end; without it the scenario calls next.
+const HangHeader = "hang"
+
 // Plugin is a middleware whose behaviour is the named scenario.
 type Plugin struct{ scenario string }
 
@@ -117,6 +121,14 @@ func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 				return nil
 			}
 			return next(ctx)
+		}
+	case "hang-on-header":
+		m.Incoming = func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			if _, ok := in.Header(HangHeader); !ok {
+				return next(ctx)
+			}
+			<-ctx.Done()
+			return ctx.Err()
 		}
 	case "hang":
 		m.Incoming = func(ctx context.Context, _ *bus.Incoming, _ bus.Next) error {
