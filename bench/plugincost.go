@@ -131,6 +131,10 @@ func PluginCost(ctx context.Context, cfg PluginCostConfig) ([]PluginCostResult, 
 	if cfg.N == 0 {
 		cfg.N = 20000
 	}
+	// Every side delivers with a context that can end, as a running bus's
+	// handler context can: an out-of-process stage watches it.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	d, serializer, err := costDelivery(cfg.Codec)
 	if err != nil {
 		return nil, err
@@ -373,7 +377,7 @@ func openRawEchoInBus(ctx context.Context, workers int, path, sum string, payloa
 	}
 	ctxs := make([]context.Context, workers) // made before the rounds: a context per delivery would count against this side
 	for w := range ctxs {
-		ctxs[w] = context.WithValue(context.Background(), workerKey{}, w)
+		ctxs[w] = context.WithValue(ctx, workerKey{}, w)
 	}
 	round := func(_ context.Context, n int) ([]time.Duration, error) {
 		return runWorkers(workers, n, func(w int) error { return b.Deliver(ctxs[w], d) })
