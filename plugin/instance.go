@@ -218,6 +218,9 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 		switch k := cs.in.Kind.(type) {
 		case *pluginproto.PluginFrame_Next:
 			if nextCalled { // the protocol allows one Next per call
+				if stopWatch != nil {
+					stopWatch()
+				}
 				cs.abandon()
 				proc.fail(fmt.Errorf("plugin protocol violation: a second Next frame for call %d", id))
 				return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)
@@ -243,7 +246,11 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 				Mutation               *pluginproto.Mutation
 				Error                  *pluginproto.Error
 			}{k.Done.Continue, k.Done.HoldsContext, k.Done.Mutation, k.Done.Error}
-			if cs.stopTimeout() && (stopWatch == nil || stopWatch()) && !cs.watchFired.Load() {
+			reusable := cs.stopTimeout()
+			if stopWatch != nil && !stopWatch() {
+				reusable = false
+			}
+			if reusable && !cs.watchFired.Load() {
 				proc.release(cs)
 			} else {
 				cs.abandon() // cancelled meanwhile: the plugin may have seen it

@@ -251,7 +251,9 @@ func (proc *process) acquireFor(ctx context.Context) (*callStream, func() bool, 
 // when it already fired: the stream is cancelled), and the invocation
 // registers a context.AfterFunc of its own, whose stop function watch
 // returns; the second invocation in a row with one channel starts a
-// standing watch of it instead.
+// standing watch of it instead. (Invocations that alternate between two
+// channels, A A B A A B, start and end a watch every third invocation:
+// its goroutine then costs more than the registrations it saves.)
 func (cs *callStream) watch(ctx context.Context) (stop func() bool, ok bool) {
 	done := ctx.Done()
 	if cs.watched != nil {
@@ -345,7 +347,10 @@ func (proc *process) watchLiveness() error {
 // sendRelease tells the plugin, on an idle stream, that the host's next
 // of a before-only call that held its context returned.
 func (proc *process) sendRelease(call uint64) {
-	cs, err := proc.acquire()
+	// With no Done channel: a standing watch of another invocation's
+	// channel ends first, so that its end cannot cancel the stream while
+	// it carries the Release (which the plugin would then never see).
+	cs, _, err := proc.acquireFor(context.Background())
 	if err != nil {
 		return // the process is gone, and the context with it
 	}

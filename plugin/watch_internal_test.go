@@ -99,8 +99,9 @@ func TestStandingWatch(t *testing.T) {
 func TestStopEndsTheStandingWatches(t *testing.T) {
 	_, proc := fakeProcess(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel() // after goleak would be too late: stop must end the watches itself
+	defer cancel()
 	var streams []*callStream
+	var unwatches []func() bool
 	for range 3 {
 		cs, err := proc.acquire()
 		if err != nil {
@@ -114,6 +115,7 @@ func TestStopEndsTheStandingWatches(t *testing.T) {
 			t.Fatal("no standing watch")
 		}
 		streams = append(streams, cs)
+		unwatches = append(unwatches, cs.unwatch)
 	}
 	held := streams[2]
 	proc.release(streams[0])
@@ -121,11 +123,37 @@ func TestStopEndsTheStandingWatches(t *testing.T) {
 	proc.stop()
 	proc.release(held)
 	for i, cs := range streams {
-		if cs.unwatch != nil || cs.watched != nil {
+		// ctx is live: a watch that stops now was still running.
+		if cs.unwatch != nil || cs.watched != nil || unwatches[i]() {
 			t.Fatalf("stream %d kept its standing watch", i)
 		}
 	}
 	if len(proc.idle) != 0 || len(proc.open) != 0 {
 		t.Fatalf("%d idle, %d open streams after stop", len(proc.idle), len(proc.open))
+	}
+}
+
+// TestSendReleaseEndsAStandingWatch: the Release goes out on a stream
+// that no other invocation's context can cancel.
+func TestSendReleaseEndsAStandingWatch(t *testing.T) {
+	_, proc := fakeProcess(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cs, err := proc.acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stop, _ := cs.watch(ctx); stop == nil || !stop() {
+		t.Fatal("no watch of its own")
+	}
+	cs.watch(ctx)
+	unwatch := cs.unwatch
+	proc.release(cs)
+	proc.sendRelease(7)
+	if cs.watched != nil || unwatch() {
+		t.Fatal("the Release's stream kept the standing watch of another context")
+	}
+	if got, err := proc.acquire(); err != nil || got != cs {
+		t.Fatalf("acquire after the Release: %p, %v; want the same stream back", got, err)
 	}
 }
