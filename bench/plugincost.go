@@ -51,9 +51,14 @@ func NewPassPlugin(around bool) bus.Plugin {
 type PluginCostConfig struct {
 	// Workers are the concurrencies measured (default 1 and 16).
 	Workers []int
-	// Rounds of each side per concurrency (default 7), N messages per
+	// Rounds of each side per concurrency (default 9), N messages per
 	// round and worker count (default 20000; a tenth with one worker).
 	Rounds, N int
+	// Sessions (default 3, at most Rounds) divide the rounds: each
+	// session starts every side's plugin process anew, so that where
+	// the scheduler happens to run one process does not tilt a whole
+	// run's ratios.
+	Sessions int
 	// Streams is plugin.WithStreams for the plugbus sides (0: default).
 	Streams int
 	// Dir holds the built binaries (default: a temporary directory).
@@ -63,7 +68,8 @@ type PluginCostConfig struct {
 	// PluginCPUProfile, PluginTrace and PluginMemProfile, when set, are
 	// the prefixes of the plugin processes' CPU profiles, execution traces
 	// and allocation profiles: each side writes PREFIX-SIDE-wWORKERS.prof
-	// (.trace, .mprof) when its plugin stops.
+	// (.trace, .mprof; PREFIX-SIDE-sSESSION-wWORKERS.prof with more than
+	// one session) when its plugin stops.
 	PluginCPUProfile, PluginTrace, PluginMemProfile string
 	// Codec is the message's encoding on the sides that run a bus:
 	// "json" (the default, bus.JSON) or "binary" ([DepthCodec], through
@@ -126,8 +132,12 @@ func PluginCost(ctx context.Context, cfg PluginCostConfig) ([]PluginCostResult, 
 	}
 	cfg.Rounds = max(cfg.Rounds, 0)
 	if cfg.Rounds == 0 {
-		cfg.Rounds = 7
+		cfg.Rounds = 9
 	}
+	if cfg.Sessions <= 0 {
+		cfg.Sessions = 3
+	}
+	cfg.Sessions = min(cfg.Sessions, cfg.Rounds)
 	if cfg.N == 0 {
 		cfg.N = 20000
 	}
@@ -169,17 +179,40 @@ func PluginCost(ctx context.Context, cfg PluginCostConfig) ([]PluginCostResult, 
 		if workers == 1 {
 			n = max(cfg.N/10, 1)
 		}
-		sides, err := openCostSides(ctx, workers, raw, rawSum, pass, passSum, payload, d, serializer, cfg)
-		if err != nil {
-			return nil, err
+		var (
+			names   []string
+			samples [][]costSample
+		)
+		// Each session starts every side's processes anew: where the
+		// scheduler puts a process (and its threads beside the host's)
+		// favours or hinders that side for as long as it runs.
+		for session := range cfg.Sessions {
+			rounds := cfg.Rounds / cfg.Sessions
+			if session < cfg.Rounds%cfg.Sessions {
+				rounds++
+			}
+			sides, err := openCostSides(ctx, workers, raw, rawSum, pass, passSum, payload, d, serializer, cfg, session)
+			if err != nil {
+				return nil, err
+			}
+			for _, s := range sides {
+				fmt.Fprintf(logw, "workers=%d session %d %s: pid %d\n", workers, session+1, s.name, s.pid)
+			}
+			if names == nil {
+				samples = make([][]costSample, len(sides))
+				for _, s := range sides {
+					names = append(names, s.name)
+				}
+			}
+			err = sampleCostSides(ctx, sides, samples, rounds, n, logw, workers)
+			for _, s := range sides {
+				s.close()
+			}
+			if err != nil {
+				return nil, err
+			}
 		}
-		res, err := runCostSides(ctx, sides, cfg.Rounds, n, logw, workers)
-		for _, s := range sides {
-			s.close()
-		}
-		if err != nil {
-			return nil, err
-		}
+		res := summarizeCost(names, samples, workers)
 		for i := range res {
 			res[i].PayloadBytes = payload
 		}
@@ -188,14 +221,16 @@ func PluginCost(ctx context.Context, cfg PluginCostConfig) ([]PluginCostResult, 
 	return out, nil
 }
 
-func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.Writer, workers int) ([]PluginCostResult, error) {
+// sampleCostSides runs rounds rounds of every side after a warm-up,
+// alternating the sides, and appends each side's samples to samples.
+func sampleCostSides(ctx context.Context, sides []costSide, samples [][]costSample, rounds, n int, logw io.Writer, workers int) error {
 	for _, s := range sides { // warm-up, not counted
 		if _, err := s.round(ctx, max(n/4, 1)); err != nil {
-			return nil, fmt.Errorf("warming up %s: %w", s.name, err)
+			return fmt.Errorf("warming up %s: %w", s.name, err)
 		}
 	}
-	samples := make([][]costSample, len(sides))
-	for r := range rounds {
+	first := len(samples[0])
+	for r := first; r < first+rounds; r++ {
 		for k := range sides {
 			i := (r + k) % len(sides)
 			runtime.GC()
@@ -216,7 +251,7 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 			hostAfter, pluginAfter := processCPU(0), processCPU(sides[i].pid)
 			runtime.ReadMemStats(&after)
 			if err != nil {
-				return nil, fmt.Errorf("round %d of %s: %w", r+1, sides[i].name, err)
+				return fmt.Errorf("round %d of %s: %w", r+1, sides[i].name, err)
 			}
 			slices.Sort(lat)
 			sm := costSample{msgsPerSec: float64(len(lat)) / elapsed.Seconds(), p50: lat[len(lat)/2], p99: lat[len(lat)*99/100],
@@ -227,8 +262,15 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 			fmt.Fprintf(logw, "workers=%d round %d %-22s %8.0f msg/s p50 %6.1f µs\n", workers, r+1, sides[i].name, sm.msgsPerSec, float64(sm.p50.Nanoseconds())/1e3)
 		}
 	}
-	res := make([]PluginCostResult, len(sides))
-	for i, s := range sides {
+	return nil
+}
+
+// summarizeCost makes each side's result from its samples: medians, and
+// the medians of the paired ratios to the raw stream (names[0]) and to
+// the raw stream in a bus.
+func summarizeCost(names []string, samples [][]costSample, workers int) []PluginCostResult {
+	res := make([]PluginCostResult, len(names))
+	for i, name := range names {
 		ss := samples[i]
 		med := func(f func(costSample) float64) float64 {
 			v := make([]float64, len(ss))
@@ -246,7 +288,7 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 		}
 		throughput := func(x costSample) float64 { return x.msgsPerSec }
 		p50 := func(x costSample) float64 { return float64(x.p50) }
-		res[i] = PluginCostResult{Side: s.name, Workers: workers,
+		res[i] = PluginCostResult{Side: name, Workers: workers,
 			MsgsPerSec:      med(func(x costSample) float64 { return x.msgsPerSec }),
 			P50:             time.Duration(med(func(x costSample) float64 { return float64(x.p50) })),
 			P99:             time.Duration(med(func(x costSample) float64 { return float64(x.p99) })),
@@ -257,11 +299,11 @@ func runCostSides(ctx context.Context, sides []costSide, rounds, n int, logw io.
 			ThroughputRatio: ratio(throughput, 0),
 			P50Ratio:        ratio(p50, 0),
 		}
-		if bus := slices.IndexFunc(sides, func(s costSide) bool { return s.name == RawInBusSide }); bus >= 0 {
+		if bus := slices.Index(names, RawInBusSide); bus >= 0 {
 			res[i].BusThroughputRatio, res[i].BusP50Ratio = ratio(throughput, bus), ratio(p50, bus)
 		}
 	}
-	return res, nil
+	return res
 }
 
 // The sides of [PluginCost], in the order it measures them.
@@ -275,8 +317,11 @@ const (
 // openCostSides opens the raw stream side (first: the ratios' reference),
 // the raw stream in a bus and the two plugbus sides for workers
 // concurrent workers.
-func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum string, payload int, d *bus.Delivery, serializer bus.Serializer, cfg PluginCostConfig) ([]costSide, error) {
+func openCostSides(ctx context.Context, workers int, raw, rawSum, pass, passSum string, payload int, d *bus.Delivery, serializer bus.Serializer, cfg PluginCostConfig, session int) ([]costSide, error) {
 	profileArgs := func(side string) (args []string) {
+		if cfg.Sessions > 1 {
+			side = fmt.Sprintf("%s-s%d", side, session+1)
+		}
 		if cfg.PluginCPUProfile != "" {
 			args = append(args, fmt.Sprintf("-cpuprofile=%s-%s-w%d.prof", cfg.PluginCPUProfile, side, workers))
 		}

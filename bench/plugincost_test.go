@@ -2,6 +2,8 @@ package bench_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/plugbus/plugbus/bench"
@@ -13,9 +15,33 @@ func TestPluginCostMeasuresEverySide(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two plugin binaries")
 	}
-	res, err := bench.PluginCost(context.Background(), bench.PluginCostConfig{Workers: []int{1, 4}, Rounds: 1, N: 400})
+	var log strings.Builder
+	res, err := bench.PluginCost(context.Background(), bench.PluginCostConfig{Workers: []int{1, 4}, Rounds: 2, Sessions: 2, N: 400, Log: &log})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Two sessions of one round each: every side's rounds 1 and 2, at
+	// both concurrencies, each session with plugin processes of its own.
+	for _, side := range []string{bench.RawSide, bench.RawInBusSide, bench.BeforeOnlySide, bench.AroundSide} {
+		for _, workers := range []int{1, 4} {
+			var pids [2]int
+			for session := range pids {
+				prefix := fmt.Sprintf("workers=%d session %d %s: pid ", workers, session+1, side)
+				i := strings.Index(log.String(), prefix)
+				if i < 0 {
+					t.Fatalf("no %q in the log:\n%s", prefix, log.String())
+				}
+				fmt.Sscan(log.String()[i+len(prefix):], &pids[session])
+			}
+			if pids[0] == 0 || pids[0] == pids[1] {
+				t.Errorf("%s, %d workers: plugin processes %v, want one per session", side, workers, pids)
+			}
+		}
+		for _, round := range []string{"round 1 ", "round 2 "} {
+			if n := strings.Count(log.String(), round+fmt.Sprintf("%-22s", side)); n != 2 {
+				t.Errorf("%s%s logged %d times, want 2 (one per concurrency):\n%s", round, side, n, log.String())
+			}
+		}
 	}
 	if len(res) != 8 {
 		t.Fatalf("%d results, want 4 sides × 2 concurrencies", len(res))

@@ -41,7 +41,8 @@ func main() {
 func run() error {
 	var cfg bench.PluginCostConfig
 	workers := flag.String("workers", "1,16", "comma-separated worker counts")
-	flag.IntVar(&cfg.Rounds, "rounds", 7, "rounds of each side per worker count")
+	flag.IntVar(&cfg.Rounds, "rounds", 9, "rounds of each side per worker count")
+	flag.IntVar(&cfg.Sessions, "sessions", 3, "sessions the rounds are divided into, each with every side's plugin process started anew")
 	flag.IntVar(&cfg.N, "n", 20000, "messages per round (a tenth with one worker)")
 	flag.IntVar(&cfg.Streams, "streams", 0, "plugin.WithStreams for the plugbus sides (0: the default)")
 	flag.StringVar(&cfg.Codec, "codec", "json", "the message's encoding on the sides with a bus: json (bus.JSON) or binary (bench.DepthCodec)")
@@ -49,9 +50,9 @@ func run() error {
 	verbose := flag.Bool("v", false, "print every round")
 	cpuProfile := flag.String("cpuprofile", "", "write the host process's CPU profile to this file")
 	traceFile := flag.String("trace", "", "write the host process's execution trace to this file")
-	flag.StringVar(&cfg.PluginCPUProfile, "plugincpuprofile", "", "write each plugin process's CPU profile to PREFIX-SIDE-wWORKERS.prof")
-	flag.StringVar(&cfg.PluginTrace, "plugintrace", "", "write each plugin process's execution trace to PREFIX-SIDE-wWORKERS.trace")
-	flag.StringVar(&cfg.PluginMemProfile, "pluginmemprofile", "", "write each plugin process's allocation profile (every allocation) to PREFIX-SIDE-wWORKERS.mprof")
+	flag.StringVar(&cfg.PluginCPUProfile, "plugincpuprofile", "", "write each plugin process's CPU profile to PREFIX-SIDE-wWORKERS.prof (PREFIX-SIDE-sSESSION-wWORKERS.prof with more than one session)")
+	flag.StringVar(&cfg.PluginTrace, "plugintrace", "", "write each plugin process's execution trace to PREFIX-SIDE-wWORKERS.trace (-sSESSION before -w with more than one session)")
+	flag.StringVar(&cfg.PluginMemProfile, "pluginmemprofile", "", "write each plugin process's allocation profile (every allocation) to PREFIX-SIDE-wWORKERS.mprof (-sSESSION before -w with more than one session)")
 	flag.Parse()
 	for _, w := range strings.Split(*workers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(w))
