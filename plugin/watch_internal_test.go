@@ -103,17 +103,7 @@ func TestStopEndsTheStandingWatches(t *testing.T) {
 	var streams []*callStream
 	var unwatches []func() bool
 	for range 3 {
-		cs, err := proc.acquire()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if stop, _ := cs.watch(ctx); stop == nil || !stop() {
-			t.Fatal("no watch of its own")
-		}
-		cs.watch(ctx)
-		if cs.watched == nil {
-			t.Fatal("no standing watch")
-		}
+		cs := standingStream(t, proc, ctx)
 		streams = append(streams, cs)
 		unwatches = append(unwatches, cs.unwatch)
 	}
@@ -139,14 +129,7 @@ func TestSendReleaseEndsAStandingWatch(t *testing.T) {
 	_, proc := fakeProcess(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cs, err := proc.acquire()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if stop, _ := cs.watch(ctx); stop == nil || !stop() {
-		t.Fatal("no watch of its own")
-	}
-	cs.watch(ctx)
+	cs := standingStream(t, proc, ctx)
 	unwatch := cs.unwatch
 	proc.release(cs)
 	proc.sendRelease(7)
@@ -156,4 +139,22 @@ func TestSendReleaseEndsAStandingWatch(t *testing.T) {
 	if got, err := proc.acquire(); err != nil || got != cs {
 		t.Fatalf("acquire after the Release: %p, %v; want the same stream back", got, err)
 	}
+}
+
+// standingStream returns a stream of proc with a standing watch of ctx:
+// two invocations' watches in a row, the first stopped as its invocation
+// ends.
+func standingStream(t *testing.T, proc *process, ctx context.Context) *callStream {
+	t.Helper()
+	cs, err := proc.acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stop, _ := cs.watch(ctx); stop == nil || !stop() {
+		t.Fatal("no watch of its own")
+	}
+	if stop, ok := cs.watch(ctx); !ok || stop != nil || cs.watched != ctx.Done() {
+		t.Fatal("no standing watch")
+	}
+	return cs
 }
