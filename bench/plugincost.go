@@ -156,12 +156,12 @@ func PluginCost(ctx context.Context, cfg PluginCostConfig) ([]PluginCostResult, 
 	}
 	dir := cfg.Dir
 	if dir == "" {
-		d, err := os.MkdirTemp("", "plugbus-plugincost")
+		tmp, err := os.MkdirTemp("", "plugbus-plugincost")
 		if err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(d)
-		dir = d
+		defer os.RemoveAll(tmp)
+		dir = tmp
 	}
 	raw, pass := filepath.Join(dir, "rawecho-plugin"), filepath.Join(dir, "pass-plugin")
 	rawSum, err := plugin.Build(ctx, "github.com/plugbus/plugbus/bench/cmd/rawecho-plugin", raw)

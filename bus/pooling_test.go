@@ -11,6 +11,7 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/bus/bustest"
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/transports/memory"
 )
 
@@ -223,7 +224,7 @@ func TestEnvelopesAreReusedOnlyForTransportsThatCopyThem(t *testing.T) {
 			}
 			// Sends one after another take the same pooled run; a collection
 			// may empty the pool once, so two of the three suffice.
-			if reused := k.envs[0] == k.envs[1] || k.envs[1] == k.envs[2]; !c.kept && !raceEnabled && !reused {
+			if reused := k.envs[0] == k.envs[1] || k.envs[1] == k.envs[2]; !c.kept && !testenv.RaceEnabled && !reused {
 				t.Error("a transport that copies envelopes got a new envelope for every send: the bus does not reuse them")
 			}
 		})

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
 )
 
 type jsonOrder struct {
@@ -124,7 +125,7 @@ func TestJSONUnmarshalConcurrently(t *testing.T) {
 // fields need no allocation allocates nothing once a decoder is pooled
 // (json.Unmarshal: four allocations).
 func TestJSONUnmarshalAllocatesOnlyTheValue(t *testing.T) {
-	if raceEnabled {
+	if testenv.RaceEnabled {
 		t.Skip("under the race detector sync.Pool drops items at random")
 	}
 	for _, body := range []string{`{"id":7,"amount":42.5}`, "{\"id\":7,\"amount\":42.5}\n"} { // the second as json.Encoder writes it

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
 )
 
 // A StageMaker's contexts, one per message, each log scoped with their own
@@ -85,7 +86,7 @@ func TestStageMakerReusesReleasedContexts(t *testing.T) {
 			t.Errorf("logs lack %s\n%s", want, logs)
 		}
 	}
-	if raceEnabled {
+	if testenv.RaceEnabled {
 		return // sync.Pool drops released contexts at random under the race detector
 	}
 	d := msg("m-5")

@@ -260,10 +260,9 @@ func (cs *callStream) watch(ctx context.Context) (stop func() bool, ok bool) {
 		if done == cs.watched {
 			return nil, true
 		}
-		if !cs.unwatch() {
+		if !cs.endWatch() {
 			return nil, false
 		}
-		cs.watched, cs.unwatch = nil, nil
 	}
 	switch {
 	case done == nil:
@@ -277,6 +276,17 @@ func (cs *callStream) watch(ctx context.Context) (stop func() bool, ok bool) {
 	}
 	cs.lastDone = done
 	return context.AfterFunc(ctx, cs.cancel), true
+}
+
+// endWatch ends the standing watch, if any; it reports false when the
+// watch had fired (the stream is cancelled).
+func (cs *callStream) endWatch() bool {
+	if cs.unwatch == nil {
+		return true
+	}
+	stopped := cs.unwatch()
+	cs.watched, cs.unwatch = nil, nil
+	return stopped
 }
 
 // watchedDone runs when the standing watch's channel closes.
@@ -319,10 +329,7 @@ func (proc *process) release(cs *callStream) {
 func (cs *callStream) abandon() {
 	cs.stopTimeout()
 	cs.cancel()
-	if cs.unwatch != nil {
-		cs.unwatch()
-		cs.watched, cs.unwatch = nil, nil
-	}
+	cs.endWatch()
 	cs.proc.poolMu.Lock()
 	delete(cs.proc.open, cs)
 	cs.proc.poolMu.Unlock()

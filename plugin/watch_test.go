@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/plugin"
 	"github.com/plugbus/plugbus/plugin/internal/scenarios"
 )
@@ -64,7 +65,7 @@ func TestTheBusContextsEndCancelsTheInvocation(t *testing.T) {
 // no more per message than delivering with context.Background (a
 // context.AfterFunc per invocation cost 2 allocations).
 func TestACancellableContextCostsNoAllocation(t *testing.T) {
-	if raceEnabled {
+	if testenv.RaceEnabled {
 		t.Skip("under the race detector sync.Pool drops items at random")
 	}
 	p := load(t, "pass")

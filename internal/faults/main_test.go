@@ -4,6 +4,7 @@ import (
 	"flag"
 	"testing"
 
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/rs/zerolog"
 
 	"go.uber.org/goleak"
@@ -21,7 +22,7 @@ func count() int { return *messages }
 // the outbox's crash test. The code it drives is race-tested by its own
 // packages' tests.
 func skipUnderRace(t *testing.T) {
-	if raceEnabled {
+	if testenv.RaceEnabled {
 		t.Skip("the fault suite runs without -race: go test ./internal/faults (make test does)")
 	}
 }

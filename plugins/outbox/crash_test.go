@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/plugins/inbox"
 	"github.com/plugbus/plugbus/plugins/outbox"
 	"github.com/plugbus/plugbus/store/storetest"
@@ -44,7 +45,7 @@ import (
 // 1,000 on SQLite; run without -race for the full 10,000 (see
 // docs/plugins/outbox.md).
 func crashMessages(kind string) int {
-	if raceEnabled && kind == storetest.SQLite {
+	if testenv.RaceEnabled && kind == storetest.SQLite {
 		return 1000
 	}
 	return 10000

@@ -71,7 +71,7 @@ func TestKilledProcessLosesAndDoublesNothing(t *testing.T) {
 	for _, kind := range storetest.Kinds() {
 		t.Run(kind, func(t *testing.T) {
 			n := 300
-			if kind == storetest.SQLite && raceEnabled {
+			if kind == storetest.SQLite && testenv.RaceEnabled {
 				n = 100 // the race detector slows the pure-Go SQLite about thirtyfold
 			}
 			db := storetest.New(t, kind)

@@ -305,7 +305,7 @@ func TestThousandInstancesAcrossTwoBuses(t *testing.T) {
 	for _, kind := range storetest.Kinds() {
 		t.Run(kind, func(t *testing.T) {
 			n := 1000
-			if kind == storetest.SQLite && raceEnabled {
+			if kind == storetest.SQLite && testenv.RaceEnabled {
 				n = 200 // the race detector slows the pure-Go SQLite about thirtyfold
 			}
 			db := storetest.New(t, kind)

@@ -14,18 +14,18 @@ import (
 
 // SendBatch implements bus.Batcher: it publishes every message of batch on
 // one confirm channel without waiting, then awaits all the broker's
-// confirmations, so that a batch costs about one round trip to the
-// broker; the batch's frames reach the broker in one write (or one per
-// 64 KiB), so that it stores and confirms them together. Each message
-// goes where [Transport.Send] or [Transport.Publish] would send it and
-// fails as they would (an [*UnroutableError], a
-// [*bus.MessageTooLargeError], ...), alone: the *bus.BatchError names it
-// by index. A message with a due time ahead goes through the delay
-// queues, one by one, as Send does; so does a message whose channel the
-// broker closed before confirming it (it is published again, as Send
-// publishes again after a lost connection, so it may arrive twice). The
-// connection is awaited as for Send; an [*UnreachableError] or
-// bus.ErrClosed is then the error of the whole batch.
+// confirmations, so that a batch costs about one round trip to the broker;
+// the batch's frames reach the broker in one write (or one per 64 KiB), so
+// that it stores and confirms them together. Each message goes where
+// [Transport.Send] or [Transport.Publish] would send it and fails as they
+// would (an [*UnroutableError], a [*bus.MessageTooLargeError], ...), alone:
+// the *bus.BatchError names it by index. A message with a due time ahead
+// goes through the delay queues, one by one, as Send does; so does a
+// message whose channel the broker closed before confirming it (it is
+// published again, as Send publishes again after a lost connection, so it
+// may arrive twice). The connection is awaited as for Send; an
+// [*UnreachableError] or bus.ErrClosed is then the error of the whole
+// batch.
 func (t *Transport) SendBatch(ctx context.Context, batch []bus.Outbound) error {
 	if err := ctx.Err(); err != nil {
 		return err

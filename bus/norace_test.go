@@ -1,5 +1,0 @@
-//go:build !race
-
-package bus_test
-
-const raceEnabled = false

@@ -1,5 +1,0 @@
-//go:build !race
-
-package plugin_test
-
-const raceEnabled = false

@@ -1,5 +1,0 @@
-//go:build !race
-
-package saga_test
-
-const raceEnabled = false
