@@ -27,36 +27,38 @@ type jsonOrder struct {
 type jsonEverything struct {
 	jsonEmbedded
 	*jsonPointed
-	Name       string           // no tag: matched without regard to case
-	Tagged     int              `json:"tagged,omitempty"`
-	Quoted     int64            `json:",string"`
-	QuotedB    bool             `json:"qb,string"`
-	Skipped    string           `json:"-"`
-	Dash       string           `json:"-,"`
-	Small      int8             `json:"small"`
-	Unsigned   uint16           `json:"unsigned"`
-	Float32    float32          `json:"f32"`
-	Ptr        *int             `json:"ptr"`
-	PtrPtr     **string         `json:"ptrptr"`
-	Bytes      []byte           `json:"bytes"`
-	Array      [3]int           `json:"array"`
-	IntKeys    map[int]string   `json:"intkeys"`
-	TextKeys   map[jsonText]int `json:"textkeys"`
-	Any        any              `json:"any"`
-	AnyMap     map[string]any   `json:"anymap"`
-	Number     json.Number      `json:"number"`
-	Raw        json.RawMessage  `json:"raw"`
-	When       time.Time        `json:"when"`
-	Text       jsonText         `json:"text"`
-	TextPtr    *jsonText        `json:"textptr"`
-	Lines      []jsonEmbedded   `json:"lines"`
-	Nested     *jsonEverything  `json:"nested"`
-	Duration   time.Duration    `json:"duration"`
-	Big        uint64           `json:"big"`
-	QuotedF    float64          `json:"qf,string"`
-	Prénom     string           // a name outside ASCII, matched without regard to case
-	CodeKeys   map[jsonCode]int `json:"codekeys"` // a key type with MarshalText only
-	Clash      jsonClash        `json:"clash"`
+	Name    string // no tag: matched without regard to case
+	Tagged  int    `json:"tagged,omitempty"`
+	Quoted  int64  `json:",string"`
+	QuotedB bool   `json:"qb,string"`
+	Skipped string `json:"-"`
+	//lint:ignore SA5008 the key "-" (the tag "-,") is one encoding/json decodes specially
+	Dash     string           `json:"-,"`
+	Small    int8             `json:"small"`
+	Unsigned uint16           `json:"unsigned"`
+	Float32  float32          `json:"f32"`
+	Ptr      *int             `json:"ptr"`
+	PtrPtr   **string         `json:"ptrptr"`
+	Bytes    []byte           `json:"bytes"`
+	Array    [3]int           `json:"array"`
+	IntKeys  map[int]string   `json:"intkeys"`
+	TextKeys map[jsonText]int `json:"textkeys"`
+	Any      any              `json:"any"`
+	AnyMap   map[string]any   `json:"anymap"`
+	Number   json.Number      `json:"number"`
+	Raw      json.RawMessage  `json:"raw"`
+	When     time.Time        `json:"when"`
+	Text     jsonText         `json:"text"`
+	TextPtr  *jsonText        `json:"textptr"`
+	Lines    []jsonEmbedded   `json:"lines"`
+	Nested   *jsonEverything  `json:"nested"`
+	Duration time.Duration    `json:"duration"`
+	Big      uint64           `json:"big"`
+	QuotedF  float64          `json:"qf,string"`
+	Prénom   string           // a name outside ASCII, matched without regard to case
+	CodeKeys map[jsonCode]int `json:"codekeys"` // a key type with MarshalText only
+	Clash    jsonClash        `json:"clash"`
+	//lint:ignore U1000 a key "unexported" must not reach it
 	unexported int
 }
 
