@@ -3,6 +3,7 @@ package sqs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -189,5 +190,61 @@ func TestForeignMessageDeadLettered(t *testing.T) {
 	dl, _ := sqs.DecodeDeadLetter(m)
 	if !strings.Contains(dl.Failure.Reason, `no "plugbus" attribute`) || dl.Failure.Endpoint != "inbox" {
 		t.Errorf("failure = %+v", dl.Failure)
+	}
+}
+
+// An interrupted replay that cannot make the dead letters it still holds
+// visible again says so besides ctx's error: they come back only after
+// the management visibility timeout. The queue is deleted under the
+// replay, so that making them visible fails.
+func TestInterruptedReplayReportsDeadLettersLeftHidden(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := sqstest.UniquePrefix(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	b, err := bus.New(bus.WithEndpoint("hidden"), bus.WithTransport(tr),
+		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return bus.Permanent(errAlwaysFails) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := b.Send(ctx, orderPlaced{ID: "h"}, bus.WithMessageID(fmt.Sprint("hidden-", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	tick := time.NewTicker(20 * time.Millisecond) // SQS's count is approximate: poll it
+	defer tick.Stop()
+	for n := 0; n < 3; {
+		if n, err = probe.CountDeadLetters(ctx, "hidden"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d dead letters, want 3", n)
+		case <-tick.C:
+		}
+	}
+	if err := b.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	dlURL, err := probe.SQS().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(probe.DeadLetterQueueName("hidden"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	n, err := probe.ReplayDeadLetters(rctx, bus.DeadLetterFilter{Endpoint: "hidden"}, bus.Replay{By: "test"}, func(bus.DeadLetter) {
+		if _, err := probe.SQS().DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: dlURL.QueueUrl}); err != nil {
+			t.Error(err)
+		}
+		stop()
+	})
+	if n != 1 || !errors.Is(err, context.Canceled) || !strings.Contains(fmt.Sprint(err), "visible again failed") {
+		t.Fatalf("ReplayDeadLetters = %d, %v; want 1 and context.Canceled joined with the failure to make 2 visible again", n, err)
 	}
 }

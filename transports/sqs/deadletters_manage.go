@@ -136,8 +136,10 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, act fu
 	}
 	held, err := t.receiveAll(ctx, url)
 	defer func() {
-		if rerr := t.releaseHandles(context.WithoutCancel(ctx), url, held); rerr != nil && err == nil {
-			err = rerr
+		// Reported also when ctx ended: a dead letter left hidden comes
+		// back only after manageVisibility.
+		if rerr := t.releaseHandles(context.WithoutCancel(ctx), url, held); rerr != nil {
+			err = errors.Join(err, rerr)
 		}
 	}()
 	if err != nil {
