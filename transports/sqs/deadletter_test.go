@@ -14,6 +14,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/dltest"
 	"github.com/plugbus/plugbus/internal/sqstest"
 	"github.com/plugbus/plugbus/transports/sqs"
 )
@@ -198,40 +199,14 @@ func TestForeignMessageDeadLettered(t *testing.T) {
 // the management visibility timeout. The queue is deleted under the
 // replay, so that making them visible fails.
 func TestInterruptedReplayReportsDeadLettersLeftHidden(t *testing.T) {
-	cfg := awsConfig(t)
-	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
-	b, err := bus.New(bus.WithEndpoint("hidden"), bus.WithTransport(tr),
-		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return bus.Permanent(errAlwaysFails) }))
-	if err != nil {
+	probe, _ := openTransport(t)
+	if err := probe.Setup(ctx, bus.Topology{Endpoint: "hidden", MaxAttempts: 1, Concurrency: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		if err := b.Send(ctx, orderPlaced{ID: "h"}, bus.WithMessageID(fmt.Sprint("hidden-", i))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
-	tick := time.NewTicker(20 * time.Millisecond) // SQS's count is approximate: poll it
-	defer tick.Stop()
-	for n := 0; n < 3; {
-		if n, err = probe.CountDeadLetters(ctx, "hidden"); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%d dead letters, want 3", n)
-		case <-tick.C:
-		}
-	}
-	if err := b.Stop(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	dead := dltest.Message{Name: "test.job", Body: `{}`, Reason: "boom"}
+	dltest.Make(ctx, t, probe, "hidden", dead, dead, dead)
 	dlURL, err := probe.SQS().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(probe.DeadLetterQueueName("hidden"))})
 	if err != nil {
 		t.Fatal(err)
