@@ -16,3 +16,10 @@ func WithRestartDelay(d time.Duration) Option {
 		return nil
 	}
 }
+
+// WithSessionFrom sets from how many invocations in flight (this one
+// included) an invocation goes over the process's batching session: 1
+// sends every invocation over it, 1<<30 none.
+func WithSessionFrom(n int32) Option {
+	return func(c *config) error { c.sessionFrom = n; return nil }
+}

@@ -186,13 +186,15 @@ func killMidStream(t *testing.T, p *plugin.Plugin) (handled map[string]int) {
 }
 
 func TestKilledFailClosed(t *testing.T) {
-	p := load(t, "pass", plugin.WithBackoff(bus.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}))
-	killMidStream(t, p)
-	s := p.Stats()
-	if s.Crashes != 1 || s.Restarts != 1 || s.Skipped != 0 {
-		t.Fatalf("stats %+v, want one crash, one restart, no skip", s)
-	}
-	t.Logf("stats %+v", s)
+	eachPath(t, func(t *testing.T, path plugin.Option) {
+		p := load(t, "pass", path, plugin.WithBackoff(bus.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}))
+		killMidStream(t, p)
+		s := p.Stats()
+		if s.Crashes != 1 || s.Restarts != 1 || s.Skipped != 0 {
+			t.Fatalf("stats %+v, want one crash, one restart, no skip", s)
+		}
+		t.Logf("stats %+v", s)
+	})
 }
 
 func TestKilledFailOpen(t *testing.T) {
@@ -228,7 +230,11 @@ func TestKilledFailOpen(t *testing.T) {
 }
 
 func TestInvocationTimeout(t *testing.T) {
-	p := load(t, "hang", plugin.WithInvocationTimeout(200*time.Millisecond))
+	eachPath(t, testInvocationTimeout)
+}
+
+func testInvocationTimeout(t *testing.T, path plugin.Option) {
+	p := load(t, "hang", path, plugin.WithInvocationTimeout(200*time.Millisecond))
 	b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)

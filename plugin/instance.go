@@ -188,6 +188,11 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 	if held, ok := ctx.Value(heldKey{inst}).(uint64); ok {
 		parent = held
 	}
+	n := proc.inflight.Add(1)
+	defer proc.inflight.Add(-1)
+	if ss := proc.session; ss != nil && n >= p.cfg.sessionFrom {
+		return inst.invokeSession(ctx, proc, ss, stage, in, inv, out, parent, next)
+	}
 	cs, stopWatch, err := proc.acquireFor(ctx)
 	if err != nil {
 		return p.down(ctx, stage, next, false, nil, err)
@@ -284,6 +289,121 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 	}
 	proc.fail(err)
 	return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)
+}
+
+// invokeSession runs one stage invocation over the process's batching
+// session: as invoke does on a stream of its own, except that the call
+// waits for its frames from the session's reader, and that it tells the
+// plugin to cancel it with a Cancel frame.
+func (inst *instance) invokeSession(ctx context.Context, proc *process, ss *session, stage bus.Stage, in *bus.Incoming, inv *pluginproto.Invoke, out *bus.Outgoing, parent uint64, next bus.Next) error {
+	p := inst.p
+	id := proc.lastCallID.Add(1)
+	c := ss.begin(id)
+	c.startTimeout(proc, p.cfg.callTimeout)
+	var err error
+	if in != nil {
+		f := &c.incoming
+		f.Call, f.Parent, f.Instance, f.Deadline, f.In = id, parent, inst.id, pluginproto.Deadline(ctx), in
+		err = ss.send(f)
+		f.In = nil
+	} else {
+		inv.Instance, inv.Stage, inv.DeadlineUnixNano, inv.Parent = inst.id, pluginproto.StageOf(stage), pluginproto.Deadline(ctx), parent
+		c.invoke.Invoke = inv
+		c.frame = pluginproto.HostFrame{Call: id, Kind: &c.invoke}
+		err = ss.send(&c.frame)
+		c.invoke.Invoke = nil
+	}
+	var (
+		nextCalled bool
+		nextErr    error
+		timedOut   bool
+	)
+	for err == nil {
+		var f *pluginproto.PluginFrame
+		select {
+		case f = <-c.answers:
+		case <-ctx.Done():
+			ss.abandon(c)
+			return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
+		case <-ss.dead:
+			err = ss.err
+			continue
+		}
+		if f == nil {
+			timedOut = true
+			break
+		}
+		switch k := f.Kind.(type) {
+		case *pluginproto.PluginFrame_Next:
+			if nextCalled { // the protocol allows one Next per call
+				ss.abandon(c)
+				proc.fail(fmt.Errorf("plugin protocol violation: a second Next frame for call %d", id))
+				return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)
+			}
+			mutation, holds, deadline := k.Next.Mutation, k.Next.HoldsContext, k.Next.DeadlineUnixNano
+			ss.done(f)
+			apply(out, mutation)
+			nextCalled = true
+			c.stopTimeout() // the time the host spends in next does not count
+			nctx := ctx
+			if holds {
+				nctx = context.WithValue(ctx, heldKey{inst}, id)
+			}
+			nextErr = nextInSession(nctx, ss, c, deadline, next)
+			c.startTimeout(proc, p.cfg.callTimeout)
+			c.nextResult = pluginproto.NextResult{Error: pluginproto.EncodeError(nextErr)}
+			c.nextResultKind.NextResult = &c.nextResult
+			c.frame = pluginproto.HostFrame{Call: id, Kind: &c.nextResultKind}
+			err = ss.send(&c.frame)
+		case *pluginproto.PluginFrame_Done:
+			d := struct {
+				Continue, HoldsContext bool
+				Mutation               *pluginproto.Mutation
+				Error                  *pluginproto.Error
+			}{k.Done.Continue, k.Done.HoldsContext, k.Done.Mutation, k.Done.Error}
+			ss.done(f) // decoded into again
+			ss.finish(c)
+			if proc.consecutiveTimeouts.Load() != 0 {
+				proc.consecutiveTimeouts.Store(0)
+			}
+			if d.Continue {
+				apply(out, d.Mutation)
+				if d.HoldsContext {
+					return inst.nextHolding(ctx, proc, id, next)
+				}
+				return next(ctx)
+			}
+			return inst.decodeError(stage, d.Error, nextErr)
+		default:
+			err = fmt.Errorf("plugin protocol violation: an empty frame for call %d", id)
+		}
+	}
+	ss.abandon(c)
+	switch {
+	case timedOut:
+		p.timeouts.Add(1)
+		go proc.checkHung()
+		return p.down(ctx, stage, next, nextCalled, nextErr, &TimeoutError{Plugin: p.Name(), Stage: stage, Timeout: p.cfg.callTimeout})
+	case ctx.Err() != nil:
+		return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
+	}
+	proc.fail(err)
+	return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)
+}
+
+// nextInSession runs the rest of the chain for a session's call. When the
+// rest panics (the bus recovers it above this layer), it cancels the call:
+// the plugin's next, waiting for an answer, returns context.Canceled.
+func nextInSession(ctx context.Context, ss *session, c *sessionCall, deadline int64, next bus.Next) error {
+	returned := false
+	defer func() {
+		if !returned {
+			ss.abandon(c)
+		}
+	}()
+	err := nextWithin(ctx, deadline, next)
+	returned = true
+	return err
 }
 
 // heldKey is the host context key under which the id of the instance's

@@ -62,6 +62,10 @@ type config struct {
 	streams      int
 	hungTimeouts int
 	args         []string
+	// sessionFrom is the number of invocations in flight, this one
+	// included, from which an invocation goes over the process's
+	// batching session rather than a Call stream (tests force either).
+	sessionFrom int32
 }
 
 func defaults() config {
@@ -72,6 +76,7 @@ func defaults() config {
 		stableUptime: time.Minute,
 		streams:      1,
 		hungTimeouts: 3,
+		sessionFrom:  2,
 	}
 }
 

@@ -382,6 +382,10 @@ func (p *Plugin) start() (*process, error) {
 		proc.stop()
 		return nil, fmt.Errorf("plugin: %s: opening a stream: %w", p.path, err)
 	}
+	if err := proc.openSession(); err != nil {
+		proc.stop()
+		return nil, fmt.Errorf("plugin: %s: opening the batching stream: %w", p.path, err)
+	}
 	for range p.cfg.streams { // warm the pool
 		cs, err := proc.openCall()
 		if err != nil {

@@ -75,6 +75,14 @@ func load(t testing.TB, scenario string, opts ...plugin.Option) *plugin.Plugin {
 	return p
 }
 
+// eachPath runs f once with every invocation on a Call stream of its own,
+// and once with every invocation over the process's batching session
+// (which, by default, carries those made while others are in flight).
+func eachPath(t *testing.T, f func(t *testing.T, path plugin.Option)) {
+	t.Run("streams", func(t *testing.T) { f(t, plugin.WithSessionFrom(1<<30)) })
+	t.Run("session", func(t *testing.T) { f(t, plugin.WithSessionFrom(1)) })
+}
+
 // errHandler is a handler's transient failure.
 var errHandler = errors.New("handler failed")
 
@@ -275,11 +283,13 @@ func TestSemantics(t *testing.T) {
 			}
 			in := run(scenarios.New(c.scenario))
 			c.want(t, in)
-			out := run(load(t, c.scenario))
-			c.want(t, out)
-			if !reflect.DeepEqual(in, out) {
-				t.Errorf("in process %+v\nout of process %+v", in, out)
-			}
+			eachPath(t, func(t *testing.T, path plugin.Option) {
+				out := run(load(t, c.scenario, path))
+				c.want(t, out)
+				if !reflect.DeepEqual(in, out) {
+					t.Errorf("in process %+v\nout of process %+v", in, out)
+				}
+			})
 		})
 	}
 }
@@ -371,4 +381,71 @@ func deliverOnce(t *testing.T, b *bus.Bus) error {
 		t.Fatal(err)
 	}
 	return err
+}
+
+// TestConcurrentInvocationsEachAnswered: many invocations in flight at
+// once (batched over the session by default) each get their own answer:
+// every message is handled once with its own body, and each failing one
+// gets its own error.
+func TestConcurrentInvocationsEachAnswered(t *testing.T) {
+	for _, scenario := range []string{"pass", "error"} {
+		t.Run(scenario, func(t *testing.T) {
+			p := load(t, scenario)
+			var (
+				mu      sync.Mutex
+				handled = map[int]int{}
+			)
+			b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
+				bus.WithHandler(func(_ context.Context, m Ping, _ bus.Attributes) error {
+					mu.Lock()
+					handled[m.N]++
+					mu.Unlock()
+					return nil
+				}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Stop(context.Background())
+			const workers, each = 32, 25
+			errs := make(chan error, workers*each)
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Go(func() {
+					for i := range each {
+						errs <- b.Deliver(context.Background(), delivery(t, Ping{N: w*each + i}, nil))
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			failed := 0
+			for err := range errs {
+				if err != nil {
+					var pe *plugin.Error
+					if !errors.As(err, &pe) || pe.Plugin != "scenario" {
+						t.Fatalf("got %v, want the plugin's own *plugin.Error", err)
+					}
+					failed++
+				}
+			}
+			switch scenario {
+			case "pass":
+				if failed != 0 || len(handled) != workers*each {
+					t.Fatalf("%d failed, %d distinct handled, want 0 and %d", failed, len(handled), workers*each)
+				}
+				for n, c := range handled {
+					if c != 1 {
+						t.Fatalf("message %d handled %d times", n, c)
+					}
+				}
+			case "error":
+				if failed != workers*each || len(handled) != 0 {
+					t.Fatalf("%d failed, %d handled, want %d and 0", failed, len(handled), workers*each)
+				}
+			}
+			if s := p.Stats(); s.Invocations != workers*each || s.Crashes != 0 {
+				t.Fatalf("stats %+v, want %d invocations and no crash", s, workers*each)
+			}
+		})
+	}
 }

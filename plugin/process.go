@@ -37,6 +37,11 @@ type process struct {
 	idle       []*callStream            // the pool's idle streams, the last used last
 	open       map[*callStream]struct{} // every stream not abandoned, for watchTimeouts
 	lastCallID atomic.Uint64
+	// session carries the invocations made while others are in flight
+	// (nil in the tests' fake processes); inflight counts the
+	// invocations running.
+	session  *session
+	inflight atomic.Int32
 
 	dead                chan struct{}
 	deadOnce            sync.Once
@@ -203,6 +208,9 @@ func (proc *process) watchTimeouts(interval time.Duration) {
 				}
 			}
 			proc.poolMu.Unlock()
+			if proc.session != nil {
+				proc.session.timeOut(now)
+			}
 		}
 	})
 }

@@ -18,9 +18,13 @@ import (
 // and the next invocation, with another context, runs on a stream that
 // context's end did not cancel.
 func TestTheBusContextsEndCancelsTheInvocation(t *testing.T) {
+	eachPath(t, testTheBusContextsEndCancelsTheInvocation)
+}
+
+func testTheBusContextsEndCancelsTheInvocation(t *testing.T, path plugin.Option) {
 	// An invocation timeout far beyond the test's bound: only ctx's end
 	// can end the hanging invocation in time.
-	p := load(t, "hang-on-header", plugin.WithStreams(1), plugin.WithInvocationTimeout(10*time.Minute))
+	p := load(t, "hang-on-header", path, plugin.WithStreams(1), plugin.WithInvocationTimeout(10*time.Minute))
 	handled := make(chan struct{}, 8)
 	b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
 		bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { handled <- struct{}{}; return nil }))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -162,10 +163,15 @@ type session struct {
 	toIdleWorker chan *stageCall
 	cancel       context.CancelFunc
 
-	sendMu  sync.Mutex // guards sending, pending, batch and sendErr
+	// freeCalls and freeFrames (guarded by mu) are the stageCalls and the
+	// invocation frames of the invocations that ended clean, reused.
+	freeCalls  []*stageCall
+	freeFrames []*pluginproto.HostFrame
+
+	sendMu  sync.Mutex // guards sending, pending, spare and sendErr
 	sending bool
-	pending []*pluginproto.PluginFrame
-	batch   pluginproto.PluginBatch
+	pending []byte // the frames of the next batch, encoded (pluginproto.EncodedBatch)
+	spare   []byte
 	sendErr error
 
 	mu    sync.Mutex // guards calls
@@ -193,24 +199,33 @@ func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
 	return err
 }
 
-// send queues f for the host. The first caller to find no send in
-// progress becomes the sender and writes, in one gRPC message per round,
-// everything queued meanwhile: frames batch under load without a writer
-// goroutine hop.
+// send queues f for the host, encoded before send returns. The first
+// caller to find no send in progress yields once, so that the
+// invocations about to end join its batch, and then writes, in one gRPC
+// message per round, everything queued meanwhile: frames batch under
+// load without a writer goroutine hop.
 func (ss *session) send(f *pluginproto.PluginFrame) {
 	ss.sendMu.Lock()
-	ss.pending = append(ss.pending, f)
-	if ss.sending || ss.sendErr != nil {
+	if ss.sendErr != nil {
+		ss.sendMu.Unlock()
+		return
+	}
+	var err error
+	if ss.pending, err = pluginproto.AppendBatchFrame(ss.pending, f); err != nil || ss.sending {
 		ss.sendMu.Unlock()
 		return
 	}
 	ss.sending = true
-	for len(ss.pending) > 0 {
-		ss.batch.Frames, ss.pending = ss.pending, ss.batch.Frames[:0]
+	ss.sendMu.Unlock()
+	runtime.Gosched()
+	ss.sendMu.Lock()
+	for len(ss.pending) > 0 && ss.sendErr == nil {
+		batch := pluginproto.EncodedBatch(ss.pending)
+		ss.pending = ss.spare[:0]
 		ss.sendMu.Unlock()
-		err := ss.stream.Send(&ss.batch)
-		clear(ss.batch.Frames)
+		err := ss.stream.SendMsg(&batch) // copied into gRPC's buffer
 		ss.sendMu.Lock()
+		ss.spare = batch
 		if err != nil {
 			ss.sendErr = err
 			ss.pending = nil
@@ -222,8 +237,9 @@ func (ss *session) send(f *pluginproto.PluginFrame) {
 }
 
 func (ss *session) readLoop() error {
+	b := &pluginproto.HostBatchInto{Get: ss.frame}
 	for {
-		b, err := ss.stream.Recv()
+		err := ss.stream.RecvMsg(b)
 		if err != nil {
 			if ss.ctx.Err() != nil {
 				return nil
@@ -233,7 +249,7 @@ func (ss *session) readLoop() error {
 		for _, f := range b.Frames {
 			switch k := f.Kind.(type) {
 			case *pluginproto.HostFrame_Invoke:
-				c := ss.newCall(f.Call, k.Invoke)
+				c := ss.newCall(f, k.Invoke)
 				select { // hand to an idle worker, else start one
 				case ss.toIdleWorker <- c:
 				default:
@@ -278,8 +294,35 @@ func (ss *session) call(id uint64) *stageCall {
 	return c
 }
 
-func (ss *session) newCall(id uint64, inv *pluginproto.Invoke) *stageCall {
-	c := &stageCall{id: id, server: ss.server, session: ss, inv: inv, results: make(chan *pluginproto.NextResult, 1), stage: pluginproto.BusStage(inv.Stage)}
+// frame returns a frame to decode the host's next frame into: one whose
+// invocation ended clean, or a new one.
+func (ss *session) frame() *pluginproto.HostFrame {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if n := len(ss.freeFrames); n > 0 {
+		f := ss.freeFrames[n-1]
+		ss.freeFrames = ss.freeFrames[:n-1]
+		return f
+	}
+	return new(pluginproto.HostFrame)
+}
+
+// newCall makes the invocation of frame f: a stageCall whose last
+// invocation ended clean, or a new one.
+func (ss *session) newCall(f *pluginproto.HostFrame, inv *pluginproto.Invoke) *stageCall {
+	var c *stageCall
+	ss.mu.Lock()
+	if n := len(ss.freeCalls); n > 0 {
+		c = ss.freeCalls[n-1]
+		ss.freeCalls = ss.freeCalls[:n-1]
+	}
+	ss.mu.Unlock()
+	if c == nil {
+		c = &stageCall{server: ss.server, session: ss, results: make(chan *pluginproto.NextResult, 1)}
+	}
+	c.reset(f.Call, inv)
+	c.frame = f
+	id := f.Call
 	c.stop, c.cancel = context.WithCancel(ss.ctx)
 	c.setContext(inv)
 	ss.mu.Lock()
@@ -314,11 +357,16 @@ const (
 // stageCall is one stage invocation inside the plugin, of an Invoke
 // session or on a Call stream of its own.
 type stageCall struct {
-	id             uint64
-	server         *server
-	session        *session                      // nil on a Call stream
-	stream         pluginproto.Plugin_CallServer // nil in a session
-	frames         *streamFrames                 // the stream's; nil in a session
+	id      uint64
+	server  *server
+	session *session                      // nil on a Call stream
+	stream  pluginproto.Plugin_CallServer // nil in a session
+	frames  *streamFrames                 // the stream's; nil in a session
+	frame   *pluginproto.HostFrame        // the invocation's frame, in a session
+	// The Done frame of an invocation in a session, reused.
+	sessionFrame   pluginproto.PluginFrame
+	sessionKind    pluginproto.PluginFrame_Done
+	sessionDone    pluginproto.Done
 	inv            *pluginproto.Invoke
 	ctx            context.Context    // the middleware's: stop, with the host's deadline
 	stop           context.Context    // ends when the host cancels the call or the stream ends
@@ -368,17 +416,30 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 			c.cancelDeadline()
 		}
 		c.cancel()
-		if c.session != nil {
-			c.session.mu.Lock()
-			delete(c.session.calls, c.id)
-			c.session.mu.Unlock()
+		if ss := c.session; ss != nil {
+			ss.mu.Lock()
+			delete(ss.calls, c.id)
+			if clean { // nothing can use the call, its frame or its stage context any more
+				select {
+				case <-c.results:
+				default:
+				}
+				ss.freeFrames = append(ss.freeFrames, c.frame)
+				c.frame = nil
+				ss.freeCalls = append(ss.freeCalls, c)
+			}
+			ss.mu.Unlock()
 		}
 	}()
 	var done *pluginproto.Done
-	if c.frames != nil {
+	switch {
+	case c.frames != nil:
 		done = &c.frames.done
 		*done = pluginproto.Done{}
-	} else {
+	case c.session != nil:
+		done = &c.sessionDone
+		*done = pluginproto.Done{}
+	default:
 		done = &pluginproto.Done{}
 	}
 	err := c.invoke(inv)
@@ -411,6 +472,12 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 		c.frames.kind.Done = done
 		c.frames.frame = pluginproto.PluginFrame{Call: c.id, Kind: &c.frames.kind}
 		c.send(&c.frames.frame)
+		return clean
+	}
+	if c.session != nil { // encoded by send: reused by the call's next invocation
+		c.sessionKind.Done = done
+		c.sessionFrame = pluginproto.PluginFrame{Call: c.id, Kind: &c.sessionKind}
+		c.send(&c.sessionFrame)
 		return clean
 	}
 	c.send(&pluginproto.PluginFrame{Call: c.id, Kind: &pluginproto.PluginFrame_Done{Done: done}})

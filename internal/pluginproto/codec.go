@@ -61,6 +61,8 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 		m = (*hostFrameWire)(f)
 	case *PluginFrame:
 		m = (*pluginFrameWire)(f)
+	case *EncodedBatch:
+		m = f
 	}
 	if m != nil {
 		size = m.size()
@@ -99,10 +101,6 @@ var errSlowPath = errors.New("pluginproto: frame for the generated decoder")
 
 // Unmarshal decodes data into v, reusing a frame's messages.
 func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(proto.Message)
-	if !ok {
-		return fmt.Errorf("pluginproto: decoding %T: not a protobuf message", v)
-	}
 	var b []byte
 	if len(data) == 1 {
 		b = data[0].ReadOnlyData()
@@ -110,6 +108,32 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 		defer buf.Free()
 		b = buf.ReadOnlyData()
+	}
+	if h, ok := v.(*HostBatchInto); ok {
+		if err := h.unmarshal(b); err != errSlowPath {
+			return err
+		}
+		var batch HostBatch
+		if err := proto.Unmarshal(b, &batch); err != nil {
+			return err
+		}
+		h.Frames = batch.Frames
+		return nil
+	}
+	if h, ok := v.(*PluginBatchInto); ok {
+		if err := h.unmarshal(b); err != errSlowPath {
+			return err
+		}
+		var batch PluginBatch
+		if err := proto.Unmarshal(b, &batch); err != nil {
+			return err
+		}
+		h.Frames = batch.Frames
+		return nil
+	}
+	m, ok := v.(proto.Message)
+	if !ok {
+		return fmt.Errorf("pluginproto: decoding %T: not a protobuf message", v)
 	}
 	switch f := m.(type) {
 	case *HostFrame:

@@ -1,0 +1,242 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/plugbus/plugbus/internal/pluginproto"
+	"google.golang.org/grpc"
+)
+
+// session is a process's Invoke stream, which carries the invocations made
+// while others are in flight: their frames go to the plugin batched, as
+// many as are ready, in one gRPC message, and the plugin answers in
+// batches too, so that gRPC's work per message (framing, flow control, a
+// wake of the reading goroutine on either side) is paid once per batch
+// instead of once per invocation. A lone invocation takes a Call stream of
+// the pool instead, which costs one hand-off less on either side.
+//
+// A goroutine reads the plugin's batches and hands each frame to its call.
+// Sending needs no goroutine: the first caller to find no send in progress
+// yields once, so that the invocations about to be made join its batch,
+// and then sends everything queued until nothing is.
+type session struct {
+	proc   *process
+	stream grpc.ClientStream
+	cancel context.CancelFunc
+	dead   chan struct{} // closed when the stream ended; err says why
+	err    error
+
+	mu    sync.Mutex // guards calls, free and freeFrames; frames are handed to calls under it
+	calls map[uint64]*sessionCall
+	free  []*sessionCall
+	// freeFrames are frames the calls are done with, decoded into again.
+	freeFrames []*pluginproto.PluginFrame
+
+	sendMu  sync.Mutex // guards pending, spare, sending and sendErr
+	pending []byte     // frames of the next batch, encoded (pluginproto.EncodedBatch)
+	spare   []byte
+	sending bool
+	sendErr error
+	endOnce sync.Once
+}
+
+// sessionCall is one invocation in flight on a session.
+type sessionCall struct {
+	id uint64
+	// answers gets the plugin's frames for the call, one at a time (the
+	// protocol allows no second before the host answered the first), and
+	// nil when the invocation timed out.
+	answers  chan *pluginproto.PluginFrame
+	deadline atomic.Int64 // on the process's clock; 0: no timeout runs
+
+	// The call's frames, reused: each is encoded before send returns.
+	incoming       pluginproto.IncomingInvoke
+	frame          pluginproto.HostFrame
+	invoke         pluginproto.HostFrame_Invoke
+	nextResultKind pluginproto.HostFrame_NextResult
+	nextResult     pluginproto.NextResult
+}
+
+// openSession opens the process's Invoke stream and its reader.
+func (proc *process) openSession() error {
+	ctx, cancel := context.WithCancel(proc.streamsCtx)
+	stream, err := proc.rpc.Invoke(ctx, grpc.ForceCodecV2(pluginproto.Codec{}))
+	if err != nil {
+		cancel()
+		return err
+	}
+	ss := &session{proc: proc, stream: stream, cancel: cancel, dead: make(chan struct{}), calls: make(map[uint64]*sessionCall)}
+	proc.session = ss
+	proc.wg.Go(ss.read)
+	return nil
+}
+
+// read hands the plugin's frames to their calls until the stream ends.
+func (ss *session) read() {
+	b := &pluginproto.PluginBatchInto{Get: ss.frame}
+	for {
+		if err := ss.stream.RecvMsg(b); err != nil {
+			ss.end(fmt.Errorf("plugin connection ended: %w", err))
+			return
+		}
+		ss.mu.Lock()
+		for _, f := range b.Frames {
+			c := ss.calls[f.Call]
+			if c == nil { // cancelled or timed out: the host stopped waiting
+				ss.freeFrames = append(ss.freeFrames, f)
+				continue
+			}
+			select {
+			case c.answers <- f:
+			default:
+				ss.mu.Unlock()
+				ss.end(fmt.Errorf("plugin protocol violation: a frame for call %d before the host answered the last", f.Call))
+				return
+			}
+		}
+		ss.mu.Unlock()
+	}
+}
+
+// frame returns a frame to decode the plugin's next frame into.
+func (ss *session) frame() *pluginproto.PluginFrame {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if n := len(ss.freeFrames); n > 0 {
+		f := ss.freeFrames[n-1]
+		ss.freeFrames = ss.freeFrames[:n-1]
+		return f
+	}
+	return new(pluginproto.PluginFrame)
+}
+
+// done gives back a frame its call is done with.
+func (ss *session) done(f *pluginproto.PluginFrame) {
+	ss.mu.Lock()
+	if len(ss.freeFrames) < 1024 {
+		ss.freeFrames = append(ss.freeFrames, f)
+	}
+	ss.mu.Unlock()
+}
+
+// end ends the session: the process is failed, every call waiting wakes.
+func (ss *session) end(err error) {
+	ss.endOnce.Do(func() {
+		ss.err = err
+		ss.cancel()
+		close(ss.dead)
+		ss.proc.fail(err)
+	})
+}
+
+// begin registers a new call.
+func (ss *session) begin(id uint64) *sessionCall {
+	ss.mu.Lock()
+	var c *sessionCall
+	if n := len(ss.free); n > 0 {
+		c = ss.free[n-1]
+		ss.free[n-1] = nil
+		ss.free = ss.free[:n-1]
+	} else {
+		c = &sessionCall{answers: make(chan *pluginproto.PluginFrame, 1)}
+	}
+	c.id = id
+	ss.calls[id] = c
+	ss.mu.Unlock()
+	return c
+}
+
+// finish unregisters the call: no frame reaches it after, and it is
+// reused.
+func (ss *session) finish(c *sessionCall) {
+	c.deadline.Store(0)
+	ss.mu.Lock()
+	delete(ss.calls, c.id)
+	select { // a timeout's nil, or a frame the call no longer waits for
+	case f := <-c.answers:
+		if f != nil {
+			ss.freeFrames = append(ss.freeFrames, f)
+		}
+	default:
+	}
+	if len(ss.free) < 1024 {
+		ss.free = append(ss.free, c)
+	}
+	ss.mu.Unlock()
+}
+
+// abandon unregisters the call and tells the plugin to cancel it.
+func (ss *session) abandon(c *sessionCall) {
+	id := c.id
+	ss.finish(c)
+	f := pluginproto.HostFrame{Call: id, Kind: &pluginproto.HostFrame_Cancel{Cancel: &pluginproto.Cancel{}}}
+	_ = ss.send(&f)
+}
+
+// send queues a frame (an *IncomingInvoke or a *HostFrame, encoded before
+// send returns) for the plugin, and sends the batch when no send is in
+// progress.
+func (ss *session) send(f any) error {
+	ss.sendMu.Lock()
+	if ss.sendErr != nil {
+		err := ss.sendErr
+		ss.sendMu.Unlock()
+		return err
+	}
+	var err error
+	if ss.pending, err = pluginproto.AppendBatchFrame(ss.pending, f); err != nil || ss.sending {
+		ss.sendMu.Unlock()
+		return err
+	}
+	ss.sending = true
+	ss.sendMu.Unlock()
+	// The invocations ready to run on this core join the batch.
+	runtime.Gosched()
+	ss.sendMu.Lock()
+	for len(ss.pending) > 0 && ss.sendErr == nil {
+		batch := pluginproto.EncodedBatch(ss.pending)
+		ss.pending = ss.spare[:0]
+		ss.sendMu.Unlock()
+		err := ss.stream.SendMsg(&batch) // copied into gRPC's buffer
+		ss.sendMu.Lock()
+		ss.spare = batch
+		if err != nil {
+			ss.sendErr = err
+			ss.pending = nil
+		}
+	}
+	ss.sending = false
+	err = ss.sendErr
+	ss.sendMu.Unlock()
+	if err != nil {
+		ss.end(fmt.Errorf("plugin connection ended: %w", err))
+	}
+	return err
+}
+
+// timeOut times out the session's calls past their deadline at now.
+func (ss *session) timeOut(now int64) {
+	ss.mu.Lock()
+	for _, c := range ss.calls {
+		if d := c.deadline.Load(); d != 0 && d <= now && c.deadline.CompareAndSwap(d, 0) {
+			select {
+			case c.answers <- nil:
+			default: // its answer came first
+			}
+		}
+	}
+	ss.mu.Unlock()
+}
+
+func (c *sessionCall) startTimeout(proc *process, d time.Duration) {
+	c.deadline.Store(int64(proc.clock() + d))
+}
+
+// stopTimeout stops the invocation timeout; it reports false when the
+// timeout expired first.
+func (c *sessionCall) stopTimeout() bool { return c.deadline.Swap(0) != 0 }
