@@ -191,10 +191,12 @@ func (c *config) delay(restart int) time.Duration {
 }
 
 // WithStreams sets how many streams of the pool are opened when the
-// process starts (default 1). Each invocation runs on a stream of its own,
-// taken from the pool or opened when none is idle, and returned after; so
-// the pool grows to the largest number of invocations in flight at once,
-// and n only saves the first ones the opening.
+// process starts (default 1). An invocation made while no other of the
+// process is in flight runs on a stream of its own, taken from the pool
+// or opened when none is idle, and returned after (invocations made while
+// others are in flight go batched over one stream instead); so the pool
+// grows to the largest number of lone invocations at once, and n only
+// saves the first ones the opening.
 func WithStreams(n int) Option {
 	return func(c *config) error {
 		if n < 1 || n > 64 {

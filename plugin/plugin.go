@@ -13,8 +13,10 @@
 // The binary's SHA-256 is checked before it runs (go-plugin's secure
 // config), the connection uses automatic mutual TLS, and the process gets
 // none of the host's environment. Each loaded plugin is one process,
-// serving every bus it is instantiated for over a pool of gRPC streams,
-// one per invocation in flight. A crashed or hung
+// serving every bus it is instantiated for over gRPC: a lone invocation
+// on a stream of its own, taken from a pool, and invocations made while
+// others are in flight over one stream that carries their frames in
+// batches. A crashed or hung
 // process is reported through the logger and restarted with back-off;
 // meanwhile the [FailurePolicy] decides whether messages are retried or the
 // plugin skipped. Stopping the last bus using a plugin stops its process;

@@ -88,7 +88,7 @@ func (ss *session) read() {
 		for _, f := range b.Frames {
 			c := ss.calls[f.Call]
 			if c == nil { // cancelled or timed out: the host stopped waiting
-				ss.freeFrames = append(ss.freeFrames, f)
+				ss.keep(f)
 				continue
 			}
 			select {
@@ -118,10 +118,19 @@ func (ss *session) frame() *pluginproto.PluginFrame {
 // done gives back a frame its call is done with.
 func (ss *session) done(f *pluginproto.PluginFrame) {
 	ss.mu.Lock()
-	if len(ss.freeFrames) < 1024 {
+	ss.keep(f)
+	ss.mu.Unlock()
+}
+
+// maxFree bounds the frames and calls a session keeps for reuse: as many
+// as were ever in flight at once, up to this.
+const maxFree = 1024
+
+// keep keeps f for reuse; ss.mu is held.
+func (ss *session) keep(f *pluginproto.PluginFrame) {
+	if len(ss.freeFrames) < maxFree {
 		ss.freeFrames = append(ss.freeFrames, f)
 	}
-	ss.mu.Unlock()
 }
 
 // end ends the session: the process is failed, every call waiting wakes.
@@ -160,11 +169,11 @@ func (ss *session) finish(c *sessionCall) {
 	select { // a timeout's nil, or a frame the call no longer waits for
 	case f := <-c.answers:
 		if f != nil {
-			ss.freeFrames = append(ss.freeFrames, f)
+			ss.keep(f)
 		}
 	default:
 	}
-	if len(ss.free) < 1024 {
+	if len(ss.free) < maxFree {
 		ss.free = append(ss.free, c)
 	}
 	ss.mu.Unlock()

@@ -20,7 +20,7 @@ import (
 )
 
 // newGRPCServer is the plugin's gRPC server: pluginproto's, with the
-// codec of Call streams, which decodes the frames every message makes by
+// codec of the Call and Invoke streams, which decodes the frames every message makes by
 // hand (the other services' messages decode as with gRPC's own codec).
 func newGRPCServer(opts []grpc.ServerOption) *grpc.Server {
 	return pluginproto.NewGRPCServer(append(opts[:len(opts):len(opts)], grpc.ForceServerCodecV2(pluginproto.Codec{})))
@@ -294,6 +294,9 @@ func (ss *session) call(id uint64) *stageCall {
 	return c
 }
 
+// maxFree bounds the stageCalls and frames a session keeps for reuse.
+const maxFree = 1024
+
 // frame returns a frame to decode the host's next frame into: one whose
 // invocation ended clean, or a new one.
 func (ss *session) frame() *pluginproto.HostFrame {
@@ -394,8 +397,8 @@ type stageCall struct {
 	handling *bus.Handling
 }
 
-// reset readies a stageCall of a Call stream, whose last invocation ended
-// clean, for the stream's next invocation.
+// reset readies a stageCall whose last invocation ended clean (on a
+// Call stream, or in a session) for another.
 func (c *stageCall) reset(id uint64, inv *pluginproto.Invoke) {
 	c.id, c.inv, c.stage = id, inv, pluginproto.BusStage(inv.Stage)
 	c.ctx, c.cancelDeadline, c.mw = nil, nil, ""
@@ -424,9 +427,11 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 				case <-c.results:
 				default:
 				}
-				ss.freeFrames = append(ss.freeFrames, c.frame)
+				if len(ss.freeCalls) < maxFree { // as many as were ever in flight at once, up to maxFree
+					ss.freeFrames = append(ss.freeFrames, c.frame)
+					ss.freeCalls = append(ss.freeCalls, c)
+				}
 				c.frame = nil
-				ss.freeCalls = append(ss.freeCalls, c)
 			}
 			ss.mu.Unlock()
 		}

@@ -10,7 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Codec is the gRPC codec of Call streams, the host's and the plugin's.
+// Codec is the gRPC codec of the Call and Invoke streams, the host's and
+// the plugin's.
 // It writes the protobuf encoding of gRPC's own codec (it calls itself
 // "proto": a peer decodes with its standard codec), with less work per
 // frame:
@@ -28,6 +29,9 @@ import (
 //     next frame into the same frame. Bodies and maps are never reused
 //     (the caller may keep them); a string equal to the previous frame's
 //     is kept rather than allocated again.
+//   - A batch of an Invoke stream is written as it was encoded frame by
+//     frame ([EncodedBatch], [AppendBatchFrame]) and read into frames the
+//     caller reuses ([HostBatchInto], [PluginBatchInto]).
 type Codec struct{}
 
 // poolingThreshold is the size up to which gRPC's mem.NewBuffer does not

@@ -45,12 +45,14 @@ type PluginClient interface {
 	Instantiate(ctx context.Context, in *InstantiateRequest, opts ...grpc.CallOption) (*InstantiateResponse, error)
 	// Lifecycle runs an instance's Start or Stop hook, or releases it.
 	Lifecycle(ctx context.Context, in *LifecycleRequest, opts ...grpc.CallOption) (*LifecycleResponse, error)
-	// Invoke is a long-lived stream multiplexing every stage invocation,
-	// correlated by call id. Frames are batched.
+	// Invoke is a long-lived stream multiplexing stage invocations,
+	// correlated by call id, their frames batched: the host sends over it
+	// the invocations it makes while others are in flight, and cancels one
+	// with a Cancel frame.
 	Invoke(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostBatch, PluginBatch], error)
 	// Call is a stream that carries one invocation at a time, unbatched:
-	// the host keeps a pool of them and gives each invocation a stream of
-	// its own (Invoke, then Next/NextResult, then Done), and the plugin runs
+	// the host keeps a pool of them and gives each lone invocation a stream
+	// of its own (Invoke, then Next/NextResult, then Done), and the plugin runs
 	// it on the stream's goroutine. Cancelling the stream cancels the
 	// invocation. A host sends a Release on any idle stream.
 	Call(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostFrame, PluginFrame], error)
@@ -131,12 +133,14 @@ type PluginServer interface {
 	Instantiate(context.Context, *InstantiateRequest) (*InstantiateResponse, error)
 	// Lifecycle runs an instance's Start or Stop hook, or releases it.
 	Lifecycle(context.Context, *LifecycleRequest) (*LifecycleResponse, error)
-	// Invoke is a long-lived stream multiplexing every stage invocation,
-	// correlated by call id. Frames are batched.
+	// Invoke is a long-lived stream multiplexing stage invocations,
+	// correlated by call id, their frames batched: the host sends over it
+	// the invocations it makes while others are in flight, and cancels one
+	// with a Cancel frame.
 	Invoke(grpc.BidiStreamingServer[HostBatch, PluginBatch]) error
 	// Call is a stream that carries one invocation at a time, unbatched:
-	// the host keeps a pool of them and gives each invocation a stream of
-	// its own (Invoke, then Next/NextResult, then Done), and the plugin runs
+	// the host keeps a pool of them and gives each lone invocation a stream
+	// of its own (Invoke, then Next/NextResult, then Done), and the plugin runs
 	// it on the stream's goroutine. Cancelling the stream cancels the
 	// invocation. A host sends a Release on any idle stream.
 	Call(grpc.BidiStreamingServer[HostFrame, PluginFrame]) error
