@@ -21,6 +21,12 @@ var (
 	ErrTimeout = errors.New("plugin: invocation timed out")
 	// ErrClosed is returned by a plugin used after Close.
 	ErrClosed = errors.New("plugin: closed")
+	// ErrNotEncodable is the cause of the permanent failure of an
+	// invocation whose message cannot cross the wire (protobuf strings
+	// must be valid UTF-8: a message name, an id or a header that is
+	// not, say). The invocation fails alone, the process is not taken for
+	// failed, and the bus dead-letters the message with that reason.
+	ErrNotEncodable = errors.New("plugin: the message cannot be encoded for the plugin")
 )
 
 // ChecksumError reports a plugin binary whose SHA-256 is not the pinned
@@ -135,3 +141,9 @@ func (e *TimeoutError) Error() string {
 
 // Is reports whether target is ErrTimeout.
 func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
+
+// notEncodable is the permanent failure of an invocation the host could
+// not encode.
+func (p *Plugin) notEncodable(stage bus.Stage, err error) error {
+	return bus.Permanent(&Error{Plugin: p.Name(), Stage: stage, Message: err.Error(), Err: ErrNotEncodable})
+}

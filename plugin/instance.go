@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/pluginproto"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // instance is one bus's middleware inside the plugin process.
@@ -212,6 +215,16 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 		err = cs.rpc.Send(&cs.out)
 		cs.invoke.Invoke = nil
 	}
+	if err != nil && err != io.EOF && status.Code(err) == codes.Internal {
+		// The frame could not be encoded (gRPC reports the transport's
+		// errors as io.EOF, and its codec's as codes.Internal). gRPC
+		// ended this stream alone; the process is fine.
+		cs.abandon()
+		if stopWatch != nil {
+			stopWatch()
+		}
+		return p.notEncodable(stage, err)
+	}
 	var (
 		nextCalled bool
 		nextErr    error
@@ -313,6 +326,10 @@ func (inst *instance) invokeSession(ctx context.Context, proc *process, ss *sess
 		err = ss.send(&c.frame)
 		c.invoke.Invoke = nil
 	}
+	if ee, ok := err.(*encodeError); ok { // nothing was sent
+		ss.finish(c)
+		return p.notEncodable(stage, ee.err)
+	}
 	var (
 		nextCalled bool
 		nextErr    error
@@ -322,6 +339,7 @@ func (inst *instance) invokeSession(ctx context.Context, proc *process, ss *sess
 		var f *pluginproto.PluginFrame
 		select {
 		case f = <-c.answers:
+		case <-c.expired:
 		case <-ctx.Done():
 			ss.abandon(c)
 			return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
@@ -379,13 +397,13 @@ func (inst *instance) invokeSession(ctx context.Context, proc *process, ss *sess
 		}
 	}
 	ss.abandon(c)
-	switch {
+	switch { // in the order invoke checks them
+	case ctx.Err() != nil:
+		return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
 	case timedOut:
 		p.timeouts.Add(1)
 		go proc.checkHung()
 		return p.down(ctx, stage, next, nextCalled, nextErr, &TimeoutError{Plugin: p.Name(), Stage: stage, Timeout: p.cfg.callTimeout})
-	case ctx.Err() != nil:
-		return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
 	}
 	proc.fail(err)
 	return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)

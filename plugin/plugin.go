@@ -379,14 +379,14 @@ func (p *Plugin) start() (*process, error) {
 	if gc, ok := rpc.(*goplugin.GRPCClient); ok {
 		proc.conn = gc
 	}
+	if err := proc.openSession(); err != nil { // before the watcher, which reads proc.session
+		proc.stop()
+		return nil, fmt.Errorf("plugin: %s: opening the batching stream: %w", p.path, err)
+	}
 	proc.watchTimeouts(max(p.cfg.callTimeout/8, time.Millisecond))
 	if err := proc.watchLiveness(); err != nil {
 		proc.stop()
 		return nil, fmt.Errorf("plugin: %s: opening a stream: %w", p.path, err)
-	}
-	if err := proc.openSession(); err != nil {
-		proc.stop()
-		return nil, fmt.Errorf("plugin: %s: opening the batching stream: %w", p.path, err)
 	}
 	for range p.cfg.streams { // warm the pool
 		cs, err := proc.openCall()

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -448,4 +449,91 @@ func TestConcurrentInvocationsEachAnswered(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStringsNotUTF8FailTheInvocationAlone: protobuf strings must be
+// valid UTF-8. A message the host cannot encode for the plugin (a header
+// that is not), or changes the plugin cannot encode for the host, fail
+// that invocation alone and permanently, so that the bus dead-letters the
+// message with the reason; an error text that is not valid UTF-8 crosses
+// with U+FFFD in place. The process is not taken for failed, and the next
+// message passes.
+func TestStringsNotUTF8FailTheInvocationAlone(t *testing.T) {
+	ctx := context.Background()
+	eachPath(t, func(t *testing.T, path plugin.Option) {
+		t.Run("incoming header", func(t *testing.T) {
+			p := load(t, "pass", path)
+			handled := 0
+			b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
+				bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { handled++; return nil }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Stop(ctx)
+			err = b.Deliver(ctx, delivery(t, Ping{}, bus.Headers{"x-h": "a\xffb"}))
+			if !errors.Is(err, plugin.ErrNotEncodable) || !bus.IsPermanent(err) {
+				t.Fatalf("got %v, want a permanent plugin.ErrNotEncodable", err)
+			}
+			if err := b.Deliver(ctx, delivery(t, Ping{}, nil)); err != nil || handled != 1 {
+				t.Fatalf("the next message: %v, handled %d, want nil and 1", err, handled)
+			}
+			if s := p.Stats(); s.Crashes != 0 || s.Restarts != 0 {
+				t.Fatalf("stats %+v: the process was taken for failed", s)
+			}
+		})
+		t.Run("plugin's error text", func(t *testing.T) {
+			p := load(t, "bad-utf8", path)
+			b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
+				bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { return nil }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Stop(ctx)
+			for range 2 {
+				var pe *plugin.Error
+				err := b.Deliver(ctx, delivery(t, Ping{}, nil))
+				if !errors.As(err, &pe) || pe.Message != "refused \uFFFD here" {
+					t.Fatalf("got %v, want the plugin's error with U+FFFD in place", err)
+				}
+			}
+			if s := p.Stats(); s.Crashes != 0 {
+				t.Fatalf("stats %+v: the process was taken for failed", s)
+			}
+		})
+		for _, bin := range []string{"around", "before"} {
+			t.Run("plugin's header/"+bin, func(t *testing.T) {
+				cfg, _ := json.Marshal(map[string]string{"scenario": "bad-utf8"})
+				file, sum := bins.around, bins.aroundSum
+				if bin == "before" {
+					file, sum = bins.before, bins.beforeSum
+				}
+				p, err := plugin.Load(file, plugin.WithSHA256(sum), plugin.WithConfig(cfg), plugin.WithLogger(testLogger(t)), path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer p.Close()
+				tr := &capture{}
+				b, err := bus.New(bus.WithTransport(tr), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := b.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+				defer b.Stop(ctx)
+				for range 2 {
+					err := b.Publish(ctx, Ping{N: 1})
+					if err == nil || !bus.IsPermanent(err) || !strings.Contains(err.Error(), "cannot be sent to the host") {
+						t.Fatalf("got %v, want a permanent failure saying the changes cannot be sent", err)
+					}
+				}
+				if len(tr.envs) != 0 {
+					t.Fatalf("%d messages sent, want none", len(tr.envs))
+				}
+				if s := p.Stats(); s.Crashes != 0 {
+					t.Fatalf("stats %+v: the process was taken for failed", s)
+				}
+			})
+		}
+	})
 }

@@ -48,10 +48,11 @@ type session struct {
 // sessionCall is one invocation in flight on a session.
 type sessionCall struct {
 	id uint64
-	// answers gets the plugin's frames for the call, one at a time (the
-	// protocol allows no second before the host answered the first), and
-	// nil when the invocation timed out.
+	// answers gets the plugin's frames for the call: a Next and a Done
+	// may come back to back, as on a Call stream. expired gets a token
+	// when the invocation timed out.
 	answers  chan *pluginproto.PluginFrame
+	expired  chan struct{}
 	deadline atomic.Int64 // on the process's clock; 0: no timeout runs
 
 	// The call's frames, reused: each is encoded before send returns.
@@ -152,7 +153,7 @@ func (ss *session) begin(id uint64) *sessionCall {
 		ss.free[n-1] = nil
 		ss.free = ss.free[:n-1]
 	} else {
-		c = &sessionCall{answers: make(chan *pluginproto.PluginFrame, 1)}
+		c = &sessionCall{answers: make(chan *pluginproto.PluginFrame, 2), expired: make(chan struct{}, 1)}
 	}
 	c.id = id
 	ss.calls[id] = c
@@ -166,11 +167,11 @@ func (ss *session) finish(c *sessionCall) {
 	c.deadline.Store(0)
 	ss.mu.Lock()
 	delete(ss.calls, c.id)
-	select { // a timeout's nil, or a frame the call no longer waits for
-	case f := <-c.answers:
-		if f != nil {
-			ss.keep(f)
-		}
+	for len(c.answers) > 0 { // frames the call no longer waits for
+		ss.keep(<-c.answers)
+	}
+	select { // a timeout's token
+	case <-c.expired:
 	default:
 	}
 	if len(ss.free) < maxFree {
@@ -198,16 +199,45 @@ func (ss *session) send(f any) error {
 		return err
 	}
 	var err error
-	if ss.pending, err = pluginproto.AppendBatchFrame(ss.pending, f); err != nil || ss.sending {
+	if ss.pending, err = pluginproto.AppendBatchFrame(ss.pending, f); err != nil {
 		ss.sendMu.Unlock()
-		return err
+		return &encodeError{err}
+	}
+	if ss.sending {
+		ss.sendMu.Unlock()
+		return nil
 	}
 	ss.sending = true
 	ss.sendMu.Unlock()
 	// The invocations ready to run on this core join the batch.
 	runtime.Gosched()
 	ss.sendMu.Lock()
-	for len(ss.pending) > 0 && ss.sendErr == nil {
+	if ss.flushLocked(maxSendRounds) {
+		// Others' frames keep coming: a goroutine goes on sending them,
+		// so that this invocation, whose frame went first, waits for its
+		// answer (and its ctx) instead.
+		ss.sendMu.Unlock()
+		go func() {
+			ss.sendMu.Lock()
+			ss.flushLocked(0)
+			ss.finishSending()
+		}()
+		return nil
+	}
+	return ss.finishSending()
+}
+
+// maxSendRounds bounds the batches one invocation sends for others.
+const maxSendRounds = 4
+
+// flushLocked sends what is queued, a batch per round, for at most rounds
+// rounds (0: until nothing is), with sendMu held (and released while
+// sending). It reports whether frames are still queued.
+func (ss *session) flushLocked(rounds int) bool {
+	for i := 0; len(ss.pending) > 0 && ss.sendErr == nil; i++ {
+		if i == rounds && rounds > 0 {
+			return true
+		}
 		batch := pluginproto.EncodedBatch(ss.pending)
 		ss.pending = ss.spare[:0]
 		ss.sendMu.Unlock()
@@ -219,8 +249,14 @@ func (ss *session) send(f any) error {
 			ss.pending = nil
 		}
 	}
+	return false
+}
+
+// finishSending ends the sender's turn, with sendMu held (and released);
+// a send that failed ends the session.
+func (ss *session) finishSending() error {
 	ss.sending = false
-	err = ss.sendErr
+	err := ss.sendErr
 	ss.sendMu.Unlock()
 	if err != nil {
 		ss.end(fmt.Errorf("plugin connection ended: %w", err))
@@ -232,10 +268,10 @@ func (ss *session) send(f any) error {
 func (ss *session) timeOut(now int64) {
 	ss.mu.Lock()
 	for _, c := range ss.calls {
-		if d := c.deadline.Load(); d != 0 && d <= now && c.deadline.CompareAndSwap(d, 0) {
+		if d := c.deadline.Load(); d != 0 && d <= now && c.deadline.CompareAndSwap(d, 0) && len(c.answers) == 0 { // else its answer came first
 			select {
-			case c.answers <- nil:
-			default: // its answer came first
+			case c.expired <- struct{}{}:
+			default:
 			}
 		}
 	}
@@ -249,3 +285,10 @@ func (c *sessionCall) startTimeout(proc *process, d time.Duration) {
 // stopTimeout stops the invocation timeout; it reports false when the
 // timeout expired first.
 func (c *sessionCall) stopTimeout() bool { return c.deadline.Swap(0) != 0 }
+
+// encodeError is send's error for a frame that cannot be encoded: the
+// frame was not queued, and the session goes on.
+type encodeError struct{ err error }
+
+func (e *encodeError) Error() string { return e.err.Error() }
+func (e *encodeError) Unwrap() error { return e.err }

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/pluginproto"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 )
 
 // newGRPCServer is the plugin's gRPC server: pluginproto's, with the
@@ -258,16 +260,19 @@ func (ss *session) readLoop() error {
 			case *pluginproto.HostFrame_NextResult:
 				if c := ss.call(f.Call); c != nil {
 					select {
-					case c.results <- k.NextResult:
+					case c.results <- k.NextResult.Error: // a message of its own, never decoded into again
 					default:
 					}
 				}
+				ss.reuse(f)
 			case *pluginproto.HostFrame_Cancel:
 				if c := ss.call(f.Call); c != nil {
 					c.cancel()
 				}
+				ss.reuse(f)
 			case *pluginproto.HostFrame_Release:
 				ss.server.held.Delete(f.Call)
+				ss.reuse(f)
 			}
 		}
 	}
@@ -310,6 +315,15 @@ func (ss *session) frame() *pluginproto.HostFrame {
 	return new(pluginproto.HostFrame)
 }
 
+// reuse gives back a frame the reader is done with.
+func (ss *session) reuse(f *pluginproto.HostFrame) {
+	ss.mu.Lock()
+	if len(ss.freeFrames) < maxFree {
+		ss.freeFrames = append(ss.freeFrames, f)
+	}
+	ss.mu.Unlock()
+}
+
 // newCall makes the invocation of frame f: a stageCall whose last
 // invocation ended clean, or a new one.
 func (ss *session) newCall(f *pluginproto.HostFrame, inv *pluginproto.Invoke) *stageCall {
@@ -321,7 +335,11 @@ func (ss *session) newCall(f *pluginproto.HostFrame, inv *pluginproto.Invoke) *s
 	}
 	ss.mu.Unlock()
 	if c == nil {
-		c = &stageCall{server: ss.server, session: ss, results: make(chan *pluginproto.NextResult, 1)}
+		c = &stageCall{server: ss.server, session: ss, results: make(chan *pluginproto.Error, 1)}
+	}
+	select { // a result sent as the call's last invocation ended (only this goroutine sends)
+	case <-c.results:
+	default:
 	}
 	c.reset(f.Call, inv)
 	c.frame = f
@@ -371,11 +389,11 @@ type stageCall struct {
 	sessionKind    pluginproto.PluginFrame_Done
 	sessionDone    pluginproto.Done
 	inv            *pluginproto.Invoke
-	ctx            context.Context    // the middleware's: stop, with the host's deadline
-	stop           context.Context    // ends when the host cancels the call or the stream ends
-	cancel         context.CancelFunc // ends stop
-	cancelDeadline context.CancelFunc // releases ctx's timer; nil without a deadline
-	results        chan *pluginproto.NextResult
+	ctx            context.Context         // the middleware's: stop, with the host's deadline
+	stop           context.Context         // ends when the host cancels the call or the stream ends
+	cancel         context.CancelFunc      // ends stop
+	cancelDeadline context.CancelFunc      // releases ctx's timer; nil without a deadline
+	results        chan *pluginproto.Error // the host's answers to next, in a session
 	stage          bus.Stage
 	mw             string
 
@@ -423,10 +441,6 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 			ss.mu.Lock()
 			delete(ss.calls, c.id)
 			if clean { // nothing can use the call, its frame or its stage context any more
-				select {
-				case <-c.results:
-				default:
-				}
 				if len(ss.freeCalls) < maxFree { // as many as were ever in flight at once, up to maxFree
 					ss.freeFrames = append(ss.freeFrames, c.frame)
 					ss.freeCalls = append(ss.freeCalls, c)
@@ -472,6 +486,11 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 		}
 	} else if err != nil {
 		done.Error = c.encodeError(err)
+	}
+	if done.Mutation != nil || done.Error != nil {
+		if err := encodable(done); err != nil {
+			*done = pluginproto.Done{Error: pluginproto.EncodeError(err)}
+		}
 	}
 	if c.frames != nil { // sent before the stream's next invocation reuses them
 		c.frames.kind.Done = done
@@ -600,6 +619,11 @@ func (c *stageCall) next(ctx context.Context) error {
 	if c.out != nil {
 		nc.Mutation = mutation(c.out, c.outBase)
 	}
+	if nc.Mutation != nil {
+		if err := encodable(nc); err != nil { // nothing is sent: the middleware decides
+			return err
+		}
+	}
 	if ctx != c.ctx {
 		c.server.held.Store(c.id, ctx)
 		defer c.server.held.Delete(c.id)
@@ -618,8 +642,8 @@ func (c *stageCall) next(ctx context.Context) error {
 	// host cancelled it, or the stream is gone) stops waiting: no answer
 	// can come then.
 	select {
-	case r := <-c.results:
-		c.nextErr = decodeHostError(r.Error)
+	case e := <-c.results:
+		c.nextErr = decodeHostError(e)
 		return c.nextErr
 	case <-c.stop.Done():
 		return c.stop.Err()
@@ -687,14 +711,26 @@ func (s *server) Call(stream pluginproto.Plugin_CallServer) error {
 	}
 }
 
+// encodable returns, for a frame's message that carries strings of the
+// middleware's making (changes, an error), the permanent failure that
+// replaces it when it cannot be encoded (protobuf strings must be valid
+// UTF-8), or nil. A frame that could not be encoded would end the stream,
+// and the host would take the process for failed.
+func encodable(m proto.Message) error {
+	if _, err := proto.Marshal(m); err != nil {
+		return bus.Permanent(fmt.Errorf("sdk: the middleware's changes or error cannot be sent to the host: %w", err))
+	}
+	return nil
+}
+
 func (c *stageCall) encodeError(err error) *pluginproto.Error {
 	if c.nextErr != nil && err == c.nextErr {
-		return &pluginproto.Error{IsNextError: true, Message: err.Error()}
+		return &pluginproto.Error{IsNextError: true, Message: strings.ToValidUTF8(err.Error(), "\uFFFD")}
 	}
 	e := pluginproto.EncodeError(err)
 	for _, d := range c.server.declared {
 		if errors.Is(err, d) {
-			e.Codes = append(e.Codes, d.Error())
+			e.Codes = append(e.Codes, strings.ToValidUTF8(d.Error(), "\uFFFD"))
 		}
 	}
 	if e != nil && c.stage == bus.StageIncoming {

@@ -3,6 +3,7 @@ package pluginproto
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
@@ -164,7 +165,7 @@ func EncodeError(err error) *Error {
 	if err == nil {
 		return nil
 	}
-	e := &Error{Message: err.Error(), Permanent: errors.Is(err, bus.ErrPermanent)}
+	e := &Error{Message: strings.ToValidUTF8(err.Error(), "\uFFFD"), Permanent: errors.Is(err, bus.ErrPermanent)}
 	var misuse *bus.NextMisuseError
 	switch {
 	case errors.As(err, &misuse):

@@ -80,6 +80,16 @@ func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 			out.Headers()["x-mw"] = "3"
 			return next(ctx)
 		}
+	case "bad-utf8":
+		// Strings that are not valid UTF-8, which protobuf cannot carry:
+		// a header set on an outgoing message, an incoming error's text.
+		m.Outgoing = func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			out.Headers()["x-bad"] = "\xff"
+			return next(ctx)
+		}
+		m.Incoming = func(context.Context, *bus.Incoming, bus.Next) error {
+			return errors.New("refused \xff here")
+		}
 	case "due":
 		// Reads the due time into a header and postpones it by a minute;
 		// one without a due time gets one a minute from now.
