@@ -259,11 +259,7 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 		case *pluginproto.PluginFrame_Done:
 			// Copied out: the stream's next frame, once it is back in the
 			// pool, is decoded into the same Done (pluginproto.Codec).
-			d := struct {
-				Continue, HoldsContext bool
-				Mutation               *pluginproto.Mutation
-				Error                  *pluginproto.Error
-			}{k.Done.Continue, k.Done.HoldsContext, k.Done.Mutation, k.Done.Error}
+			d := doneOf(k.Done)
 			reusable := cs.stopTimeout()
 			if stopWatch != nil && !stopWatch() {
 				reusable = false
@@ -273,17 +269,7 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 			} else {
 				cs.abandon() // cancelled meanwhile: the plugin may have seen it
 			}
-			if proc.consecutiveTimeouts.Load() != 0 { // a store per invocation would bounce the line between cores
-				proc.consecutiveTimeouts.Store(0)
-			}
-			if d.Continue {
-				apply(out, d.Mutation)
-				if d.HoldsContext {
-					return inst.nextHolding(ctx, proc, id, next)
-				}
-				return next(ctx)
-			}
-			return inst.decodeError(stage, d.Error, nextErr)
+			return inst.done(ctx, proc, stage, id, out, d, nextErr, next)
 		default:
 			err = fmt.Errorf("plugin protocol violation: an empty frame for call %d", id)
 		}
@@ -359,7 +345,7 @@ func (inst *instance) invokeSession(ctx context.Context, proc *process, ss *sess
 				return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)
 			}
 			mutation, holds, deadline := k.Next.Mutation, k.Next.HoldsContext, k.Next.DeadlineUnixNano
-			ss.done(f)
+			ss.freeFrames.Put(f)
 			apply(out, mutation)
 			nextCalled = true
 			c.stopTimeout() // the time the host spends in next does not count
@@ -374,24 +360,10 @@ func (inst *instance) invokeSession(ctx context.Context, proc *process, ss *sess
 			c.frame = pluginproto.HostFrame{Call: id, Kind: &c.nextResultKind}
 			err = ss.send(&c.frame)
 		case *pluginproto.PluginFrame_Done:
-			d := struct {
-				Continue, HoldsContext bool
-				Mutation               *pluginproto.Mutation
-				Error                  *pluginproto.Error
-			}{k.Done.Continue, k.Done.HoldsContext, k.Done.Mutation, k.Done.Error}
-			ss.done(f) // decoded into again
+			d := doneOf(k.Done)
+			ss.freeFrames.Put(f) // decoded into again
 			ss.finish(c)
-			if proc.consecutiveTimeouts.Load() != 0 {
-				proc.consecutiveTimeouts.Store(0)
-			}
-			if d.Continue {
-				apply(out, d.Mutation)
-				if d.HoldsContext {
-					return inst.nextHolding(ctx, proc, id, next)
-				}
-				return next(ctx)
-			}
-			return inst.decodeError(stage, d.Error, nextErr)
+			return inst.done(ctx, proc, stage, id, out, d, nextErr, next)
 		default:
 			err = fmt.Errorf("plugin protocol violation: an empty frame for call %d", id)
 		}
@@ -422,6 +394,34 @@ func nextInSession(ctx context.Context, ss *session, c *sessionCall, deadline in
 	err := nextWithin(ctx, deadline, next)
 	returned = true
 	return err
+}
+
+// doneFrame is what the host needs of a Done frame, copied out: the frame
+// is decoded into again.
+type doneFrame struct {
+	Continue, HoldsContext bool
+	Mutation               *pluginproto.Mutation
+	Error                  *pluginproto.Error
+}
+
+func doneOf(d *pluginproto.Done) doneFrame {
+	return doneFrame{d.Continue, d.HoldsContext, d.Mutation, d.Error}
+}
+
+// done completes call id of the plugin's Done: it runs the rest of the
+// chain when the middleware continued, else returns its error.
+func (inst *instance) done(ctx context.Context, proc *process, stage bus.Stage, id uint64, out *bus.Outgoing, d doneFrame, nextErr error, next bus.Next) error {
+	if proc.consecutiveTimeouts.Load() != 0 { // a store per invocation would bounce the line between cores
+		proc.consecutiveTimeouts.Store(0)
+	}
+	if d.Continue {
+		apply(out, d.Mutation)
+		if d.HoldsContext {
+			return inst.nextHolding(ctx, proc, id, next)
+		}
+		return next(ctx)
+	}
+	return inst.decodeError(stage, d.Error, nextErr)
 }
 
 // heldKey is the host context key under which the id of the instance's

@@ -31,11 +31,12 @@ type session struct {
 	dead   chan struct{} // closed when the stream ended; err says why
 	err    error
 
-	mu    sync.Mutex // guards calls, free and freeFrames; frames are handed to calls under it
+	mu    sync.Mutex // guards calls; frames are handed to calls under it
 	calls map[uint64]*sessionCall
-	free  []*sessionCall
-	// freeFrames are frames the calls are done with, decoded into again.
-	freeFrames []*pluginproto.PluginFrame
+	// free and freeFrames are the calls that ended and the frames the
+	// calls are done with, reused.
+	free       pluginproto.Reuse[sessionCall]
+	freeFrames pluginproto.Reuse[pluginproto.PluginFrame]
 
 	sendMu  sync.Mutex // guards pending, spare, sending and sendErr
 	pending []byte     // frames of the next batch, encoded (pluginproto.EncodedBatch)
@@ -79,7 +80,7 @@ func (proc *process) openSession() error {
 
 // read hands the plugin's frames to their calls until the stream ends.
 func (ss *session) read() {
-	b := &pluginproto.PluginBatchInto{Get: ss.frame}
+	b := &pluginproto.BatchInto[pluginproto.PluginFrame]{Get: ss.freeFrames.Get}
 	for {
 		if err := ss.stream.RecvMsg(b); err != nil {
 			ss.end(fmt.Errorf("plugin connection ended: %w", err))
@@ -89,7 +90,7 @@ func (ss *session) read() {
 		for _, f := range b.Frames {
 			c := ss.calls[f.Call]
 			if c == nil { // cancelled or timed out: the host stopped waiting
-				ss.keep(f)
+				ss.freeFrames.Put(f)
 				continue
 			}
 			select {
@@ -101,36 +102,6 @@ func (ss *session) read() {
 			}
 		}
 		ss.mu.Unlock()
-	}
-}
-
-// frame returns a frame to decode the plugin's next frame into.
-func (ss *session) frame() *pluginproto.PluginFrame {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if n := len(ss.freeFrames); n > 0 {
-		f := ss.freeFrames[n-1]
-		ss.freeFrames = ss.freeFrames[:n-1]
-		return f
-	}
-	return new(pluginproto.PluginFrame)
-}
-
-// done gives back a frame its call is done with.
-func (ss *session) done(f *pluginproto.PluginFrame) {
-	ss.mu.Lock()
-	ss.keep(f)
-	ss.mu.Unlock()
-}
-
-// maxFree bounds the frames and calls a session keeps for reuse: as many
-// as were ever in flight at once, up to this.
-const maxFree = 1024
-
-// keep keeps f for reuse; ss.mu is held.
-func (ss *session) keep(f *pluginproto.PluginFrame) {
-	if len(ss.freeFrames) < maxFree {
-		ss.freeFrames = append(ss.freeFrames, f)
 	}
 }
 
@@ -147,12 +118,8 @@ func (ss *session) end(err error) {
 // begin registers a new call.
 func (ss *session) begin(id uint64) *sessionCall {
 	ss.mu.Lock()
-	var c *sessionCall
-	if n := len(ss.free); n > 0 {
-		c = ss.free[n-1]
-		ss.free[n-1] = nil
-		ss.free = ss.free[:n-1]
-	} else {
+	c := ss.free.Pop()
+	if c == nil {
 		c = &sessionCall{answers: make(chan *pluginproto.PluginFrame, 2), expired: make(chan struct{}, 1)}
 	}
 	c.id = id
@@ -168,15 +135,13 @@ func (ss *session) finish(c *sessionCall) {
 	ss.mu.Lock()
 	delete(ss.calls, c.id)
 	for len(c.answers) > 0 { // frames the call no longer waits for
-		ss.keep(<-c.answers)
+		ss.freeFrames.Put(<-c.answers)
 	}
 	select { // a timeout's token
 	case <-c.expired:
 	default:
 	}
-	if len(ss.free) < maxFree {
-		ss.free = append(ss.free, c)
-	}
+	ss.free.Put(c)
 	ss.mu.Unlock()
 }
 

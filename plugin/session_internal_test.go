@@ -46,7 +46,7 @@ func (f *fakeInvokeStream) SendMsg(any) error {
 func (f *fakeInvokeStream) RecvMsg(m any) error {
 	select {
 	case fr := <-f.recv:
-		m.(*pluginproto.PluginBatchInto).Frames = fr
+		m.(*pluginproto.BatchInto[pluginproto.PluginFrame]).Frames = fr
 		return nil
 	case <-f.ctx.Done():
 		return io.EOF

@@ -165,10 +165,10 @@ type session struct {
 	toIdleWorker chan *stageCall
 	cancel       context.CancelFunc
 
-	// freeCalls and freeFrames (guarded by mu) are the stageCalls and the
+	// freeCalls and freeFrames are the stageCalls and the
 	// invocation frames of the invocations that ended clean, reused.
-	freeCalls  []*stageCall
-	freeFrames []*pluginproto.HostFrame
+	freeCalls  pluginproto.Reuse[stageCall]
+	freeFrames pluginproto.Reuse[pluginproto.HostFrame]
 
 	sendMu  sync.Mutex // guards sending, pending, spare and sendErr
 	sending bool
@@ -239,7 +239,7 @@ func (ss *session) send(f *pluginproto.PluginFrame) {
 }
 
 func (ss *session) readLoop() error {
-	b := &pluginproto.HostBatchInto{Get: ss.frame}
+	b := &pluginproto.BatchInto[pluginproto.HostFrame]{Get: ss.freeFrames.Get}
 	for {
 		err := ss.stream.RecvMsg(b)
 		if err != nil {
@@ -264,15 +264,15 @@ func (ss *session) readLoop() error {
 					default:
 					}
 				}
-				ss.reuse(f)
+				ss.freeFrames.Put(f)
 			case *pluginproto.HostFrame_Cancel:
 				if c := ss.call(f.Call); c != nil {
 					c.cancel()
 				}
-				ss.reuse(f)
+				ss.freeFrames.Put(f)
 			case *pluginproto.HostFrame_Release:
 				ss.server.held.Delete(f.Call)
-				ss.reuse(f)
+				ss.freeFrames.Put(f)
 			}
 		}
 	}
@@ -299,41 +299,10 @@ func (ss *session) call(id uint64) *stageCall {
 	return c
 }
 
-// maxFree bounds the stageCalls and frames a session keeps for reuse.
-const maxFree = 1024
-
-// frame returns a frame to decode the host's next frame into: one whose
-// invocation ended clean, or a new one.
-func (ss *session) frame() *pluginproto.HostFrame {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if n := len(ss.freeFrames); n > 0 {
-		f := ss.freeFrames[n-1]
-		ss.freeFrames = ss.freeFrames[:n-1]
-		return f
-	}
-	return new(pluginproto.HostFrame)
-}
-
-// reuse gives back a frame the reader is done with.
-func (ss *session) reuse(f *pluginproto.HostFrame) {
-	ss.mu.Lock()
-	if len(ss.freeFrames) < maxFree {
-		ss.freeFrames = append(ss.freeFrames, f)
-	}
-	ss.mu.Unlock()
-}
-
 // newCall makes the invocation of frame f: a stageCall whose last
 // invocation ended clean, or a new one.
 func (ss *session) newCall(f *pluginproto.HostFrame, inv *pluginproto.Invoke) *stageCall {
-	var c *stageCall
-	ss.mu.Lock()
-	if n := len(ss.freeCalls); n > 0 {
-		c = ss.freeCalls[n-1]
-		ss.freeCalls = ss.freeCalls[:n-1]
-	}
-	ss.mu.Unlock()
+	c := ss.freeCalls.Pop()
 	if c == nil {
 		c = &stageCall{server: ss.server, session: ss, results: make(chan *pluginproto.Error, 1)}
 	}
@@ -441,11 +410,9 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 			ss.mu.Lock()
 			delete(ss.calls, c.id)
 			if clean { // nothing can use the call, its frame or its stage context any more
-				if len(ss.freeCalls) < maxFree { // as many as were ever in flight at once, up to maxFree
-					ss.freeFrames = append(ss.freeFrames, c.frame)
-					ss.freeCalls = append(ss.freeCalls, c)
-				}
+				ss.freeFrames.Put(c.frame)
 				c.frame = nil
+				ss.freeCalls.Put(c)
 			}
 			ss.mu.Unlock()
 		}

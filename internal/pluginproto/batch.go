@@ -2,6 +2,7 @@ package pluginproto
 
 import (
 	"fmt"
+	"sync"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -79,52 +80,101 @@ func eachBatchFrame(b []byte, frame func([]byte) error) error {
 	return nil
 }
 
-// HostBatchInto is a HostBatch to be decoded into reused frames: [Codec]
-// decodes each frame into one Get returns (a new frame, or one whose
-// invocation ended: its messages are reused as a HostFrame's are), and
-// sets Frames to them.
-type HostBatchInto struct {
-	Frames []*HostFrame
-	Get    func() *HostFrame
+// BatchInto is a batch to be decoded into reused frames: a HostBatch
+// (BatchInto[HostFrame]) or a PluginBatch (BatchInto[PluginFrame]).
+// [Codec] decodes each frame into one Get returns (a new frame, or one
+// whose invocation ended: its messages are reused as a frame's are on a
+// Call stream), and sets Frames to them; a frame the hand-written decoder
+// leaves to the generated code is a new one.
+type BatchInto[F HostFrame | PluginFrame] struct {
+	Frames []*F
+	Get    func() *F
 }
 
-func (h *HostBatchInto) unmarshal(b []byte) error {
+// batchDecoder is a BatchInto of either kind, for Codec.
+type batchDecoder interface {
+	unmarshal(b []byte) error
+}
+
+func (h *BatchInto[F]) unmarshal(b []byte) error {
 	h.Frames = h.Frames[:0]
-	return eachBatchFrame(b, func(v []byte) error {
+	err := eachBatchFrame(b, func(v []byte) error {
 		f := h.Get()
-		if err := (*hostFrameWire)(f).unmarshal(v); err == errSlowPath {
-			f = new(HostFrame) // the generated decoder: none of f's messages is reused
-			if err := proto.Unmarshal(v, f); err != nil {
-				return err
-			}
-		} else if err != nil {
+		err := errSlowPath
+		switch f := any(f).(type) {
+		case *HostFrame:
+			err = (*hostFrameWire)(f).unmarshal(v)
+		case *PluginFrame:
+			err = (*pluginFrameWire)(f).unmarshal(v)
+		}
+		if err == errSlowPath { // none of f's messages is reused
+			f = new(F)
+			err = proto.Unmarshal(v, any(f).(proto.Message))
+		}
+		if err != nil {
 			return err
 		}
 		h.Frames = append(h.Frames, f)
 		return nil
 	})
-}
-
-// PluginBatchInto is a PluginBatch to be decoded into reused frames, as
-// [HostBatchInto] is a HostBatch.
-type PluginBatchInto struct {
-	Frames []*PluginFrame
-	Get    func() *PluginFrame
-}
-
-func (h *PluginBatchInto) unmarshal(b []byte) error {
+	if err != errSlowPath {
+		return err
+	}
+	// A batch with a field this decoder does not know: the generated code.
 	h.Frames = h.Frames[:0]
-	return eachBatchFrame(b, func(v []byte) error {
-		f := h.Get()
-		if err := (*pluginFrameWire)(f).unmarshal(v); err == errSlowPath {
-			f = new(PluginFrame)
-			if err := proto.Unmarshal(v, f); err != nil {
-				return err
-			}
-		} else if err != nil {
-			return err
-		}
-		h.Frames = append(h.Frames, f)
+	var frames []*F
+	switch any(h).(type) {
+	case *BatchInto[HostFrame]:
+		var batch HostBatch
+		err = proto.Unmarshal(b, &batch)
+		frames = any(batch.Frames).([]*F)
+	case *BatchInto[PluginFrame]:
+		var batch PluginBatch
+		err = proto.Unmarshal(b, &batch)
+		frames = any(batch.Frames).([]*F)
+	}
+	h.Frames = append(h.Frames, frames...)
+	return err
+}
+
+// Reuse is a stack of values kept for reuse, up to a bound, safe for
+// concurrent use. The zero value is empty.
+type Reuse[T any] struct {
+	mu   sync.Mutex
+	free []*T
+}
+
+// maxReuse bounds a Reuse: as many values as were ever in use at once,
+// up to this.
+const maxReuse = 1024
+
+// Pop returns a value kept, or nil.
+func (r *Reuse[T]) Pop() *T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := len(r.free)
+	if n == 0 {
 		return nil
-	})
+	}
+	v := r.free[n-1]
+	r.free[n-1] = nil
+	r.free = r.free[:n-1]
+	return v
+}
+
+// Get returns a value kept, or a new one.
+func (r *Reuse[T]) Get() *T {
+	if v := r.Pop(); v != nil {
+		return v
+	}
+	return new(T)
+}
+
+// Put keeps v, unless the bound is reached.
+func (r *Reuse[T]) Put(v *T) {
+	r.mu.Lock()
+	if len(r.free) < maxReuse {
+		r.free = append(r.free, v)
+	}
+	r.mu.Unlock()
 }

@@ -31,7 +31,7 @@ import (
 //     is kept rather than allocated again.
 //   - A batch of an Invoke stream is written as it was encoded frame by
 //     frame ([EncodedBatch], [AppendBatchFrame]) and read into frames the
-//     caller reuses ([HostBatchInto], [PluginBatchInto]).
+//     caller reuses ([BatchInto]).
 type Codec struct{}
 
 // poolingThreshold is the size up to which gRPC's mem.NewBuffer does not
@@ -113,27 +113,8 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		defer buf.Free()
 		b = buf.ReadOnlyData()
 	}
-	if h, ok := v.(*HostBatchInto); ok {
-		if err := h.unmarshal(b); err != errSlowPath {
-			return err
-		}
-		var batch HostBatch
-		if err := proto.Unmarshal(b, &batch); err != nil {
-			return err
-		}
-		h.Frames = batch.Frames
-		return nil
-	}
-	if h, ok := v.(*PluginBatchInto); ok {
-		if err := h.unmarshal(b); err != errSlowPath {
-			return err
-		}
-		var batch PluginBatch
-		if err := proto.Unmarshal(b, &batch); err != nil {
-			return err
-		}
-		h.Frames = batch.Frames
-		return nil
+	if h, ok := v.(batchDecoder); ok {
+		return h.unmarshal(b)
 	}
 	m, ok := v.(proto.Message)
 	if !ok {
