@@ -312,9 +312,9 @@ func (inst *instance) invokeSession(ctx context.Context, proc *process, ss *sess
 		err = ss.send(&c.frame)
 		c.invoke.Invoke = nil
 	}
-	if ee, ok := err.(*encodeError); ok { // nothing was sent
+	if ue, ok := err.(*pluginproto.UnencodableError); ok { // nothing was sent
 		ss.finish(c)
-		return p.notEncodable(stage, ee.err)
+		return p.notEncodable(stage, ue.Err)
 	}
 	var (
 		nextCalled bool

@@ -537,3 +537,45 @@ func TestStringsNotUTF8FailTheInvocationAlone(t *testing.T) {
 		}
 	})
 }
+
+// TestLargeMessagesCross: messages of a few MiB cross to the plugin and
+// back, one at a time and several at once (a batch of them past gRPC's
+// default 4 MiB limit on a received message).
+func TestLargeMessagesCross(t *testing.T) {
+	eachPath(t, func(t *testing.T, path plugin.Option) {
+		p := load(t, "pass", path)
+		handled := make(chan int, 16)
+		b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
+			bus.WithHandler(func(_ context.Context, m Ping, _ bus.Attributes) error { handled <- m.N; return nil }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Stop(context.Background())
+		large := func(n, size int) *bus.Delivery {
+			d := delivery(t, Ping{N: n}, nil)
+			d.Body = []byte(fmt.Sprintf(`{"N":%d,"pad":"%s"}`, n, strings.Repeat("x", size)))
+			return d
+		}
+		if err := b.Deliver(context.Background(), large(1, 5<<20)); err != nil {
+			t.Fatalf("one message of 5 MiB: %v", err)
+		}
+		errs := make(chan error, 8)
+		var wg sync.WaitGroup
+		for i := range 8 {
+			wg.Go(func() { errs <- b.Deliver(context.Background(), large(10+i, 3<<19)) })
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("8 messages of 1.5 MiB at once: %v", err)
+			}
+		}
+		if len(handled) != 9 {
+			t.Fatalf("%d handled, want 9", len(handled))
+		}
+		if s := p.Stats(); s.Crashes != 0 {
+			t.Fatalf("stats %+v: the process was taken for failed", s)
+		}
+	})
+}

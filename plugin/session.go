@@ -3,7 +3,6 @@ package plugin
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,9 +20,10 @@ import (
 // the pool instead, which costs one hand-off less on either side.
 //
 // A goroutine reads the plugin's batches and hands each frame to its call.
-// Sending needs no goroutine: the first caller to find no send in progress
-// yields once, so that the invocations about to be made join its batch,
-// and then sends everything queued until nothing is.
+// The invoking goroutines send (pluginproto.BatchSender): the first to find
+// no send in progress yields once, so that the invocations about to be
+// made join its batch, and sends everything queued for a few rounds; a
+// flusher goroutine sends what keeps coming after that.
 type session struct {
 	proc   *process
 	stream grpc.ClientStream
@@ -38,11 +38,7 @@ type session struct {
 	free       pluginproto.Reuse[sessionCall]
 	freeFrames pluginproto.Reuse[pluginproto.PluginFrame]
 
-	sendMu  sync.Mutex // guards pending, spare, sending and sendErr
-	pending []byte     // frames of the next batch, encoded (pluginproto.EncodedBatch)
-	spare   []byte
-	sending bool
-	sendErr error
+	out     *pluginproto.BatchSender
 	endOnce sync.Once
 }
 
@@ -72,10 +68,20 @@ func (proc *process) openSession() error {
 		cancel()
 		return err
 	}
-	ss := &session{proc: proc, stream: stream, cancel: cancel, dead: make(chan struct{}), calls: make(map[uint64]*sessionCall)}
+	ss := newSession(proc, stream, cancel)
 	proc.session = ss
 	proc.wg.Go(ss.read)
+	proc.wg.Go(func() { ss.out.Flush(ss.dead) })
 	return nil
+}
+
+func newSession(proc *process, stream grpc.ClientStream, cancel context.CancelFunc) *session {
+	ss := &session{proc: proc, stream: stream, cancel: cancel, dead: make(chan struct{}), calls: make(map[uint64]*sessionCall)}
+	ss.out = &pluginproto.BatchSender{
+		Send:   func(b *pluginproto.EncodedBatch) error { return stream.SendMsg(b) },
+		Failed: func(err error) { ss.end(fmt.Errorf("plugin connection ended: %w", err)) },
+	}
+	return ss
 }
 
 // read hands the plugin's frames to their calls until the stream ends.
@@ -154,80 +160,8 @@ func (ss *session) abandon(c *sessionCall) {
 }
 
 // send queues a frame (an *IncomingInvoke or a *HostFrame, encoded before
-// send returns) for the plugin, and sends the batch when no send is in
-// progress.
-func (ss *session) send(f any) error {
-	ss.sendMu.Lock()
-	if ss.sendErr != nil {
-		err := ss.sendErr
-		ss.sendMu.Unlock()
-		return err
-	}
-	var err error
-	if ss.pending, err = pluginproto.AppendBatchFrame(ss.pending, f); err != nil {
-		ss.sendMu.Unlock()
-		return &encodeError{err}
-	}
-	if ss.sending {
-		ss.sendMu.Unlock()
-		return nil
-	}
-	ss.sending = true
-	ss.sendMu.Unlock()
-	// The invocations ready to run on this core join the batch.
-	runtime.Gosched()
-	ss.sendMu.Lock()
-	if ss.flushLocked(maxSendRounds) {
-		// Others' frames keep coming: a goroutine goes on sending them,
-		// so that this invocation, whose frame went first, waits for its
-		// answer (and its ctx) instead.
-		ss.sendMu.Unlock()
-		go func() {
-			ss.sendMu.Lock()
-			ss.flushLocked(0)
-			ss.finishSending()
-		}()
-		return nil
-	}
-	return ss.finishSending()
-}
-
-// maxSendRounds bounds the batches one invocation sends for others.
-const maxSendRounds = 4
-
-// flushLocked sends what is queued, a batch per round, for at most rounds
-// rounds (0: until nothing is), with sendMu held (and released while
-// sending). It reports whether frames are still queued.
-func (ss *session) flushLocked(rounds int) bool {
-	for i := 0; len(ss.pending) > 0 && ss.sendErr == nil; i++ {
-		if i == rounds && rounds > 0 {
-			return true
-		}
-		batch := pluginproto.EncodedBatch(ss.pending)
-		ss.pending = ss.spare[:0]
-		ss.sendMu.Unlock()
-		err := ss.stream.SendMsg(&batch) // copied into gRPC's buffer
-		ss.sendMu.Lock()
-		ss.spare = batch
-		if err != nil {
-			ss.sendErr = err
-			ss.pending = nil
-		}
-	}
-	return false
-}
-
-// finishSending ends the sender's turn, with sendMu held (and released);
-// a send that failed ends the session.
-func (ss *session) finishSending() error {
-	ss.sending = false
-	err := ss.sendErr
-	ss.sendMu.Unlock()
-	if err != nil {
-		ss.end(fmt.Errorf("plugin connection ended: %w", err))
-	}
-	return err
-}
+// send returns) for the plugin; see pluginproto.BatchSender.
+func (ss *session) send(f any) error { return ss.out.Queue(f) }
 
 // timeOut times out the session's calls past their deadline at now.
 func (ss *session) timeOut(now int64) {
@@ -250,10 +184,3 @@ func (c *sessionCall) startTimeout(proc *process, d time.Duration) {
 // stopTimeout stops the invocation timeout; it reports false when the
 // timeout expired first.
 func (c *sessionCall) stopTimeout() bool { return c.deadline.Swap(0) != 0 }
-
-// encodeError is send's error for a frame that cannot be encoded: the
-// frame was not queued, and the session goes on.
-type encodeError struct{ err error }
-
-func (e *encodeError) Error() string { return e.err.Error() }
-func (e *encodeError) Unwrap() error { return e.err }

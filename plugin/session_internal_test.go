@@ -70,9 +70,10 @@ func fakeSession(t *testing.T, p *Plugin, proc *process) *fakeInvokeStream {
 	p.cfg.sessionFrom = 1
 	ctx, cancel := context.WithCancel(proc.streamsCtx)
 	fs := &fakeInvokeStream{ctx: ctx, entered: make(chan struct{}), gate: make(chan struct{}), open: make(chan struct{}), recv: make(chan []*pluginproto.PluginFrame)}
-	ss := &session{proc: proc, stream: fs, cancel: cancel, dead: make(chan struct{}), calls: make(map[uint64]*sessionCall)}
+	ss := newSession(proc, fs, cancel)
 	proc.session = ss
 	proc.wg.Go(ss.read)
+	proc.wg.Go(func() { ss.out.Flush(ss.dead) })
 	return fs
 }
 

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -170,11 +169,7 @@ type session struct {
 	freeCalls  pluginproto.Reuse[stageCall]
 	freeFrames pluginproto.Reuse[pluginproto.HostFrame]
 
-	sendMu  sync.Mutex // guards sending, pending, spare and sendErr
-	sending bool
-	pending []byte // the frames of the next batch, encoded (pluginproto.EncodedBatch)
-	spare   []byte
-	sendErr error
+	out *pluginproto.BatchSender
 
 	mu    sync.Mutex // guards calls
 	calls map[uint64]*stageCall
@@ -185,6 +180,11 @@ type session struct {
 func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
 	ctx, cancel := context.WithCancel(stream.Context())
 	ss := &session{server: s, stream: stream, ctx: ctx, cancel: cancel, toIdleWorker: make(chan *stageCall), calls: make(map[uint64]*stageCall)}
+	ss.out = &pluginproto.BatchSender{
+		Send:   func(b *pluginproto.EncodedBatch) error { return stream.SendMsg(b) },
+		Failed: func(error) { cancel() },
+	}
+	ss.wg.Go(func() { ss.out.Flush(ctx.Done()) })
 	err := ss.readLoop()
 	cancel()
 	ss.mu.Lock()
@@ -193,50 +193,17 @@ func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
 	}
 	ss.mu.Unlock()
 	ss.wg.Wait()
-	ss.sendMu.Lock()
 	if err == nil {
-		err = ss.sendErr
+		err = ss.out.Err()
 	}
-	ss.sendMu.Unlock()
 	return err
 }
 
-// send queues f for the host, encoded before send returns. The first
-// caller to find no send in progress yields once, so that the
-// invocations about to end join its batch, and then writes, in one gRPC
-// message per round, everything queued meanwhile: frames batch under
-// load without a writer goroutine hop.
-func (ss *session) send(f *pluginproto.PluginFrame) {
-	ss.sendMu.Lock()
-	if ss.sendErr != nil {
-		ss.sendMu.Unlock()
-		return
-	}
-	var err error
-	if ss.pending, err = pluginproto.AppendBatchFrame(ss.pending, f); err != nil || ss.sending {
-		ss.sendMu.Unlock()
-		return
-	}
-	ss.sending = true
-	ss.sendMu.Unlock()
-	runtime.Gosched()
-	ss.sendMu.Lock()
-	for len(ss.pending) > 0 && ss.sendErr == nil {
-		batch := pluginproto.EncodedBatch(ss.pending)
-		ss.pending = ss.spare[:0]
-		ss.sendMu.Unlock()
-		err := ss.stream.SendMsg(&batch) // copied into gRPC's buffer
-		ss.sendMu.Lock()
-		ss.spare = batch
-		if err != nil {
-			ss.sendErr = err
-			ss.pending = nil
-			ss.cancel()
-		}
-	}
-	ss.sending = false
-	ss.sendMu.Unlock()
-}
+// send queues f for the host, encoded before send returns (see
+// pluginproto.BatchSender). Its encoding cannot fail: a frame carrying
+// strings of the middleware's making (changes, an error) was checked
+// with encodable.
+func (ss *session) send(f *pluginproto.PluginFrame) { _ = ss.out.Queue(f) }
 
 func (ss *session) readLoop() error {
 	b := &pluginproto.BatchInto[pluginproto.HostFrame]{Get: ss.freeFrames.Get}
@@ -446,18 +413,18 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 		if c.out != nil {
 			done.Mutation = mutation(c.out, c.outBase)
 		}
-		if holds {
-			// Kept until the host's Release, after its next returned.
-			c.server.held.Store(c.id, c.nextCtx)
-			done.HoldsContext = true
-		}
+		done.HoldsContext = holds
 	} else if err != nil {
 		done.Error = c.encodeError(err)
 	}
 	if done.Mutation != nil || done.Error != nil {
-		if err := encodable(done); err != nil {
+		if err := encodable(done); err != nil { // the host will not call next, nor Release
 			*done = pluginproto.Done{Error: pluginproto.EncodeError(err)}
 		}
+	}
+	if done.HoldsContext {
+		// Kept until the host's Release, after its next returned.
+		c.server.held.Store(c.id, c.nextCtx)
 	}
 	if c.frames != nil { // sent before the stream's next invocation reuses them
 		c.frames.kind.Done = done

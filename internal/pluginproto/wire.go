@@ -3,6 +3,7 @@ package pluginproto
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"time"
 
@@ -68,9 +69,14 @@ func DialOptions() []grpc.DialOption {
 }
 
 // NewGRPCServer is the gRPC server of a plugin process: go-plugin's options
-// (transport credentials) plus the same static windows as [DialOptions].
+// (transport credentials) plus the same static windows as [DialOptions],
+// and no limit on the size of a message received, as go-plugin sets none
+// on the host's side: gRPC's default of 4 MiB would refuse a message's
+// invocation that size, or a batch of invocations adding up to it, and
+// end the stream.
 func NewGRPCServer(opts []grpc.ServerOption) *grpc.Server {
-	opts = append(opts[:len(opts):len(opts)], grpc.StaticStreamWindowSize(streamWindow), grpc.StaticConnWindowSize(streamWindow))
+	opts = append(opts[:len(opts):len(opts)], grpc.StaticStreamWindowSize(streamWindow), grpc.StaticConnWindowSize(streamWindow),
+		grpc.MaxRecvMsgSize(math.MaxInt32))
 	return grpc.NewServer(opts...)
 }
 
