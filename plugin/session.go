@@ -75,6 +75,8 @@ func (proc *process) openSession() error {
 	return nil
 }
 
+// newSession makes the session of stream, whose context cancel ends; the
+// caller starts its reader and its sender's flusher.
 func newSession(proc *process, stream grpc.ClientStream, cancel context.CancelFunc) *session {
 	ss := &session{proc: proc, stream: stream, cancel: cancel, dead: make(chan struct{}), calls: make(map[uint64]*sessionCall)}
 	ss.out = &pluginproto.BatchSender{
