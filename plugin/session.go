@@ -79,10 +79,7 @@ func (proc *process) openSession() error {
 // caller starts its reader and its sender's flusher.
 func newSession(proc *process, stream grpc.ClientStream, cancel context.CancelFunc) *session {
 	ss := &session{proc: proc, stream: stream, cancel: cancel, dead: make(chan struct{}), calls: make(map[uint64]*sessionCall)}
-	ss.out = &pluginproto.BatchSender{
-		Send:   func(b *pluginproto.EncodedBatch) error { return stream.SendMsg(b) },
-		Failed: func(err error) { ss.end(fmt.Errorf("plugin connection ended: %w", err)) },
-	}
+	ss.out = pluginproto.NewBatchSender(stream, func(err error) { ss.end(fmt.Errorf("plugin connection ended: %w", err)) })
 	return ss
 }
 
@@ -125,12 +122,12 @@ func (ss *session) end(err error) {
 
 // begin registers a new call.
 func (ss *session) begin(id uint64) *sessionCall {
-	ss.mu.Lock()
 	c := ss.free.Pop()
 	if c == nil {
 		c = &sessionCall{answers: make(chan *pluginproto.PluginFrame, 2), expired: make(chan struct{}, 1)}
 	}
 	c.id = id
+	ss.mu.Lock()
 	ss.calls[id] = c
 	ss.mu.Unlock()
 	return c
@@ -149,8 +146,8 @@ func (ss *session) finish(c *sessionCall) {
 	case <-c.expired:
 	default:
 	}
-	ss.free.Put(c)
 	ss.mu.Unlock()
+	ss.free.Put(c) // no frame nor token reaches it once out of calls
 }
 
 // abandon unregisters the call and tells the plugin to cancel it.

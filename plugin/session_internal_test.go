@@ -66,7 +66,7 @@ func give(t *testing.T, fs *fakeInvokeStream, proc *process, frames []*pluginpro
 
 // fakeSession gives a fake process a session on a fakeInvokeStream that
 // every invocation takes.
-func fakeSession(t *testing.T, p *Plugin, proc *process) *fakeInvokeStream {
+func fakeSession(p *Plugin, proc *process) *fakeInvokeStream {
 	p.cfg.sessionFrom = 1
 	ctx, cancel := context.WithCancel(proc.streamsCtx)
 	fs := &fakeInvokeStream{ctx: ctx, entered: make(chan struct{}), gate: make(chan struct{}), open: make(chan struct{}), recv: make(chan []*pluginproto.PluginFrame)}
@@ -83,7 +83,7 @@ func fakeSession(t *testing.T, p *Plugin, proc *process) *fakeInvokeStream {
 // is no protocol violation, and the process lives on.
 func TestSessionLateAnswerAfterTimeout(t *testing.T) {
 	p, proc := fakeProcess(t, nil)
-	fs := fakeSession(t, p, proc)
+	fs := fakeSession(p, proc)
 	inst := &instance{p: p, id: 1}
 	res := make(chan error, 1)
 	go func() {
@@ -111,7 +111,7 @@ func TestSessionLateAnswerAfterTimeout(t *testing.T) {
 // for them, are both handled.
 func TestSessionBackToBackFramesKept(t *testing.T) {
 	p, proc := fakeProcess(t, nil)
-	fs := fakeSession(t, p, proc)
+	fs := fakeSession(p, proc)
 	inst := &instance{p: p, id: 1}
 	for i := range 3 { // the calls are reused
 		nexts := 0

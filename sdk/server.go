@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"maps"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -180,10 +179,7 @@ type session struct {
 func (s *server) Invoke(stream pluginproto.Plugin_InvokeServer) error {
 	ctx, cancel := context.WithCancel(stream.Context())
 	ss := &session{server: s, stream: stream, ctx: ctx, cancel: cancel, toIdleWorker: make(chan *stageCall), calls: make(map[uint64]*stageCall)}
-	ss.out = &pluginproto.BatchSender{
-		Send:   func(b *pluginproto.EncodedBatch) error { return stream.SendMsg(b) },
-		Failed: func(error) { cancel() },
-	}
+	ss.out = pluginproto.NewBatchSender(stream, func(error) { cancel() })
 	ss.wg.Go(func() { ss.out.Flush(ctx.Done()) })
 	err := ss.readLoop()
 	cancel()
@@ -659,12 +655,12 @@ func encodable(m proto.Message) error {
 
 func (c *stageCall) encodeError(err error) *pluginproto.Error {
 	if c.nextErr != nil && err == c.nextErr {
-		return &pluginproto.Error{IsNextError: true, Message: strings.ToValidUTF8(err.Error(), "\uFFFD")}
+		return &pluginproto.Error{IsNextError: true, Message: pluginproto.ValidText(err.Error())}
 	}
 	e := pluginproto.EncodeError(err)
 	for _, d := range c.server.declared {
 		if errors.Is(err, d) {
-			e.Codes = append(e.Codes, strings.ToValidUTF8(d.Error(), "\uFFFD"))
+			e.Codes = append(e.Codes, pluginproto.ValidText(d.Error()))
 		}
 	}
 	if e != nil && c.stage == bus.StageIncoming {

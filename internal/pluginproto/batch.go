@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"google.golang.org/protobuf/encoding/protowire"
-
 	"google.golang.org/protobuf/proto"
 )
 

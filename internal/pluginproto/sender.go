@@ -14,35 +14,36 @@ import (
 // goroutine ([BatchSender.Flush]), so that no caller sends for others for
 // long. A send that fails fails every later one.
 type BatchSender struct {
-	// Send writes one batch (the stream's SendMsg, which copies it).
-	Send func(*EncodedBatch) error
-	// Failed is called once, with the first send's error.
-	Failed func(error)
+	stream interface{ SendMsg(any) error } // SendMsg copies the batch
+	failed func(error)
 
 	mu      sync.Mutex // guards the rest
 	pending []byte     // the frames of the next batch, encoded
 	spare   []byte
 	sending bool
 	err     error
-	failed  bool // err came in this turn: Failed is yet to hear of it
-	kick    chan struct{}
-	once    sync.Once
+	fresh   bool          // err came in this turn: failed is yet to hear of it
+	kick    chan struct{} // the flusher's turn
+}
+
+// NewBatchSender returns the sender of stream (a gRPC stream: its SendMsg
+// copies the batch); failed is called once, with the first send's error.
+func NewBatchSender(stream interface{ SendMsg(any) error }, failed func(error)) *BatchSender {
+	return &BatchSender{stream: stream, failed: failed, kick: make(chan struct{}, 1)}
 }
 
 // UnencodableError is Queue's error for a frame that cannot be encoded:
 // it was not queued, and the stream goes on.
 type UnencodableError struct{ Err error }
 
+// Error returns the encoding's error text.
 func (e *UnencodableError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the encoding's error.
 func (e *UnencodableError) Unwrap() error { return e.Err }
 
 // maxSendRounds bounds the batches one caller sends for others.
 const maxSendRounds = 4
-
-func (s *BatchSender) kickChan() chan struct{} {
-	s.once.Do(func() { s.kick = make(chan struct{}, 1) })
-	return s.kick
-}
 
 // Queue encodes f (an *IncomingInvoke, a *HostFrame or a *PluginFrame)
 // into the next batch, and sends the batch when no send is in progress.
@@ -69,7 +70,7 @@ func (s *BatchSender) Queue(f any) error {
 	s.mu.Lock()
 	if s.flushLocked(maxSendRounds) {
 		s.mu.Unlock()
-		s.kickChan() <- struct{}{} // the flusher goes on; sending stays true
+		s.kick <- struct{}{} // the flusher goes on; sending stays true
 		return nil
 	}
 	return s.doneSending()
@@ -78,10 +79,9 @@ func (s *BatchSender) Queue(f any) error {
 // Flush is the flusher goroutine: it sends what callers left queued after
 // their rounds, until done closes.
 func (s *BatchSender) Flush(done <-chan struct{}) {
-	kick := s.kickChan()
 	for {
 		select {
-		case <-kick:
+		case <-s.kick:
 		case <-done:
 			return
 		}
@@ -109,11 +109,11 @@ func (s *BatchSender) flushLocked(rounds int) bool {
 		batch := EncodedBatch(s.pending)
 		s.pending = s.spare[:0]
 		s.mu.Unlock()
-		err := s.Send(&batch)
+		err := s.stream.SendMsg(&batch)
 		s.mu.Lock()
 		s.spare = batch
 		if err != nil {
-			s.err, s.failed = err, true
+			s.err, s.fresh = err, true
 			s.pending = nil
 		}
 	}
@@ -121,14 +121,14 @@ func (s *BatchSender) flushLocked(rounds int) bool {
 }
 
 // doneSending ends the sender's turn, with mu held (and released), and
-// reports a send that failed in it to Failed.
+// reports a send that failed in it to failed.
 func (s *BatchSender) doneSending() error {
 	s.sending = false
-	err, failed := s.err, s.failed
-	s.failed = false
+	err, fresh := s.err, s.fresh
+	s.fresh = false
 	s.mu.Unlock()
-	if failed && s.Failed != nil {
-		s.Failed(err)
+	if fresh && s.failed != nil {
+		s.failed(err)
 	}
 	return err
 }

@@ -80,6 +80,10 @@ func NewGRPCServer(opts []grpc.ServerOption) *grpc.Server {
 	return grpc.NewServer(opts...)
 }
 
+// ValidText is s with U+FFFD in place of bytes that are not valid UTF-8:
+// an error's text may hold any bytes, a protobuf string may not.
+func ValidText(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
 // StageOf converts a bus stage.
 func StageOf(s bus.Stage) Stage {
 	switch s {
@@ -171,7 +175,7 @@ func EncodeError(err error) *Error {
 	if err == nil {
 		return nil
 	}
-	e := &Error{Message: strings.ToValidUTF8(err.Error(), "\uFFFD"), Permanent: errors.Is(err, bus.ErrPermanent)}
+	e := &Error{Message: ValidText(err.Error()), Permanent: errors.Is(err, bus.ErrPermanent)}
 	var misuse *bus.NextMisuseError
 	switch {
 	case errors.As(err, &misuse):
