@@ -52,21 +52,31 @@ type Chain struct {
 //     else: no bookkeeping, no pooling, no misuse detection. It is the
 //     floor of any pipeline whose middleware is handed next as a
 //     function: a layer is two calls (the middleware, and the next that
-//     runs the following one) where a Watermill layer is one.
+//     runs the following one) where a Watermill layer is one;
+//   - one-call (ctx, next) and one-call, plain check: what a pipeline
+//     could do if next were not a function but a pointer whose method the
+//     compiler inlines into the middleware (an API plugbus does not have):
+//     a layer is then one call, as Watermill's; the second adds the
+//     cheapest next-twice check there is, a plain flag per layer, which
+//     is not safe when next runs on another goroutine.
 func DepthChains() []Chain {
 	return []Chain{
 		{"plugbus incoming", func(n int) (func() error, error) { return plugbusDeliver(n, bus.StageIncoming) }},
 		{"plugbus handler", func(n int) (func() error, error) { return plugbusDeliver(n, bus.StageHandler) }},
 		{"plugbus outgoing", plugbusPublish},
 		{BareChain, bareNextChain},
+		{OneCallChain, func(n int) (func() error, error) { return oneCallChain(n, false) }},
+		{OneCallCheckedChain, func(n int) (func() error, error) { return oneCallChain(n, true) }},
 		{WatermillChain, watermillChain},
 	}
 }
 
 // The names of the reference chains of [DepthChains].
 const (
-	BareChain      = "bare (ctx, next)"
-	WatermillChain = "watermill handler"
+	BareChain           = "bare (ctx, next)"
+	OneCallChain        = "one-call (ctx, next)"
+	OneCallCheckedChain = "one-call, plain check"
+	WatermillChain      = "watermill handler"
 )
 
 // bareStage stands for a stage context: what a layer is handed besides
@@ -100,6 +110,76 @@ func bareNextChain(layers int) (func() error, error) {
 	}
 	ctx := context.Background()
 	return func() error { return next(ctx) }, nil
+}
+
+// oneCallHop is a layer of the one-call chains, the next its middleware
+// is handed. Its methods are small enough for the compiler to inline into
+// the middleware that calls them, so that a layer costs the middleware's
+// own call and nothing else.
+type oneCallHop struct {
+	fn      func(context.Context, *bareStage, *oneCallHop) error // the following layer's middleware
+	next    *oneCallHop                                          // the following layer's next
+	stage   *bareStage
+	entered bool // next was called in this operation
+}
+
+// Next runs the following layer.
+func (h *oneCallHop) Next(ctx context.Context) error { return h.fn(ctx, h.stage, h.next) }
+
+var errNextTwice = errors.New("next called twice")
+
+// NextOnce runs the following layer unless it ran in this operation.
+func (h *oneCallHop) NextOnce(ctx context.Context) error {
+	if h.entered {
+		return errNextTwice
+	}
+	h.entered = true
+	return h.fn(ctx, h.stage, h.next)
+}
+
+// oneCallMiddleware are the no-op layers of the one-call chains, read
+// from a variable as bareMiddleware is.
+var oneCallMiddleware = []func(context.Context, *bareStage, *oneCallHop) error{
+	func(ctx context.Context, _ *bareStage, next *oneCallHop) error { return next.Next(ctx) },
+	func(ctx context.Context, _ *bareStage, next *oneCallHop) error { return next.NextOnce(ctx) },
+}
+
+func oneCallChain(layers int, checked bool) (func() error, error) {
+	c := newCounter()
+	body, err := DepthCodec{}.Marshal(order(1))
+	if err != nil {
+		return nil, err
+	}
+	st := &bareStage{body: body}
+	mw := oneCallMiddleware[0]
+	if checked {
+		mw = oneCallMiddleware[1]
+	}
+	// hops[i] is the next of the layer before i; the last runs the handler.
+	hops := make([]oneCallHop, layers+1)
+	for i := range hops {
+		hops[i] = oneCallHop{fn: mw, stage: st}
+		if i < layers {
+			hops[i].next = &hops[i+1]
+		}
+	}
+	hops[layers].fn = func(_ context.Context, st *bareStage, _ *oneCallHop) error {
+		var m OrderPlaced
+		if err := (DepthCodec{}).Unmarshal(st.body, &m); err != nil {
+			return err
+		}
+		return c.handle(&m)
+	}
+	ctx := context.Background()
+	if !checked {
+		return func() error { return hops[0].Next(ctx) }, nil
+	}
+	return func() error {
+		for i := range hops {
+			hops[i].entered = false
+		}
+		return hops[0].NextOnce(ctx)
+	}, nil
 }
 
 func stageNoops(n int, stage bus.Stage) []bus.Plugin {
