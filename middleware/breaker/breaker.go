@@ -14,7 +14,8 @@
 //	})))),
 //
 // At the bus level each handler gets a breaker of its own (a handler
-// usually stands for one dependency); given to one handler, that handler
+// usually stands for one dependency), two handlers of different messages
+// that share a name included; given to one handler, that handler
 // has one. A permanent failure ([bus.IsPermanent]) counts as a success:
 // it says the message is wrong, not the dependency. A handler run
 // interrupted by Stop, or returned by a middleware inside with
@@ -154,16 +155,18 @@ func (b *breakers) newBreaker(handler string) *gobreaker.TwoStepCircuitBreaker[s
 	return gobreaker.NewTwoStepCircuitBreaker[struct{}](s)
 }
 
+type breakerKey struct{ message, handler string }
+
 // breaker returns the breaker of handler h, made on first use.
 func (b *breakers) breaker(h *bus.Handling) *gobreaker.TwoStepCircuitBreaker[struct{}] {
 	if b.one != nil {
 		return b.one
 	}
-	name := h.HandlerName()
-	if cb, ok := b.each.Load(name); ok {
+	key := breakerKey{h.MessageName(), h.HandlerName()} // names are unique per message only
+	if cb, ok := b.each.Load(key); ok {
 		return cb.(*gobreaker.TwoStepCircuitBreaker[struct{}])
 	}
-	cb, _ := b.each.LoadOrStore(name, b.newBreaker(name))
+	cb, _ := b.each.LoadOrStore(key, b.newBreaker(key.handler))
 	return cb.(*gobreaker.TwoStepCircuitBreaker[struct{}])
 }
 

@@ -164,3 +164,36 @@ func TestNewRefusesANegativeRetryDelay(t *testing.T) {
 		t.Fatal("no error")
 	}
 }
+
+type refundIssued struct{ OrderID string }
+
+func (refundIssued) MessageName() string { return "billing.refund_issued" }
+
+// "At the bus level each handler gets a breaker of its own." The bus lets
+// two handlers of different messages share a name (names are unique per
+// message); the failing handler of one message must not hold back the
+// healthy handler of the other.
+func TestHandlersOfTwoMessagesWithOneNameHaveABreakerEach(t *testing.T) {
+	tr := bustest.NewTransport()
+	b := bustest.Start(t, bus.WithEndpoint("billing"), bus.WithTransport(tr), bus.WithConcurrency(1), bus.WithMaxAttempts(2),
+		bus.WithMiddleware(breaker.New(tripAfter2(time.Hour))),
+		bus.WithHandler(func(context.Context, chargeCard, bus.Attributes) error { return errDown }, bus.HandlerName("notify")),
+		bus.WithHandler(func(context.Context, refundIssued, bus.Attributes) error { return nil }, bus.HandlerName("notify")))
+	ctx := t.Context()
+	if err := b.Send(ctx, chargeCard{OrderID: "o-1"}, bus.To("billing")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.WaitSettled(ctx, 2); err != nil { // failed twice: chargeCard's breaker opens
+		t.Fatal(err)
+	}
+	if err := b.Send(ctx, refundIssued{OrderID: "o-2"}, bus.To("billing")); err != nil {
+		t.Fatal(err)
+	}
+	settled, err := tr.WaitSettled(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := settled[2]; s.Outcome != bustest.Deleted {
+		t.Fatalf("refund (a healthy handler of another message) %s: %v; want handled", s.Outcome, s.Cause)
+	}
+}

@@ -60,7 +60,7 @@ func (e *FullError) Is(target error) bool { return target == ErrFull }
 type Option func(*config)
 
 type config struct {
-	limits     map[bus.Message]int
+	limits     map[string]int // by message name
 	maxWait    time.Duration
 	retryDelay time.Duration
 	err        error
@@ -70,14 +70,14 @@ type config struct {
 func WithLimit(n int, msgs ...bus.Message) Option {
 	return func(c *config) {
 		if c.limits == nil {
-			c.limits = make(map[bus.Message]int)
+			c.limits = make(map[string]int)
 		}
 		for _, m := range msgs {
 			if m == nil {
 				c.err = errors.New("concurrency.WithLimit: nil message; pass a value of the message type, such as ExportReport{}")
 				return
 			}
-			c.limits[m] = n
+			c.limits[m.MessageName()] = n
 		}
 	}
 }
@@ -111,11 +111,7 @@ func New(n int, opts ...Option) bus.Plugin {
 		if l.err != nil {
 			return bus.Middleware{}, l.err
 		}
-		limitOf := map[string]int{}
-		for m, k := range l.limits {
-			limitOf[m.MessageName()] = k
-		}
-		for name, k := range limitOf {
+		for name, k := range l.limits {
 			if k < 1 {
 				return bus.Middleware{}, fmt.Errorf("concurrency.WithLimit(%d) for %s: must be at least 1", k, name)
 			}
@@ -127,7 +123,7 @@ func New(n int, opts ...Option) bus.Plugin {
 			return bus.Middleware{}, fmt.Errorf("concurrency: WithMaxWait(%v) must not be negative and WithRetryDelay(%v) must be positive", l.maxWait, l.retryDelay)
 		}
 		if info.Handler != "" {
-			k, ok := limitOf[info.Handles[0]]
+			k, ok := l.limits[info.Handles[0]]
 			if !ok {
 				k = n
 			}
@@ -136,7 +132,7 @@ func New(n int, opts ...Option) bus.Plugin {
 		}
 		l.slots = make(map[string]chan struct{}, len(info.Handles))
 		for _, name := range info.Handles {
-			k, ok := limitOf[name]
+			k, ok := l.limits[name]
 			if !ok {
 				k = n
 			}

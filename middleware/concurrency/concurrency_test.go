@@ -179,3 +179,27 @@ func TestNewRefusesWhatCannotWork(t *testing.T) {
 		}
 	}
 }
+
+// A message type with a slice field (an order with its lines) is an
+// ordinary message; WithLimit must accept it.
+// A message with a slice is no map key: limits are kept by name.
+type orderWithLines struct{ Lines []string }
+
+func (orderWithLines) MessageName() string { return "shop.order_with_lines" }
+
+func TestWithLimitTakesMessagesThatAreNoMapKeys(t *testing.T) {
+	var err error
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("bus.New panicked: %v", p)
+			}
+		}()
+		_, err = bus.New(bus.WithEndpoint("shop"),
+			bus.WithMiddleware(concurrency.New(4, concurrency.WithLimit(1, orderWithLines{}))),
+			bus.WithHandler(func(context.Context, orderWithLines, bus.Attributes) error { return nil }))
+	}()
+	if err != nil {
+		t.Fatalf("bus.New: %v", err)
+	}
+}
