@@ -325,9 +325,11 @@ func (b *Bus) settleFailure(ctx, settleCtx context.Context, d *Delivery, err err
 			if b.logger.Enabled(ctx, slog.LevelInfo) {
 				b.logger.InfoContext(ctx, "message returned to be tried again later", append(describeEnvelope(&d.Envelope), slog.Int("attempt", d.Attempt), slog.Duration("delay", delay), slog.Any("error", err))...)
 			}
-			if delay == 0 {
-				return b.t.Return(settleCtx, d, err)
-			}
+			// This delivery tried nothing: the round starts one delivery
+			// later, so that the next failure still has the immediate
+			// retries it had. ReturnAfter carries the history, even with
+			// no delay (Return may hand the message back as it came).
+			d.Retries.roundStart = max(d.Retries.roundStart, 1) + 1
 			return b.delayer.ReturnAfter(settleCtx, d, err, delay)
 		}
 	}

@@ -3,6 +3,7 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -60,6 +61,38 @@ func TestRetryAfterLeavesTheRetryHistoryUntouched(t *testing.T) {
 	s := e.expect(bustest.DeadLettered) // attempt 2 of 2: the policy is used up
 	if h := s.Failure.History; len(h.Errors) != 1 || !strings.Contains(h.Errors[0], "real failure") {
 		t.Fatalf("history %+v, want the real failure alone", h)
+	}
+}
+
+// A return for later uses up no immediate retry either: the first real
+// failure after it still gets the round's immediate retry, not a delayed
+// round (with a delay, and with none).
+func TestRetryAfterUsesUpNoImmediateRetry(t *testing.T) {
+	for _, after := range []time.Duration{time.Millisecond, 0} {
+		t.Run(fmt.Sprint(after), func(t *testing.T) {
+			var calls atomic.Int32
+			e := newEnv(t, nil,
+				bus.WithRetry(bus.RetryPolicy{Immediate: 1, Delayed: 1, Backoff: bus.Backoff{Initial: time.Hour, Max: time.Hour}}),
+				bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error {
+					switch calls.Add(1) {
+					case 1:
+						return bus.RetryAfter(errBusy, after) // tried nothing: a breaker is open, say
+					case 2:
+						return errors.New("deadlock detected") // the first real failure
+					}
+					return nil
+				}))
+			if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+				t.Fatal(err)
+			}
+			if s := e.expect(bustest.Returned); s.Delay != after {
+				t.Fatalf("attempt 1 returned after %v, want %v (RetryAfter)", s.Delay, after)
+			}
+			if s := e.expect(bustest.Returned); s.Delay != 0 {
+				t.Fatalf("attempt %d, the first real failure, returned for a delayed round (after %v); want its immediate retry", s.Attempt, s.Delay)
+			}
+			e.expect(bustest.Deleted)
+		})
 	}
 }
 
