@@ -60,6 +60,16 @@ func RetryAfter(err error, delay time.Duration) error {
 	return &RetryAfterError{Err: err, Delay: delay}
 }
 
+// RetryAfterDelay reports whether err, the error a message's incoming
+// chain ended with, makes a bus whose transport can delay ([Delayer])
+// return the message for later outside its retry policy, and after which
+// delay: a [*RetryAfterError] in its chain, or, when handlers failed
+// ([*HandlerDispatchRejectedError]), one in every failed handler's error
+// (the longest delay). An error that is also permanent ([IsPermanent])
+// is dead-lettered instead. Middleware that reports what became of a
+// message (an audit) reads the bus's decision here.
+func RetryAfterDelay(err error) (time.Duration, bool) { return retryAfter(err) }
+
 // retryAfter returns the delay after which err, a failure of the
 // incoming chain, asks for the message to be returned, and whether it
 // does: a *RetryAfterError in its chain, or, inside a

@@ -11,8 +11,11 @@
 //
 //	stage     outcome
 //	incoming  handled, discarded (no handler, bus.UnhandledDiscard),
-//	          failed, permanent (dead-lettered at once), returned (bus.RetryAfter)
-//	handler   succeeded, failed, permanent, returned
+//	          failed, permanent (dead-lettered at once), returned (for
+//	          later, outside the retry policy: bus.RetryAfterDelay)
+//	handler   succeeded, failed, permanent, returned (it asked for
+//	          bus.RetryAfter; the message is returned for later only
+//	          when every failed handler did)
 //	outgoing  sent (to the transport, or buffered in the handler's outbox), failed
 //
 // Successes are logged at INFO and failures at WARN unless [WithLevels]
@@ -91,6 +94,7 @@ type auditor struct {
 	attributes       []string
 	success, failure slog.Level
 	stages           []bus.Stage
+	canDelay         bool // the bus's transport is a bus.Delayer, or not known
 }
 
 // New returns a plugin that audits every message of the bus, or of one
@@ -103,6 +107,10 @@ func New(opts ...Option) bus.Plugin {
 		for _, o := range opts {
 			o(a)
 		}
+		// Served from another process the transport is not known: every
+		// first-party transport delays.
+		_, delays := info.Transport.(bus.Delayer)
+		a.canDelay = delays || info.Transport == nil
 		if a.logger == nil {
 			a.logger = info.Logger
 		}
@@ -127,15 +135,18 @@ func New(opts ...Option) bus.Plugin {
 	})
 }
 
-// outcome names how a stage ended, and whether it is a failure.
-func outcome(err error, success string) (string, bool) {
+// outcome names how a stage ended, and whether it is a failure: returned
+// when the bus gives the message back for later rather than apply its
+// retry policy (bus.RetryAfterDelay, on a transport that can delay).
+func (a *auditor) outcome(err error, success string) (string, bool) {
 	switch {
 	case err == nil:
 		return success, false
-	case errors.Is(err, bus.ErrRetryAfter) && !bus.IsPermanent(err):
-		return "returned", true
 	case bus.IsPermanent(err):
 		return "permanent", true
+	}
+	if _, later := bus.RetryAfterDelay(err); later && a.canDelay {
+		return "returned", true
 	}
 	return "failed", true
 }
@@ -188,7 +199,7 @@ func bodyAttr(b []byte) slog.Attr {
 func (a *auditor) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
 	started := time.Now()
 	err := next(ctx)
-	name, failed := outcome(err, "handled")
+	name, failed := a.outcome(err, "handled")
 	if err == nil && in.Unhandled() {
 		name = "discarded"
 	}
@@ -215,7 +226,7 @@ func (a *auditor) incoming(ctx context.Context, in *bus.Incoming, next bus.Next)
 func (a *auditor) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
 	started := time.Now()
 	err := next(ctx)
-	name, failed := outcome(err, "succeeded")
+	name, failed := a.outcome(err, "succeeded")
 	level, enabled := a.level(ctx, failed)
 	if !enabled {
 		return err
@@ -239,7 +250,7 @@ func (a *auditor) handling(ctx context.Context, h *bus.Handling, next bus.Next) 
 func (a *auditor) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
 	started := time.Now()
 	err := next(ctx)
-	name, failed := outcome(err, "sent")
+	name, failed := a.outcome(err, "sent")
 	level, enabled := a.level(ctx, failed)
 	if !enabled {
 		return err

@@ -150,6 +150,52 @@ func TestFailuresAndOptions(t *testing.T) {
 	}
 }
 
+// "returned" is what the bus did with the message: not when one handler
+// asked for bus.RetryAfter and another failed outright (the policy
+// decides), nor on a transport that cannot delay (an ordinary failure).
+func TestReturnedOnlyWhenTheBusReturnsForLater(t *testing.T) {
+	later := func(context.Context, refund, bus.Attributes) error {
+		return bus.RetryAfter(errors.New("breaker open"), time.Minute)
+	}
+	for _, c := range []struct {
+		name     string
+		noDelay  bool
+		handlers []bus.Option
+		want     string
+	}{
+		{"every handler asks", false, []bus.Option{bus.WithHandler(later)}, "returned"},
+		{"one of two asks", false, []bus.Option{bus.WithHandler(later, bus.HandlerName("notify")),
+			bus.WithHandler(func(context.Context, refund, bus.Attributes) error { return errors.New("card declined") }, bus.HandlerName("charge"))}, "failed"},
+		{"the transport cannot delay", true, []bus.Option{bus.WithHandler(later)}, "failed"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			recs := newRecords()
+			rec := bustest.NewTransport()
+			var tr bus.Transport = rec
+			if c.noDelay {
+				tr = struct{ bus.Transport }{rec} // no bus.Delayer
+			}
+			opts := append([]bus.Option{bus.WithEndpoint("billing"), bus.WithTransport(tr), bus.WithMaxAttempts(1),
+				bus.WithMiddleware(audit.New(audit.WithLogger(recs.logger()), audit.WithStages(bus.StageIncoming)))}, c.handlers...)
+			b := bustest.Start(t, opts...)
+			if err := b.Send(t.Context(), refund{OrderID: "o-1"}, bus.To("billing")); err != nil {
+				t.Fatal(err)
+			}
+			settled, err := rec.WaitSettled(t.Context(), 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := find(t, recs.wait(t, 1), "incoming")
+			if in["outcome"] != c.want {
+				t.Fatalf("incoming outcome %q, want %q (the bus: %s)", in["outcome"], c.want, settled[0].Outcome)
+			}
+			if wantReturned := c.want == "returned"; (settled[0].Outcome == bustest.Returned) != wantReturned {
+				t.Fatalf("the bus settled it %s; the audit says %q", settled[0].Outcome, in["outcome"])
+			}
+		})
+	}
+}
+
 // Given to one handler it audits that handler's runs alone.
 func TestPerHandler(t *testing.T) {
 	mw, err := audit.New().Instantiate(bus.PluginInfo{Handler: "refund"})
