@@ -214,8 +214,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 	defer tx.Rollback()
 	if s.dialect.rowLocks() {
 		// Concurrent CREATE TABLE IF NOT EXISTS can race in PostgreSQL.
+		// One lock for every store of the database: stores may share a
+		// table (the saga table, by default).
 		h := fnv.New64a()
-		h.Write([]byte("plugbus-migrate:" + s.outbox.String() + "/" + s.inbox.String()))
+		h.Write([]byte("plugbus-migrate"))
 		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(h.Sum64())); err != nil {
 			return fmt.Errorf("store: migrate: taking the migration lock: %w", err)
 		}

@@ -183,7 +183,8 @@ func Tx(ctx context.Context) *sql.Tx {
 // request whose reply fn waits for) goes to the transport at once.
 //
 // When ctx already carries a transaction of s (inside a handler of a bus
-// with the plugin), fn joins it.
+// with this plugin, or with the inbox plugin, on s), fn joins it, and its
+// writes and messages commit or roll back with the handler.
 func Within(ctx context.Context, b *bus.Bus, s *store.Store, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	if b == nil || s == nil {
 		return errors.New("outbox: Within: nil bus or store")

@@ -35,8 +35,12 @@
 // instance's new state, the messages the handler sends and the inbox
 // record of the message commit in one transaction, or not at all: a
 // redelivered message is skipped by the inbox, and a failed one leaves
-// no trace. Without the outbox the state still commits with the inbox
-// record, but the sends are flushed after the commit (at least once).
+// no trace. Without the outbox the state commits in the handler's
+// transaction, but the inbox withdraws the message's record before the
+// commit (the sends are flushed after it, and a failed flush must be able
+// to run again): a message that comes back — after a failed flush, or a
+// sibling handler's failure — runs its step again. State and sends are
+// then at least once; use the outbox on the saga's store for exactly once.
 //
 // # Concurrency
 //
@@ -152,7 +156,7 @@ func By[M bus.Message](field func(m M) string) Correlation[M] {
 
 // ByAttribute correlates a message by the value of one of its attributes
 // (a header), such as a sticky attribute set by the message that started
-// the instance.
+// the instance: the one-hop attribute of that key, else the sticky one.
 func ByAttribute[M bus.Message](key string) Correlation[M] {
 	return Correlation[M]{attr: key}
 }
@@ -290,7 +294,10 @@ func newRoute[S any, M bus.Message](s *Saga[S], c Correlation[M], fn func(*Conte
 		if c.field != nil {
 			key = c.field(m.(M))
 		} else {
-			key, _ = a.Value(c.attr)
+			var ok bool
+			if key, ok = a.Value(c.attr); !ok {
+				key, _ = a.StickyValue(c.attr)
+			}
 		}
 		if key == "" {
 			return "", &CorrelationError{Saga: s.name, Message: name, Attribute: c.attr}
