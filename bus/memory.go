@@ -67,6 +67,14 @@ func (br *memBroker) sendQueue(endpoint string) (q *memQueue, gone bool) {
 	return br.queueLocked(endpoint), false
 }
 
+// existingQueue is endpoint's queue, nil when it has none: reading a
+// figure of an endpoint does not make it one.
+func (br *memBroker) existingQueue(endpoint string) *memQueue {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	return br.queues[endpoint]
+}
+
 func (br *memBroker) queueLocked(endpoint string) *memQueue {
 	q := br.queues[endpoint]
 	if q == nil {
@@ -91,7 +99,10 @@ func (br *memBroker) DeadLetters(endpoint string) []DeadLetter {
 // Depth returns how many messages wait in endpoint's queue, not counting
 // those in flight.
 func (br *memBroker) Depth(endpoint string) int {
-	q := br.queue(endpoint)
+	q := br.existingQueue(endpoint)
+	if q == nil {
+		return 0
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.items) - q.head

@@ -64,7 +64,10 @@ func (t *memTransport) Delivered(ctx context.Context, endpoint string) (uint64, 
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	q := t.broker.queue(endpoint)
+	q := t.broker.existingQueue(endpoint)
+	if q == nil {
+		return 0, nil
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.popped, nil

@@ -347,11 +347,18 @@ const instanceMarker = "instance-"
 // setupInstance creates the transport's instance queue.
 func (t *Transport) setupInstance(ctx context.Context, topo bus.Topology) error {
 	id := strings.ReplaceAll(uuid.NewString(), "-", "")[:16]
-	base := instanceMarker + id
+	// The marker and the id survive whole, however long the prefix and
+	// the endpoint: a send to a gone instance queue is known by the marker
+	// (isInstanceQueueURL). Only the front is shortened to fit.
+	name, front := instanceMarker+id, t.o.prefix
 	if topo.Endpoint != "" {
-		base = topo.Endpoint + "-" + base
+		front += topo.Endpoint + "-"
 	}
-	name := resourceName(t.o.prefix+base, maxQueueName)
+	if full := front + name; resourceName(full, maxQueueName) == full {
+		name = full
+	} else {
+		name = resourceName(strings.TrimSuffix(front, "-"), maxQueueName-len(name)-1) + "-" + name
+	}
 	url, err := t.createQueue(ctx, name, map[string]string{
 		"VisibilityTimeout": strconv.Itoa(int(t.o.visibility / time.Second)),
 		// Replies are worthless once their requester gave up: keep them a minute.
