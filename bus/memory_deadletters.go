@@ -126,15 +126,23 @@ func (t *memTransport) eachDead(ctx context.Context, f DeadLetterFilter, done fu
 		if err := ctx.Err(); err != nil {
 			return n, err
 		}
-		if err := act(dl); err != nil {
-			return n, err
-		}
 		t.broker.mu.Lock()
 		dead := t.broker.dead[f.Endpoint]
-		if i := slices.IndexFunc(dead, func(d *DeadLetter) bool { return d.ID == dl.ID }); i >= 0 {
-			t.broker.dead[f.Endpoint] = slices.Delete(dead, i, i+1)
+		i := slices.IndexFunc(dead, func(d *DeadLetter) bool { return d.ID == dl.ID })
+		if i < 0 {
+			t.broker.mu.Unlock()
+			continue // replayed or deleted by another operation meanwhile
 		}
+		claimed := dead[i]
+		t.broker.dead[f.Endpoint] = slices.Delete(dead, i, i+1)
 		t.broker.mu.Unlock()
+		if err := act(dl); err != nil {
+			t.broker.mu.Lock() // not done: back in its place
+			d := t.broker.dead[f.Endpoint]
+			t.broker.dead[f.Endpoint] = slices.Insert(d, min(i, len(d)), claimed)
+			t.broker.mu.Unlock()
+			return n, err
+		}
 		n++
 		if done != nil {
 			done(dl)

@@ -134,11 +134,19 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, window
 		return 0, err
 	}
 	queue := DeadLetterQueue(f.Endpoint)
+	// Only the dead letters there when the operation starts: one that
+	// arrives meanwhile (a replayed copy that failed again, with the same
+	// message id) is at the tail, beyond them, and is not touched.
+	ready, err := t.queueMessages(ctx, queue)
+	if err != nil || ready == 0 {
+		return 0, err
+	}
 	ch, err := t.manageChannel(ctx, queue)
 	if err != nil {
 		return 0, err
 	}
 	var (
+		got      int
 		wg       sync.WaitGroup
 		mu       sync.Mutex // guards n, actErr and the calls of done
 		n        int
@@ -174,7 +182,7 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, window
 		}
 	}
 scan:
-	for !f.Full(selected) {
+	for ; !f.Full(selected) && got < ready; got++ {
 		if scanErr = cmp.Or(failed(), ctx.Err()); scanErr != nil {
 			break
 		}
