@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
@@ -30,6 +31,16 @@ func errorType(err error) attribute.KeyValue {
 // of the chain and the handlers, and the consumed and process metrics.
 func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
 	start := time.Now()
+	// The message's trace context is the only parent: a span or baggage
+	// in ctx (what the context given to Start or Deliver carried) is not
+	// the message's, and a message sent without trace context starts a
+	// trace of its own rather than join, say, the application's start-up.
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, trace.SpanContext{})
+	}
+	if baggage.FromContext(ctx).Len() > 0 {
+		ctx = baggage.ContextWithoutBaggage(ctx)
+	}
 	ctx = m.prop.Extract(ctx, incomingCarrier{in})
 	name := in.Name()
 	spanName, ok := m.processName[name]
