@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
 	"github.com/plugbus/plugbus/plugin"
 )
 
@@ -320,5 +321,68 @@ func TestFailClosedSaysWhatBecameOfTheMessage(t *testing.T) {
 				t.Fatalf("got %v, want an unavailable plugin saying %q", err, c.want)
 			}
 		})
+	}
+}
+
+type Out struct{}
+
+func (Out) MessageName() string { return "test.out" }
+
+// A call id names one invocation of the plugin whatever its process: a
+// message whose incoming invocation held a context in a process that then
+// died names that call as the parent of its later invocations, and the
+// restarted process must not take it for one of its own calls (another
+// message's, with another message's values).
+func TestParentCallOfADeadProcessNamesNoCallOfItsSuccessor(t *testing.T) {
+	p := load(t, "who", plugin.WithFailurePolicy(plugin.FailOpen))
+	tr := bustest.NewTransport()
+	started := map[string]chan struct{}{"A": make(chan struct{}), "B": make(chan struct{})}
+	release := map[string]chan struct{}{"A": make(chan struct{}), "B": make(chan struct{})}
+	var b *bus.Bus
+	b, err := bus.New(bus.WithEndpoint("svc"), bus.WithTransport(tr), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
+		bus.WithHandler(func(ctx context.Context, _ Ping, a bus.Attributes) error {
+			who, _ := a.Value("who")
+			close(started[who])
+			<-release[who]
+			if who == "A" {
+				return b.Send(ctx, Out{}, bus.To("elsewhere"))
+			}
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deliver := func(who string) <-chan error {
+		d := delivery(t, Ping{}, nil)
+		d.Attributes = bus.NewAttributes("id-"+who, "corr-"+who, time.Now(), map[string]string{"who": who}, nil)
+		done := make(chan error, 1)
+		go func() { done <- b.Deliver(ctx, d) }()
+		return done
+	}
+	doneA := deliver("A") // the first invocation of the first process
+	<-started["A"]
+	if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the restart", func() bool { return p.Stats().Restarts > 0 })
+	doneB := deliver("B") // the first invocation of the new process
+	<-started["B"]
+	close(release["A"]) // A sends, naming its incoming call as the parent
+	<-doneA
+	close(release["B"])
+	<-doneB
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sent := tr.Sent()
+	if len(sent) != 1 {
+		t.Fatalf("sent %d messages, want A's one", len(sent))
+	}
+	if who, ok := sent[0].Envelope.Attributes.Value("seen-who"); ok {
+		t.Fatalf("message A's send ran in the plugin with a context holding who=%q; want none (its parent call died with its process)", who)
 	}
 }

@@ -200,7 +200,7 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 	if err != nil {
 		return p.down(ctx, stage, next, false, nil, err)
 	}
-	id := proc.lastCallID.Add(1)
+	id := p.lastCallID.Add(1)
 	cs.startTimeout(p.cfg.callTimeout)
 	if in != nil {
 		// Encoded from in, with no message built (pluginproto.Codec).
@@ -296,7 +296,7 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 // plugin to cancel it with a Cancel frame.
 func (inst *instance) invokeSession(ctx context.Context, proc *process, ss *session, stage bus.Stage, in *bus.Incoming, inv *pluginproto.Invoke, out *bus.Outgoing, parent uint64, next bus.Next) error {
 	p := inst.p
-	id := proc.lastCallID.Add(1)
+	id := p.lastCallID.Add(1)
 	c := ss.begin(id)
 	c.startTimeout(proc, p.cfg.callTimeout)
 	var err error

@@ -139,6 +139,11 @@ type Plugin struct {
 	beginClose     context.CancelFunc
 	wg             sync.WaitGroup
 
+	// lastCallID numbers the invocations of every process of the plugin:
+	// an id a dead process gave never names another invocation in its
+	// successor (a parent call held there, say).
+	lastCallID atomic.Uint64
+
 	invocations, skipped, unavailable, timeouts, crashes, restarts atomic.Uint64
 	lastSkipLog                                                    atomic.Int64
 }

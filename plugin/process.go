@@ -36,7 +36,6 @@ type process struct {
 	poolMu     sync.Mutex
 	idle       []*callStream            // the pool's idle streams, the last used last
 	open       map[*callStream]struct{} // every stream not abandoned, for watchTimeouts
-	lastCallID atomic.Uint64
 	// session carries the invocations made while others are in flight
 	// (nil in the tests' fake processes); inflight counts the
 	// invocations running.

@@ -120,7 +120,7 @@ func TestSessionBackToBackFramesKept(t *testing.T) {
 			res <- inst.invoke(context.Background(), bus.StageIncoming, nil, incomingInvoke(), nil, func(context.Context) error { nexts++; return nil })
 		}()
 		<-fs.entered // the invocation's frame
-		id := proc.lastCallID.Load()
+		id := inst.p.lastCallID.Load()
 		give(t, fs, proc, []*pluginproto.PluginFrame{
 			{Call: id, Kind: &pluginproto.PluginFrame_Next{Next: &pluginproto.NextCall{}}},
 			{Call: id, Kind: &pluginproto.PluginFrame_Done{Done: &pluginproto.Done{}}},

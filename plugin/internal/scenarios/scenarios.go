@@ -26,6 +26,8 @@ const PermanentReason = "scenario: invalid for good"
 // for its ctx to end; without it the scenario calls next.
 const HangHeader = "hang"
 
+type whoKey struct{}
+
 // Plugin is a middleware whose behaviour is the named scenario.
 type Plugin struct{ scenario string }
 
@@ -174,6 +176,20 @@ func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 				return err
 			}
 			return nil
+		}
+	case "who":
+		// Hands the incoming message's "who" attribute to the rest of its
+		// handling in ctx; an outgoing message sent there carries it as
+		// "seen-who".
+		m.Incoming = func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			who, _ := in.Attributes().Value("who")
+			return next(context.WithValue(ctx, whoKey{}, who))
+		}
+		m.Outgoing = func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			if who, ok := ctx.Value(whoKey{}).(string); ok {
+				out.SetValue("seen-who", who)
+			}
+			return next(ctx)
 		}
 	case "panic":
 		m.Incoming = func(context.Context, *bus.Incoming, bus.Next) error { panic("scenario: boom") }
