@@ -98,23 +98,31 @@ func (e *Error) Is(target error) bool {
 // is restarting. In the incoming and handler stages the bus returns the
 // message for retry (after the retry policy's delay); in the outgoing
 // stage the message was not sent, and the caller of Send or Publish must
-// retry.
+// retry — unless HandedOn says the plugin failed after its next had sent
+// it.
 type UnavailableError struct {
 	Plugin string
 	Stage  bus.Stage
 	// Err is why: the stream or process error, or a [*TimeoutError].
 	Err error
+	// HandedOn reports, in the outgoing stage, that the plugin failed
+	// after its next had handed the message on (to the transport, or to
+	// the handler's buffer): it was sent, and must not be sent again.
+	HandedOn bool
 }
 
 // Error implements error.
 func (e *UnavailableError) Error() string {
-	return fmt.Sprintf("plugin %q unavailable in the %s stage (fail-closed: %s; the plugin is restarted): %v", e.Plugin, e.Stage, failClosedOutcome(e.Stage), e.Err)
+	return fmt.Sprintf("plugin %q unavailable in the %s stage (fail-closed: %s; the plugin is restarted): %v", e.Plugin, e.Stage, failClosedOutcome(e.Stage, e.HandedOn), e.Err)
 }
 
 // failClosedOutcome says what became of the message of a stage that failed
-// closed.
-func failClosedOutcome(s bus.Stage) string {
-	if s == bus.StageOutgoing {
+// closed, handedOn when its next had handed the message on.
+func failClosedOutcome(s bus.Stage, handedOn bool) string {
+	switch {
+	case s == bus.StageOutgoing && handedOn:
+		return "the plugin failed after its next had sent the message (to the transport, or to the handler's buffer); do not send it again"
+	case s == bus.StageOutgoing:
 		return "the message was not sent; the caller must retry the send"
 	}
 	return "the message is returned for retry, delayed per the retry policy"
@@ -132,11 +140,13 @@ type TimeoutError struct {
 	Plugin  string
 	Stage   bus.Stage
 	Timeout time.Duration
+	// HandedOn: as [UnavailableError.HandedOn].
+	HandedOn bool
 }
 
 // Error implements error.
 func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("plugin %q did not answer the %s stage within %s (fail-closed: %s); raise plugin.WithInvocationTimeout or fix the plugin", e.Plugin, e.Stage, e.Timeout, failClosedOutcome(e.Stage))
+	return fmt.Sprintf("plugin %q did not answer the %s stage within %s (fail-closed: %s); raise plugin.WithInvocationTimeout or fix the plugin", e.Plugin, e.Stage, e.Timeout, failClosedOutcome(e.Stage, e.HandedOn))
 }
 
 // Is reports whether target is ErrTimeout.

@@ -14,6 +14,7 @@ import (
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/bus/bustest"
 	"github.com/plugbus/plugbus/plugin"
+	"github.com/plugbus/plugbus/sdk/sdktest"
 )
 
 // waitFor polls cond until it holds or the deadline passes: the plugin
@@ -384,5 +385,54 @@ func TestParentCallOfADeadProcessNamesNoCallOfItsSuccessor(t *testing.T) {
 	}
 	if who, ok := sent[0].Envelope.Attributes.Value("seen-who"); ok {
 		t.Fatalf("message A's send ran in the plugin with a context holding who=%q; want none (its parent call died with its process)", who)
+	}
+}
+
+// Under fail-closed, an outgoing stage that fails after its next had sent
+// the message says so (HandedOn), rather than have the caller send it
+// again; one that fails before says it was not sent.
+func TestFailClosedOutgoingSaysWhetherTheMessageWasSent(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		afterNext bool
+	}{{"after next", true}, {"before next", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			mw := bus.Middleware{Name: "slow", Outgoing: func(ctx context.Context, _ *bus.Outgoing, next bus.Next) error {
+				var err error
+				if c.afterNext {
+					err = next(ctx)
+				}
+				<-ctx.Done() // the host times the invocation out
+				return err
+			}}
+			p := sdktest.Load(t, mw, sdktest.Wire, sdktest.WithHostOptions(plugin.WithInvocationTimeout(100*time.Millisecond)))
+			tr := &capture{}
+			b, err := bus.New(bus.WithTransport(tr), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if err := b.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			perr := b.Publish(ctx, Ping{N: 1})
+			if err := b.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			tr.mu.Lock()
+			sent := len(tr.envs)
+			tr.mu.Unlock()
+			var te *plugin.TimeoutError
+			if !errors.As(perr, &te) {
+				t.Fatalf("Publish: %v; want a *plugin.TimeoutError", perr)
+			}
+			wantSent := 0
+			if c.afterNext {
+				wantSent = 1
+			}
+			if te.HandedOn != c.afterNext || sent != wantSent || strings.Contains(perr.Error(), "was not sent") == c.afterNext {
+				t.Fatalf("HandedOn %v, %d sent, error %q", te.HandedOn, sent, perr)
+			}
+		})
 	}
 }

@@ -480,11 +480,19 @@ func (p *Plugin) down(ctx context.Context, stage bus.Stage, next bus.Next, nextC
 		return next(ctx)
 	}
 	p.unavailable.Add(1)
+	// An outgoing message its next handed on was sent: saying otherwise
+	// would have the caller send it twice.
+	handedOn := stage == bus.StageOutgoing && nextCalled && nextErr == nil
 	var te *TimeoutError
 	if errors.As(cause, &te) {
+		if handedOn {
+			c := *te
+			c.HandedOn = true
+			return &c
+		}
 		return te
 	}
-	return &UnavailableError{Plugin: p.Name(), Stage: stage, Err: cause}
+	return &UnavailableError{Plugin: p.Name(), Stage: stage, Err: cause, HandedOn: handedOn}
 }
 
 // decodeError rebuilds the error the plugin returned: next's own error

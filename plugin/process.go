@@ -32,10 +32,10 @@ type process struct {
 	wg         sync.WaitGroup
 
 	// newCall opens a Call stream (proc.rpc.Call; tests fake it).
-	newCall    func(ctx context.Context) (pluginproto.Plugin_CallClient, error)
-	poolMu     sync.Mutex
-	idle       []*callStream            // the pool's idle streams, the last used last
-	open       map[*callStream]struct{} // every stream not abandoned, for watchTimeouts
+	newCall func(ctx context.Context) (pluginproto.Plugin_CallClient, error)
+	poolMu  sync.Mutex
+	idle    []*callStream            // the pool's idle streams, the last used last
+	open    map[*callStream]struct{} // every stream not abandoned, for watchTimeouts
 	// session carries the invocations made while others are in flight
 	// (nil in the tests' fake processes); inflight counts the
 	// invocations running.
