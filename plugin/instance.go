@@ -280,8 +280,10 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 	}
 	switch {
 	case ctx.Err() != nil:
+		releaseAbandoned(proc, id, nextCalled)
 		return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
 	case cs.timedOut.Load():
+		releaseAbandoned(proc, id, nextCalled)
 		p.timeouts.Add(1)
 		go proc.checkHung()
 		return p.down(ctx, stage, next, nextCalled, nextErr, &TimeoutError{Plugin: p.Name(), Stage: stage, Timeout: p.cfg.callTimeout})
@@ -328,6 +330,7 @@ func (inst *instance) invokeSession(ctx context.Context, proc *process, ss *sess
 		case <-c.expired:
 		case <-ctx.Done():
 			ss.abandon(c)
+			releaseAbandoned(proc, id, nextCalled)
 			return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
 		case <-ss.dead:
 			err = ss.err
@@ -371,14 +374,30 @@ func (inst *instance) invokeSession(ctx context.Context, proc *process, ss *sess
 	ss.abandon(c)
 	switch { // in the order invoke checks them
 	case ctx.Err() != nil:
+		releaseAbandoned(proc, id, nextCalled)
 		return &Error{Plugin: p.Name(), Stage: stage, Message: ctx.Err().Error(), Err: ctx.Err()}
 	case timedOut:
+		releaseAbandoned(proc, id, nextCalled)
 		p.timeouts.Add(1)
 		go proc.checkHung()
 		return p.down(ctx, stage, next, nextCalled, nextErr, &TimeoutError{Plugin: p.Name(), Stage: stage, Timeout: p.cfg.callTimeout})
 	}
 	proc.fail(err)
 	return p.down(ctx, stage, next, nextCalled, nextErr, proc.cause)
+}
+
+// releaseAbandoned tells the plugin to drop what it may keep of call id,
+// which the host gave up (cancelled, or timed out) before the plugin's
+// answer: a before-only middleware that gave next a context of its own
+// when the host no longer listened would have it kept, waiting for a
+// Release that the host sends only after running next (nextHolding).
+// The plugin also drops it when it sees the call cancelled; this covers
+// an answer sent before the cancellation reached it. A call that sent
+// Next keeps nothing past its end.
+func releaseAbandoned(proc *process, id uint64, nextCalled bool) {
+	if !nextCalled {
+		proc.sendRelease(id) // nothing when the process is gone
+	}
 }
 
 // nextInSession runs the rest of the chain for a session's call. When the

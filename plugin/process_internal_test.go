@@ -125,3 +125,53 @@ func errorsIsUnavailable(err error) bool {
 	_, ok := err.(*UnavailableError)
 	return ok
 }
+
+// releaseRecorder passes a Call stream's frames on and reports the calls
+// it carries a Release of.
+type releaseRecorder struct {
+	pluginproto.Plugin_CallClient
+	released chan<- uint64
+}
+
+func (r *releaseRecorder) Send(fr *pluginproto.HostFrame) error {
+	if _, ok := fr.Kind.(*pluginproto.HostFrame_Release); ok {
+		r.released <- fr.Call
+	}
+	return r.Plugin_CallClient.Send(fr)
+}
+
+// TestAbandonedCallIsReleased: a call the host gives up before the
+// plugin's answer gets a Release, so that a before-only middleware's
+// context kept for a next the host never runs is dropped.
+func TestAbandonedCallIsReleased(t *testing.T) {
+	invoked := make(chan uint64, 1)
+	p, proc := fakeProcess(t, func(call uint64) []*pluginproto.PluginFrame {
+		invoked <- call
+		return nil // the plugin is slow: no answer yet
+	})
+	released := make(chan uint64, 4)
+	newCall := proc.newCall
+	proc.newCall = func(ctx context.Context) (pluginproto.Plugin_CallClient, error) {
+		c, err := newCall(ctx)
+		return &releaseRecorder{Plugin_CallClient: c, released: released}, err
+	}
+	inst := &instance{p: p, id: 1}
+	ctx, cancel := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	go func() {
+		res <- inst.invoke(ctx, bus.StageIncoming, nil, incomingInvoke(), nil, func(context.Context) error { return nil })
+	}()
+	call := <-invoked
+	cancel()
+	if err := <-res; err == nil {
+		t.Fatal("the abandoned invocation returned nil")
+	}
+	select {
+	case got := <-released:
+		if got != call {
+			t.Fatalf("released call %d, want %d", got, call)
+		}
+	default:
+		t.Fatal("no Release for the abandoned call")
+	}
+}

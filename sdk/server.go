@@ -419,8 +419,13 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 		}
 	}
 	if done.HoldsContext {
-		// Kept until the host's Release, after its next returned.
+		// Kept until the host's Release, after its next returned — unless
+		// the host gave the call up meanwhile: it will not run next, nor
+		// send Release (or sent it already, on abandoning the call).
 		c.server.held.Store(c.id, c.nextCtx)
+		if c.stop.Err() != nil {
+			c.server.held.Delete(c.id)
+		}
 	}
 	if c.frames != nil { // sent before the stream's next invocation reuses them
 		c.frames.kind.Done = done
