@@ -139,6 +139,9 @@ func (h *Handling) Header(key string) (string, bool) {
 	return v, ok
 }
 
+// Headers iterates over the native headers the transport read.
+func (h *Handling) Headers() iter.Seq2[string, string] { return maps.All(h.r.d.Headers) }
+
 // Raw returns the transport-native message.
 func (h *Handling) Raw() any { return h.r.d.Raw }
 

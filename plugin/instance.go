@@ -157,6 +157,12 @@ func (inst *instance) handling(ctx context.Context, h *bus.Handling, next bus.Ne
 	}
 	m := &pluginproto.HandlingMessage{Handler: h.HandlerName(), MessageName: h.MessageName(), Body: body,
 		Attributes: pluginproto.FromAttributes(h.Attributes()), Attempt: int32(h.Attempt())}
+	for k, v := range h.Headers() {
+		if m.Headers == nil {
+			m.Headers = make(map[string]string)
+		}
+		m.Headers[k] = v
+	}
 	return inst.invoke(ctx, bus.StageHandler, nil, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Handling{Handling: m}}, nil, next)
 }
 
@@ -419,12 +425,13 @@ func nextInSession(ctx context.Context, ss *session, c *sessionCall, deadline in
 // is decoded into again.
 type doneFrame struct {
 	Continue, HoldsContext bool
+	Deadline               int64 // of the context the middleware gave next, 0: none
 	Mutation               *pluginproto.Mutation
 	Error                  *pluginproto.Error
 }
 
 func doneOf(d *pluginproto.Done) doneFrame {
-	return doneFrame{d.Continue, d.HoldsContext, d.Mutation, d.Error}
+	return doneFrame{d.Continue, d.HoldsContext, d.DeadlineUnixNano, d.Mutation, d.Error}
 }
 
 // done completes call id of the plugin's Done: it runs the rest of the
@@ -436,9 +443,9 @@ func (inst *instance) done(ctx context.Context, proc *process, stage bus.Stage, 
 	if d.Continue {
 		apply(out, d.Mutation)
 		if d.HoldsContext {
-			return inst.nextHolding(ctx, proc, id, next)
+			return inst.nextHolding(ctx, proc, id, d.Deadline, next)
 		}
-		return next(ctx)
+		return nextWithin(ctx, d.Deadline, next)
 	}
 	return inst.decodeError(stage, d.Error, nextErr)
 }
@@ -451,9 +458,9 @@ type heldKey struct{ inst *instance }
 
 // nextHolding runs the rest of the chain after a before-only call whose
 // context the plugin holds, then tells the plugin to drop it.
-func (inst *instance) nextHolding(ctx context.Context, proc *process, call uint64, next bus.Next) error {
+func (inst *instance) nextHolding(ctx context.Context, proc *process, call uint64, deadline int64, next bus.Next) error {
 	defer proc.sendRelease(call)
-	return next(context.WithValue(ctx, heldKey{inst}, call))
+	return nextWithin(context.WithValue(ctx, heldKey{inst}, call), deadline, next)
 }
 
 // callNext runs the rest of the chain for the call on cs. When the rest

@@ -406,6 +406,7 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 	}
 	if c.continued && err == nil {
 		done.Continue = true
+		done.DeadlineUnixNano = pluginproto.Deadline(c.nextCtx)
 		if c.out != nil {
 			done.Mutation = mutation(c.out, c.outBase)
 		}
@@ -500,7 +501,7 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		}
 		d := &c.delivery
 		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
-			Attributes: pluginproto.ToAttributes(m.Attributes)}, Attempt: int(m.Attempt)}
+			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
 		c.inst, c.handling = inst, inst.stages.Handling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d)
 		return inst.mw.Handling(c.ctx, c.handling, c.nextFunc())
 	case *pluginproto.Invoke_Outgoing:

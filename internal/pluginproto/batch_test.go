@@ -27,7 +27,7 @@ func hostFrames(t *testing.T) []any {
 
 var pluginFrames = []any{
 	&pluginproto.PluginFrame{Call: 1, Kind: &pluginproto.PluginFrame_Next{Next: &pluginproto.NextCall{DeadlineUnixNano: 5, HoldsContext: true}}},
-	&pluginproto.PluginFrame{Call: 2, Kind: &pluginproto.PluginFrame_Done{Done: &pluginproto.Done{Continue: true}}},
+	&pluginproto.PluginFrame{Call: 2, Kind: &pluginproto.PluginFrame_Done{Done: &pluginproto.Done{Continue: true, DeadlineUnixNano: 1 << 61}}},
 	&pluginproto.PluginFrame{Call: 3, Kind: &pluginproto.PluginFrame_Done{Done: &pluginproto.Done{Error: &pluginproto.Error{Message: "refused", Codes: []string{"e"}}}}},
 	&pluginproto.PluginFrame{Call: 4, Kind: &pluginproto.PluginFrame_Next{Next: &pluginproto.NextCall{Mutation: &pluginproto.Mutation{HeadersChanged: true, Headers: map[string]string{"a": "b"}}}}},
 	&pluginproto.PluginFrame{Call: 5, Kind: &pluginproto.PluginFrame_Done{Done: &pluginproto.Done{}}},

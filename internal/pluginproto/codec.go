@@ -155,6 +155,7 @@ const (
 	doneContinue     = 2
 	doneMutation     = 3
 	doneHoldsContext = 4
+	doneDeadline     = 5
 )
 
 // sizeVarintField is the size of a varint field, 0 for the zero value
@@ -345,7 +346,8 @@ func (c *NextCall) wireSize() int {
 }
 
 func (d *Done) wireSize() int {
-	return sizeVarintField(doneContinue, boolVarint(d.Continue)) + sizeVarintField(doneHoldsContext, boolVarint(d.HoldsContext))
+	return sizeVarintField(doneContinue, boolVarint(d.Continue)) + sizeVarintField(doneHoldsContext, boolVarint(d.HoldsContext)) +
+		sizeVarintField(doneDeadline, uint64(d.DeadlineUnixNano))
 }
 
 func (f *pluginFrameWire) appendWire(b []byte) ([]byte, error) {
@@ -359,6 +361,7 @@ func (f *pluginFrameWire) appendWire(b []byte) ([]byte, error) {
 		b = appendMessageHeader(b, pluginFrameDone, k.Done.wireSize())
 		b = appendVarintField(b, doneContinue, boolVarint(k.Done.Continue))
 		b = appendVarintField(b, doneHoldsContext, boolVarint(k.Done.HoldsContext))
+		b = appendVarintField(b, doneDeadline, uint64(k.Done.DeadlineUnixNano))
 	}
 	return b, nil
 }
@@ -402,7 +405,8 @@ func (f *pluginFrameWire) unmarshal(b []byte) error {
 				}
 				body = body[n+m:]
 				switch {
-				case kind == pluginFrameNext && fnum == nextCallDeadline:
+				case kind == pluginFrameNext && fnum == nextCallDeadline,
+					kind == pluginFrameDone && fnum == doneDeadline:
 					deadline = v
 				case kind == pluginFrameNext && fnum == nextCallHoldsContext,
 					kind == pluginFrameDone && fnum == doneHoldsContext:
@@ -436,7 +440,7 @@ func (f *pluginFrameWire) unmarshal(b []byte) error {
 		if k.Done == nil {
 			k.Done = new(Done)
 		}
-		*k.Done = Done{Continue: continued, HoldsContext: holdsContext}
+		*k.Done = Done{Continue: continued, HoldsContext: holdsContext, DeadlineUnixNano: int64(deadline)}
 		f.Kind = k
 	default:
 		f.Kind = nil

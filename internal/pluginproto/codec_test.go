@@ -126,6 +126,8 @@ func TestCodecRoundTripsEveryFrame(t *testing.T) {
 			Subject: &pluginproto.Invoke_Incoming{Incoming: &pluginproto.IncomingMessage{Name: "i", Attributes: &pluginproto.Attributes{}}}}}},
 		{Call: 7, Kind: &pluginproto.HostFrame_NextResult{NextResult: &pluginproto.NextResult{}}},
 		{Call: 8},
+		{Call: 9, Kind: &pluginproto.HostFrame_Invoke{Invoke: &pluginproto.Invoke{Instance: 1, Stage: pluginproto.Stage_STAGE_HANDLER,
+			Subject: &pluginproto.Invoke_Handling{Handling: &pluginproto.HandlingMessage{Handler: "h", Headers: map[string]string{"x-tenant": "acme"}}}}}},
 	}
 	var hf pluginproto.HostFrame
 	for _, want := range hostFrames {
@@ -143,6 +145,7 @@ func TestCodecRoundTripsEveryFrame(t *testing.T) {
 		{Call: 6, Kind: &pluginproto.PluginFrame_Done{Done: &pluginproto.Done{Continue: true, Mutation: &pluginproto.Mutation{HeadersChanged: true}}}},
 		{Call: 7, Kind: &pluginproto.PluginFrame_Next{Next: &pluginproto.NextCall{}}},
 		{Call: 8},
+		{Call: 9, Kind: &pluginproto.PluginFrame_Done{Done: &pluginproto.Done{Continue: true, DeadlineUnixNano: 1 << 61}}},
 	}
 	var pf pluginproto.PluginFrame
 	for _, want := range pluginFrames {
@@ -160,6 +163,7 @@ func TestCodecEncodesTheGeneratedBytes(t *testing.T) {
 		&pluginproto.HostFrame{Call: 1, Kind: &pluginproto.HostFrame_Release{Release: &pluginproto.Release{}}},
 		&pluginproto.PluginFrame{Call: 1 << 50, Kind: &pluginproto.PluginFrame_Done{Done: &pluginproto.Done{Continue: true, HoldsContext: true}}},
 		&pluginproto.PluginFrame{Call: 2, Kind: &pluginproto.PluginFrame_Next{Next: &pluginproto.NextCall{DeadlineUnixNano: 99, HoldsContext: true}}},
+		&pluginproto.PluginFrame{Call: 3, Kind: &pluginproto.PluginFrame_Done{Done: &pluginproto.Done{Continue: true, HoldsContext: true, DeadlineUnixNano: 1 << 61}}},
 	} {
 		want, err := proto.Marshal(f)
 		if err != nil {

@@ -911,12 +911,14 @@ func (x *IncomingMessage) GetEndpoint() string {
 }
 
 type HandlingMessage struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Handler       string                 `protobuf:"bytes,1,opt,name=handler,proto3" json:"handler,omitempty"`
-	MessageName   string                 `protobuf:"bytes,2,opt,name=message_name,json=messageName,proto3" json:"message_name,omitempty"`
-	Body          []byte                 `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"` // the decoded message re-encoded as JSON
-	Attributes    *Attributes            `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
-	Attempt       int32                  `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Handler     string                 `protobuf:"bytes,1,opt,name=handler,proto3" json:"handler,omitempty"`
+	MessageName string                 `protobuf:"bytes,2,opt,name=message_name,json=messageName,proto3" json:"message_name,omitempty"`
+	Body        []byte                 `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"` // the decoded message re-encoded as JSON
+	Attributes  *Attributes            `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	Attempt     int32                  `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// headers: the received message's native headers (bus.Handling.Header).
+	Headers       map[string]string `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -984,6 +986,13 @@ func (x *HandlingMessage) GetAttempt() int32 {
 		return x.Attempt
 	}
 	return 0
+}
+
+func (x *HandlingMessage) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
 }
 
 type OutgoingMessage struct {
@@ -1643,9 +1652,13 @@ type Done struct {
 	// holds_context: with continue, the middleware gave next a context of
 	// its own, which the plugin keeps until the host's Release: invocations
 	// the host makes while its next runs name this call as their parent.
-	HoldsContext  bool `protobuf:"varint,4,opt,name=holds_context,json=holdsContext,proto3" json:"holds_context,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HoldsContext bool `protobuf:"varint,4,opt,name=holds_context,json=holdsContext,proto3" json:"holds_context,omitempty"`
+	// deadline_unix_nano: with continue, the deadline of the context the
+	// middleware gave next (0: none); the host runs the rest of the chain
+	// under it when it is earlier than its own, as with a NextCall.
+	DeadlineUnixNano int64 `protobuf:"varint,5,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Done) Reset() {
@@ -1704,6 +1717,13 @@ func (x *Done) GetHoldsContext() bool {
 		return x.HoldsContext
 	}
 	return false
+}
+
+func (x *Done) GetDeadlineUnixNano() int64 {
+	if x != nil {
+		return x.DeadlineUnixNano
+	}
+	return 0
 }
 
 type PluginFrame struct {
@@ -1962,7 +1982,7 @@ const file_plugin_proto_rawDesc = "" +
 	"\bendpoint\x18\a \x01(\tR\bendpoint\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc2\x02\n" +
 	"\x0fHandlingMessage\x12\x18\n" +
 	"\ahandler\x18\x01 \x01(\tR\ahandler\x12!\n" +
 	"\fmessage_name\x18\x02 \x01(\tR\vmessageName\x12\x12\n" +
@@ -1970,7 +1990,11 @@ const file_plugin_proto_rawDesc = "" +
 	"\n" +
 	"attributes\x18\x04 \x01(\v2\x1d.plugbus.plugin.v1.AttributesR\n" +
 	"attributes\x12\x18\n" +
-	"\aattempt\x18\x05 \x01(\x05R\aattempt\"\xf8\x02\n" +
+	"\aattempt\x18\x05 \x01(\x05R\aattempt\x12I\n" +
+	"\aheaders\x18\x06 \x03(\v2/.plugbus.plugin.v1.HandlingMessage.HeadersEntryR\aheaders\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf8\x02\n" +
 	"\x0fOutgoingMessage\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\x05R\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -2031,12 +2055,13 @@ const file_plugin_proto_rawDesc = "" +
 	"\bNextCall\x12,\n" +
 	"\x12deadline_unix_nano\x18\x01 \x01(\x03R\x10deadlineUnixNano\x127\n" +
 	"\bmutation\x18\x02 \x01(\v2\x1b.plugbus.plugin.v1.MutationR\bmutation\x12#\n" +
-	"\rholds_context\x18\x03 \x01(\bR\fholdsContext\"\xb0\x01\n" +
+	"\rholds_context\x18\x03 \x01(\bR\fholdsContext\"\xde\x01\n" +
 	"\x04Done\x12.\n" +
 	"\x05error\x18\x01 \x01(\v2\x18.plugbus.plugin.v1.ErrorR\x05error\x12\x1a\n" +
 	"\bcontinue\x18\x02 \x01(\bR\bcontinue\x127\n" +
 	"\bmutation\x18\x03 \x01(\v2\x1b.plugbus.plugin.v1.MutationR\bmutation\x12#\n" +
-	"\rholds_context\x18\x04 \x01(\bR\fholdsContext\"\x8b\x01\n" +
+	"\rholds_context\x18\x04 \x01(\bR\fholdsContext\x12,\n" +
+	"\x12deadline_unix_nano\x18\x05 \x01(\x03R\x10deadlineUnixNano\"\x8b\x01\n" +
 	"\vPluginFrame\x12\x12\n" +
 	"\x04call\x18\x01 \x01(\x04R\x04call\x121\n" +
 	"\x04next\x18\x02 \x01(\v2\x1b.plugbus.plugin.v1.NextCallH\x00R\x04next\x12-\n" +
@@ -2082,7 +2107,7 @@ func file_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_plugin_proto_goTypes = []any{
 	(Stage)(0),                  // 0: plugbus.plugin.v1.Stage
 	(ErrorCode)(0),              // 1: plugbus.plugin.v1.ErrorCode
@@ -2113,10 +2138,11 @@ var file_plugin_proto_goTypes = []any{
 	nil,                         // 26: plugbus.plugin.v1.Attributes.ValuesEntry
 	nil,                         // 27: plugbus.plugin.v1.Attributes.StickyEntry
 	nil,                         // 28: plugbus.plugin.v1.IncomingMessage.HeadersEntry
-	nil,                         // 29: plugbus.plugin.v1.OutgoingMessage.HeadersEntry
-	nil,                         // 30: plugbus.plugin.v1.Mutation.ValuesEntry
-	nil,                         // 31: plugbus.plugin.v1.Mutation.StickyEntry
-	nil,                         // 32: plugbus.plugin.v1.Mutation.HeadersEntry
+	nil,                         // 29: plugbus.plugin.v1.HandlingMessage.HeadersEntry
+	nil,                         // 30: plugbus.plugin.v1.OutgoingMessage.HeadersEntry
+	nil,                         // 31: plugbus.plugin.v1.Mutation.ValuesEntry
+	nil,                         // 32: plugbus.plugin.v1.Mutation.StickyEntry
+	nil,                         // 33: plugbus.plugin.v1.Mutation.HeadersEntry
 }
 var file_plugin_proto_depIdxs = []int32{
 	0,  // 0: plugbus.plugin.v1.StageInfo.stage:type_name -> plugbus.plugin.v1.Stage
@@ -2131,42 +2157,43 @@ var file_plugin_proto_depIdxs = []int32{
 	11, // 9: plugbus.plugin.v1.IncomingMessage.attributes:type_name -> plugbus.plugin.v1.Attributes
 	28, // 10: plugbus.plugin.v1.IncomingMessage.headers:type_name -> plugbus.plugin.v1.IncomingMessage.HeadersEntry
 	11, // 11: plugbus.plugin.v1.HandlingMessage.attributes:type_name -> plugbus.plugin.v1.Attributes
-	11, // 12: plugbus.plugin.v1.OutgoingMessage.attributes:type_name -> plugbus.plugin.v1.Attributes
-	29, // 13: plugbus.plugin.v1.OutgoingMessage.headers:type_name -> plugbus.plugin.v1.OutgoingMessage.HeadersEntry
-	30, // 14: plugbus.plugin.v1.Mutation.values:type_name -> plugbus.plugin.v1.Mutation.ValuesEntry
-	31, // 15: plugbus.plugin.v1.Mutation.sticky:type_name -> plugbus.plugin.v1.Mutation.StickyEntry
-	32, // 16: plugbus.plugin.v1.Mutation.headers:type_name -> plugbus.plugin.v1.Mutation.HeadersEntry
-	0,  // 17: plugbus.plugin.v1.Invoke.stage:type_name -> plugbus.plugin.v1.Stage
-	12, // 18: plugbus.plugin.v1.Invoke.incoming:type_name -> plugbus.plugin.v1.IncomingMessage
-	13, // 19: plugbus.plugin.v1.Invoke.handling:type_name -> plugbus.plugin.v1.HandlingMessage
-	14, // 20: plugbus.plugin.v1.Invoke.outgoing:type_name -> plugbus.plugin.v1.OutgoingMessage
-	10, // 21: plugbus.plugin.v1.NextResult.error:type_name -> plugbus.plugin.v1.Error
-	16, // 22: plugbus.plugin.v1.HostFrame.invoke:type_name -> plugbus.plugin.v1.Invoke
-	17, // 23: plugbus.plugin.v1.HostFrame.next_result:type_name -> plugbus.plugin.v1.NextResult
-	18, // 24: plugbus.plugin.v1.HostFrame.cancel:type_name -> plugbus.plugin.v1.Cancel
-	19, // 25: plugbus.plugin.v1.HostFrame.release:type_name -> plugbus.plugin.v1.Release
-	15, // 26: plugbus.plugin.v1.NextCall.mutation:type_name -> plugbus.plugin.v1.Mutation
-	10, // 27: plugbus.plugin.v1.Done.error:type_name -> plugbus.plugin.v1.Error
-	15, // 28: plugbus.plugin.v1.Done.mutation:type_name -> plugbus.plugin.v1.Mutation
-	21, // 29: plugbus.plugin.v1.PluginFrame.next:type_name -> plugbus.plugin.v1.NextCall
-	22, // 30: plugbus.plugin.v1.PluginFrame.done:type_name -> plugbus.plugin.v1.Done
-	20, // 31: plugbus.plugin.v1.HostBatch.frames:type_name -> plugbus.plugin.v1.HostFrame
-	23, // 32: plugbus.plugin.v1.PluginBatch.frames:type_name -> plugbus.plugin.v1.PluginFrame
-	4,  // 33: plugbus.plugin.v1.Plugin.Describe:input_type -> plugbus.plugin.v1.DescribeRequest
-	6,  // 34: plugbus.plugin.v1.Plugin.Instantiate:input_type -> plugbus.plugin.v1.InstantiateRequest
-	8,  // 35: plugbus.plugin.v1.Plugin.Lifecycle:input_type -> plugbus.plugin.v1.LifecycleRequest
-	24, // 36: plugbus.plugin.v1.Plugin.Invoke:input_type -> plugbus.plugin.v1.HostBatch
-	20, // 37: plugbus.plugin.v1.Plugin.Call:input_type -> plugbus.plugin.v1.HostFrame
-	5,  // 38: plugbus.plugin.v1.Plugin.Describe:output_type -> plugbus.plugin.v1.DescribeResponse
-	7,  // 39: plugbus.plugin.v1.Plugin.Instantiate:output_type -> plugbus.plugin.v1.InstantiateResponse
-	9,  // 40: plugbus.plugin.v1.Plugin.Lifecycle:output_type -> plugbus.plugin.v1.LifecycleResponse
-	25, // 41: plugbus.plugin.v1.Plugin.Invoke:output_type -> plugbus.plugin.v1.PluginBatch
-	23, // 42: plugbus.plugin.v1.Plugin.Call:output_type -> plugbus.plugin.v1.PluginFrame
-	38, // [38:43] is the sub-list for method output_type
-	33, // [33:38] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	29, // 12: plugbus.plugin.v1.HandlingMessage.headers:type_name -> plugbus.plugin.v1.HandlingMessage.HeadersEntry
+	11, // 13: plugbus.plugin.v1.OutgoingMessage.attributes:type_name -> plugbus.plugin.v1.Attributes
+	30, // 14: plugbus.plugin.v1.OutgoingMessage.headers:type_name -> plugbus.plugin.v1.OutgoingMessage.HeadersEntry
+	31, // 15: plugbus.plugin.v1.Mutation.values:type_name -> plugbus.plugin.v1.Mutation.ValuesEntry
+	32, // 16: plugbus.plugin.v1.Mutation.sticky:type_name -> plugbus.plugin.v1.Mutation.StickyEntry
+	33, // 17: plugbus.plugin.v1.Mutation.headers:type_name -> plugbus.plugin.v1.Mutation.HeadersEntry
+	0,  // 18: plugbus.plugin.v1.Invoke.stage:type_name -> plugbus.plugin.v1.Stage
+	12, // 19: plugbus.plugin.v1.Invoke.incoming:type_name -> plugbus.plugin.v1.IncomingMessage
+	13, // 20: plugbus.plugin.v1.Invoke.handling:type_name -> plugbus.plugin.v1.HandlingMessage
+	14, // 21: plugbus.plugin.v1.Invoke.outgoing:type_name -> plugbus.plugin.v1.OutgoingMessage
+	10, // 22: plugbus.plugin.v1.NextResult.error:type_name -> plugbus.plugin.v1.Error
+	16, // 23: plugbus.plugin.v1.HostFrame.invoke:type_name -> plugbus.plugin.v1.Invoke
+	17, // 24: plugbus.plugin.v1.HostFrame.next_result:type_name -> plugbus.plugin.v1.NextResult
+	18, // 25: plugbus.plugin.v1.HostFrame.cancel:type_name -> plugbus.plugin.v1.Cancel
+	19, // 26: plugbus.plugin.v1.HostFrame.release:type_name -> plugbus.plugin.v1.Release
+	15, // 27: plugbus.plugin.v1.NextCall.mutation:type_name -> plugbus.plugin.v1.Mutation
+	10, // 28: plugbus.plugin.v1.Done.error:type_name -> plugbus.plugin.v1.Error
+	15, // 29: plugbus.plugin.v1.Done.mutation:type_name -> plugbus.plugin.v1.Mutation
+	21, // 30: plugbus.plugin.v1.PluginFrame.next:type_name -> plugbus.plugin.v1.NextCall
+	22, // 31: plugbus.plugin.v1.PluginFrame.done:type_name -> plugbus.plugin.v1.Done
+	20, // 32: plugbus.plugin.v1.HostBatch.frames:type_name -> plugbus.plugin.v1.HostFrame
+	23, // 33: plugbus.plugin.v1.PluginBatch.frames:type_name -> plugbus.plugin.v1.PluginFrame
+	4,  // 34: plugbus.plugin.v1.Plugin.Describe:input_type -> plugbus.plugin.v1.DescribeRequest
+	6,  // 35: plugbus.plugin.v1.Plugin.Instantiate:input_type -> plugbus.plugin.v1.InstantiateRequest
+	8,  // 36: plugbus.plugin.v1.Plugin.Lifecycle:input_type -> plugbus.plugin.v1.LifecycleRequest
+	24, // 37: plugbus.plugin.v1.Plugin.Invoke:input_type -> plugbus.plugin.v1.HostBatch
+	20, // 38: plugbus.plugin.v1.Plugin.Call:input_type -> plugbus.plugin.v1.HostFrame
+	5,  // 39: plugbus.plugin.v1.Plugin.Describe:output_type -> plugbus.plugin.v1.DescribeResponse
+	7,  // 40: plugbus.plugin.v1.Plugin.Instantiate:output_type -> plugbus.plugin.v1.InstantiateResponse
+	9,  // 41: plugbus.plugin.v1.Plugin.Lifecycle:output_type -> plugbus.plugin.v1.LifecycleResponse
+	25, // 42: plugbus.plugin.v1.Plugin.Invoke:output_type -> plugbus.plugin.v1.PluginBatch
+	23, // 43: plugbus.plugin.v1.Plugin.Call:output_type -> plugbus.plugin.v1.PluginFrame
+	39, // [39:44] is the sub-list for method output_type
+	34, // [34:39] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_init() }
@@ -2195,7 +2222,7 @@ func file_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_rawDesc), len(file_plugin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
