@@ -10,7 +10,6 @@ import (
 
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/plugbus/plugbus/internal/pluginproto"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -57,7 +56,7 @@ func newProcess(p *Plugin, client *goplugin.Client, rpc pluginproto.PluginClient
 		open: make(map[*callStream]struct{})}
 	if rpc != nil {
 		proc.newCall = func(ctx context.Context) (pluginproto.Plugin_CallClient, error) {
-			return rpc.Call(ctx, grpc.ForceCodecV2(pluginproto.Codec{}))
+			return rpc.Call(ctx, pluginproto.StreamOptions()...)
 		}
 	}
 	return proc

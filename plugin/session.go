@@ -63,7 +63,7 @@ type sessionCall struct {
 // openSession opens the process's Invoke stream and its reader.
 func (proc *process) openSession() error {
 	ctx, cancel := context.WithCancel(proc.streamsCtx)
-	stream, err := proc.rpc.Invoke(ctx, grpc.ForceCodecV2(pluginproto.Codec{}))
+	stream, err := proc.rpc.Invoke(ctx, pluginproto.StreamOptions()...)
 	if err != nil {
 		cancel()
 		return err

@@ -56,6 +56,18 @@ var _ goplugin.GRPCPlugin = (*GRPCPlugin)(nil)
 // and of each stream, in both directions.
 const streamWindow = 1 << 20
 
+// StreamOptions are the call options of the host's streams to a plugin:
+// frames are encoded with [Codec], and nothing sent is kept for a
+// transparent retry. gRPC keeps what a stream sent, for a replay, until
+// the stream first receives (or 256 KiB of it, counted by frame size): a
+// stream that only sends (the Release frames of a pool stream no
+// invocation used since) kept every frame's pooled buffer, several KiB
+// for a frame of a few bytes. A stream to a plugin's process fails with
+// the process, and the host's own failure handling applies.
+func StreamOptions() []grpc.CallOption {
+	return []grpc.CallOption{grpc.ForceCodecV2(Codec{}), grpc.MaxRetryRPCBufferSize(0)}
+}
+
 // DialOptions are the gRPC settings of the host's connection to a plugin.
 //
 // Static flow-control windows turn off grpc-go's bandwidth-delay-product

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,6 +35,7 @@ var (
 	soakOut    = flag.String("soak.out", "", "directory to write soak.csv and soak.png to (default: the test's temporary directory)")
 	soakRate   = flag.Float64("soak.rate", 40, "orders placed per second, and as many requests")
 	soakSample = flag.Duration("soak.sample", 0, "time between samples (default: the duration/60, from 1s to 5s)")
+	soakHeap   = flag.String("soak.heapprofile", "", "file to write a heap profile to at the last sample, before the backlog drains")
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -212,6 +214,9 @@ func TestSoak(t *testing.T) {
 		case <-loadCtx.Done():
 			sampling = false
 		}
+	}
+	if *soakHeap != "" {
+		writeFile(t, *soakHeap, func(f *os.File) error { return pprof.Lookup("heap").WriteTo(f, 0) })
 	}
 	load.Wait()
 	// Every order placed is published through the outbox and handled.
