@@ -406,7 +406,9 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 	}
 	if c.continued && err == nil {
 		done.Continue = true
-		done.DeadlineUnixNano = pluginproto.Deadline(c.nextCtx)
+		if c.nextCtx != c.ctx { // else the host's own deadline
+			done.DeadlineUnixNano = pluginproto.Deadline(c.nextCtx)
+		}
 		if c.out != nil {
 			done.Mutation = mutation(c.out, c.outBase)
 		}
