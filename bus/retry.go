@@ -329,7 +329,12 @@ func (b *Bus) settleFailure(ctx, settleCtx context.Context, d *Delivery, err err
 			// later, so that the next failure still has the immediate
 			// retries it had. ReturnAfter carries the history, even with
 			// no delay (Return may hand the message back as it came).
-			d.Retries.roundStart = max(d.Retries.roundStart, 1) + 1
+			// Not past the attempts the transport counts up to: one that
+			// caps them (SQS) would deliver it again as this attempt, and
+			// the history would no longer be trusted.
+			if start := max(d.Retries.roundStart, 1) + 1; start <= b.maxAttempts {
+				d.Retries.roundStart = start
+			}
 			return b.delayer.ReturnAfter(settleCtx, d, err, delay)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -160,5 +161,59 @@ func TestRetryAfterError(t *testing.T) {
 	var ra *bus.RetryAfterError
 	if !errors.As(err, &ra) || ra.Delay != time.Second || errors.Unwrap(err) != errBusy || err.Error() != "dependency busy (returned to be tried again after 1s)" {
 		t.Fatalf("got %v", err)
+	}
+}
+
+type cappedMsg struct{ ID string }
+
+func (cappedMsg) MessageName() string { return "test.capped" }
+
+// cappedTransport delivers a message with its Attempt capped at the
+// policy's MaxAttempts, as SQS does (prior is cut to MaxAttempts-1 and the
+// copy's receive count adds 1).
+type cappedTransport struct {
+	*bustest.Transport
+	max int
+}
+
+func (c cappedTransport) Receive(ctx context.Context) (*bus.Delivery, error) {
+	d, err := c.Transport.Receive(ctx)
+	if d != nil {
+		d.Attempt = min(d.Attempt, c.max)
+	}
+	return d, err
+}
+
+// A return for later on a delivery at the transport's last attempt, which
+// a transport that caps the attempts (SQS) delivers again as that same
+// attempt, keeps the history trusted: the dead letter still carries the
+// failures before it.
+func TestRetryAfterAtTheLastAttemptKeepsTheHistory(t *testing.T) {
+	rec := bustest.NewTransport()
+	var calls atomic.Int32
+	b := bustest.Start(t, bus.WithEndpoint("rev"), bus.WithTransport(cappedTransport{rec, 2}),
+		bus.WithRetry(bus.RetryPolicy{Immediate: 1}),
+		bus.WithHandler(func(context.Context, cappedMsg, bus.Attributes) error {
+			switch calls.Add(1) {
+			case 1:
+				return errors.New("first real failure")
+			case 2, 3:
+				return bus.RetryAfter(errors.New("breaker open"), 0)
+			}
+			return errors.New("second real failure")
+		}))
+	if err := b.Send(t.Context(), cappedMsg{ID: "1"}, bus.To("rev")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := rec.WaitSettled(t.Context(), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := s[3]
+	if last.Outcome != bustest.DeadLettered {
+		t.Fatalf("outcome %s", last.Outcome)
+	}
+	if !slices.ContainsFunc(last.Failure.History.Errors, func(e string) bool { return strings.Contains(e, "first real failure") }) {
+		t.Errorf("dead letter's history lost the first failure: %v", last.Failure.History.Errors)
 	}
 }

@@ -128,25 +128,23 @@ const replayWindow = 16
 // (removed) and done called, one call at a time. The others go back to
 // the queue at the end, once every act has returned. When ctx ends it gets
 // no further message and returns ctx's error once the acts in hand have
-// finished; after an act's error it does the same with that error.
+// finished; after an act's error it does the same with that error. A
+// dead letter is acted on once per operation: one that comes back under
+// an ID already acted on (a replayed copy that failed again) is left.
 func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, window int, act func(bus.DeadLetter) (bool, error), done func(bus.DeadLetter)) (int, error) {
 	if err := f.Check(); err != nil {
 		return 0, err
 	}
 	queue := DeadLetterQueue(f.Endpoint)
-	// Only the dead letters there when the operation starts: one that
-	// arrives meanwhile (a replayed copy that failed again, with the same
-	// message id) is at the tail, beyond them, and is not touched.
-	ready, err := t.queueMessages(ctx, queue)
-	if err != nil || ready == 0 {
-		return 0, err
-	}
 	ch, err := t.manageChannel(ctx, queue)
 	if err != nil {
 		return 0, err
 	}
 	var (
-		got      int
+		// acted holds the IDs acted on: a replayed copy that fails again
+		// while the operation runs comes back under the same ID (its
+		// message id), and is left alone rather than replayed twice.
+		acted    = map[string]struct{}{}
 		wg       sync.WaitGroup
 		mu       sync.Mutex // guards n, actErr and the calls of done
 		n        int
@@ -182,7 +180,7 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, window
 		}
 	}
 scan:
-	for ; !f.Full(selected) && got < ready; got++ {
+	for !f.Full(selected) {
 		if scanErr = cmp.Or(failed(), ctx.Err()); scanErr != nil {
 			break
 		}
@@ -203,6 +201,10 @@ scan:
 		if !match(&dl) {
 			continue
 		}
+		if _, again := acted[dl.ID]; again {
+			continue // held, and given back at the end
+		}
+		acted[dl.ID] = struct{}{}
 		selected++
 		if window <= 1 {
 			one(m, dl)
