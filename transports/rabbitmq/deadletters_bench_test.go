@@ -2,7 +2,6 @@ package rabbitmq_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -27,20 +26,7 @@ func BenchmarkReplayDeadLetters(b *testing.B) {
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{"bench.msg"}, MaxAttempts: 1, Concurrency: 64}); err != nil {
 		b.Fatal(err)
 	}
-	for i := range b.N {
-		env := &bus.Envelope{Name: "bench.msg", ContentType: "application/json", Body: fmt.Appendf(nil, `{"n":%d}`, i),
-			Attributes: bus.NewAttributes(fmt.Sprintf("%s-%d", ep, i), "", time.Now(), nil, nil)}
-		if err := tr.Send(ctx, env, ep); err != nil {
-			b.Fatal(err)
-		}
-		d, err := tr.Receive(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := tr.Fail(ctx, d, bus.Failure{Reason: "bench", Endpoint: ep, Attempts: 1}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	deadLetter(ctx, b, tr, ep, "bench.msg", b.N, "bench")
 	_ = tr.Close(ctx) // stop consuming: the replayed copies stay in the queue
 	m := open(b, url, adm, rabbitmq.WithExchange(exchange))
 	b.ReportAllocs()

@@ -301,3 +301,24 @@ func (a *admin) get(t testing.TB, queue string, n int) []amqp.Delivery {
 	})
 	return out
 }
+
+// deadLetter sends n messages named name to endpoint ep of tr, receives
+// each and fails it with reason: n dead letters, with the message ids
+// ep-0 to ep-(n-1).
+func deadLetter(ctx context.Context, tb testing.TB, tr *rabbitmq.Transport, ep, name string, n int, reason string) {
+	tb.Helper()
+	for i := range n {
+		env := &bus.Envelope{Name: name, ContentType: "application/json", Body: fmt.Appendf(nil, `{"n":%d}`, i),
+			Attributes: bus.NewAttributes(fmt.Sprintf("%s-%d", ep, i), "", time.Now(), nil, nil)}
+		if err := tr.Send(ctx, env, ep); err != nil {
+			tb.Fatal(err)
+		}
+		d, err := tr.Receive(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := tr.Fail(ctx, d, bus.Failure{Reason: reason, Endpoint: ep, Attempts: 1}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}

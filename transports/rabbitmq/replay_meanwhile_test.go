@@ -1,7 +1,6 @@
 package rabbitmq_test
 
 import (
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -28,20 +27,7 @@ func TestReplayLeavesADeadLetterThatArrivedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	const total = 17 // one more than the replay window
-	for i := range total {
-		env := &bus.Envelope{Name: "review.msg", ContentType: "application/json", Body: fmt.Appendf(nil, `{"n":%d}`, i),
-			Attributes: bus.NewAttributes(fmt.Sprintf("%s-%d", ep, i), "", time.Now(), nil, nil)}
-		if err := tr.Send(ctx, env, ep); err != nil {
-			t.Fatal(err)
-		}
-		d, err := tr.Receive(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tr.Fail(ctx, d, bus.Failure{Reason: "first failure", Endpoint: ep, Attempts: 1}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	deadLetter(ctx, t, tr, ep, "review.msg", total, "first failure")
 	m := open(t, url, adm, rabbitmq.WithExchange(exchange))
 	// What the CLI does: list, then act on the listed IDs.
 	listed, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep})
