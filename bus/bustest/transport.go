@@ -26,6 +26,11 @@ type Transport struct {
 	memory *memory.Transport
 	broker *memory.Broker
 
+	// settling is held from a settlement's act on the memory transport
+	// until it is recorded, so that a message the act gives back is not
+	// settled again, by another worker, and recorded first.
+	settling sync.Mutex
+
 	mu       sync.Mutex
 	sent     []Sent
 	settled  []Settlement
@@ -318,24 +323,18 @@ func (t *Transport) receive(ctx context.Context, receive func(context.Context) (
 
 // Delete acknowledges d with the memory transport and records it.
 func (t *Transport) Delete(ctx context.Context, d *bus.Delivery) error {
-	err := t.memory.Delete(ctx, d)
-	t.settle(Settlement{Outcome: Deleted, Envelope: d.Envelope, Attempt: d.Attempt})
-	return err
+	return t.settle(func() error { return t.memory.Delete(ctx, d) }, Settlement{Outcome: Deleted, Envelope: d.Envelope, Attempt: d.Attempt})
 }
 
 // Return returns d to the memory transport and records it.
 func (t *Transport) Return(ctx context.Context, d *bus.Delivery, cause error) error {
-	err := t.memory.Return(ctx, d, cause)
-	t.settle(Settlement{Outcome: Returned, Envelope: d.Envelope, Attempt: d.Attempt, Cause: cause})
-	return err
+	return t.settle(func() error { return t.memory.Return(ctx, d, cause) }, Settlement{Outcome: Returned, Envelope: d.Envelope, Attempt: d.Attempt, Cause: cause})
 }
 
 // ReturnAfter returns d to the memory transport, to be delivered again
 // after delay, and records it.
 func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause error, delay time.Duration) error {
-	err := t.memory.ReturnAfter(ctx, d, cause, delay)
-	t.settle(Settlement{Outcome: Returned, Envelope: d.Envelope, Attempt: d.Attempt, Cause: cause, Delay: delay})
-	return err
+	return t.settle(func() error { return t.memory.ReturnAfter(ctx, d, cause, delay) }, Settlement{Outcome: Returned, Envelope: d.Envelope, Attempt: d.Attempt, Cause: cause, Delay: delay})
 }
 
 // MaxDelay is the memory transport's.
@@ -343,17 +342,21 @@ func (t *Transport) MaxDelay() time.Duration { return t.memory.MaxDelay() }
 
 // Fail dead-letters d with the memory transport and records it.
 func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
-	err := t.memory.Fail(ctx, d, f)
-	t.settle(Settlement{Outcome: DeadLettered, Envelope: d.Envelope, Attempt: d.Attempt, Failure: f})
-	return err
+	return t.settle(func() error { return t.memory.Fail(ctx, d, f) }, Settlement{Outcome: DeadLettered, Envelope: d.Envelope, Attempt: d.Attempt, Failure: f})
 }
 
-func (t *Transport) settle(s Settlement) {
+// settle makes the settlement with act and records s, in the order of the
+// acts.
+func (t *Transport) settle(act func() error, s Settlement) error {
+	t.settling.Lock()
+	defer t.settling.Unlock()
+	err := act()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.settled = append(t.settled, s)
 	t.inFlight--
 	t.changedLocked()
+	return err
 }
 
 // InstanceAddress returns the address of the memory transport's instance queue.

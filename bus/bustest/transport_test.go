@@ -296,3 +296,34 @@ func TestOutcomeNames(t *testing.T) {
 		}
 	}
 }
+
+type redelivered struct{ ID string }
+
+func (redelivered) MessageName() string { return "test.redelivered" }
+
+// Settlements are recorded in the order the bus made them: a message
+// returned at once is delivered, handled and settled again by another
+// worker, and its next settlement is never recorded before the one that
+// returned it.
+func TestSettlementsOfOneMessageAreRecordedInOrder(t *testing.T) {
+	const attempts = 300
+	tr := bustest.NewTransport()
+	b := bustest.Start(t, bus.WithEndpoint("orders"), bus.WithTransport(tr), quiet(), bus.WithConcurrency(8),
+		bus.WithRetry(bus.RetryPolicy{Immediate: attempts - 1}),
+		bus.WithHandler(func(context.Context, redelivered, bus.Attributes) error { return errors.New("again") }))
+	if err := b.Send(t.Context(), redelivered{ID: "1"}, bus.To("orders")); err != nil {
+		t.Fatal(err)
+	}
+	s, err := tr.WaitSettled(t.Context(), attempts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range s {
+		if st.Attempt != i+1 {
+			t.Fatalf("settlement %d is of attempt %d (%s), want attempt %d", i, st.Attempt, st.Outcome, i+1)
+		}
+	}
+	if s[attempts-1].Outcome != bustest.DeadLettered {
+		t.Fatalf("last settlement %s, want dead-lettered", s[attempts-1].Outcome)
+	}
+}
