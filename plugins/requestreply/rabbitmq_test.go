@@ -181,3 +181,34 @@ func (p *proxy) cut() {
 	}
 	p.conns = nil
 }
+
+// TestRabbitMQDefaultTimeoutBoundsTheSend: a request whose context has no
+// deadline is bounded by the plugin's default timeout also while its
+// send waits for a connection to the broker, as one with WithTimeout is:
+// it fails once the timeout passed rather than wait for the broker to
+// come back.
+func TestRabbitMQDefaultTimeoutBoundsTheSend(t *testing.T) {
+	px := newProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
+	tr, err := rabbitmq.New("amqp://guest:guest@"+px.addr()+"/", rabbitmq.WithLogger(slog.New(slog.DiscardHandler)),
+		rabbitmq.WithBackoff(bus.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb := start(t, requestreply.New(requestreply.WithDefaultTimeout(300*time.Millisecond)), bus.WithTransport(tr),
+		bus.WithLogger(slog.New(slog.DiscardHandler)))
+	_ = px.ln.Close() // no new connection gets through
+	px.cut()
+	done := make(chan error, 1)
+	go func() {
+		_, err := requestreply.Request[sum](context.Background(), rb, add{A: 1}, requestreply.To("nobody"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Request while the broker is unreachable: %v, want the send's error wrapping context.DeadlineExceeded", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Request without a deadline still waits for the broker 20s later: the default timeout of 300ms does not bound its send")
+	}
+}

@@ -90,6 +90,7 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 	}
 	want, newResp := responseType[Resp]()
 	c := &call{name: name, done: make(chan struct{})}
+	_, c.ownDeadline = ctx.Deadline()
 	c.decode = func(ser bus.Serializer, m *bus.Incoming) error {
 		if m.Name() != want {
 			return &ReplyTypeError{Want: want, Got: m.Name()}
@@ -120,9 +121,10 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 		c.owner.forget(c)
 		return resp, err
 	}
-	if _, has := ctx.Deadline(); !has && c.owner.cfg.timeout > 0 {
-		// The default timeout runs from the moment the request is sent.
-		ctx, cancel = context.WithTimeout(ctx, c.owner.cfg.timeout)
+	if !c.deadline.IsZero() {
+		// The default timeout, counted from the moment the request was
+		// sent: its send ran under it too.
+		ctx, cancel = context.WithDeadline(ctx, c.deadline)
 		defer cancel()
 	}
 	sent := time.Now()

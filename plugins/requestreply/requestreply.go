@@ -49,7 +49,8 @@ type config struct {
 }
 
 // WithDefaultTimeout sets how long a request waits for its reply when
-// neither its context has a deadline nor [WithTimeout] is given. The
+// neither its context has a deadline nor [WithTimeout] is given, counted
+// from the moment the request is sent; it bounds the send too. The
 // default is [DefaultTimeout]; 0 or less waits for the context alone.
 func WithDefaultTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
@@ -177,8 +178,13 @@ type call struct {
 	name    string // request's message name
 	dest    string
 	decode  func(ser bus.Serializer, r *bus.Incoming) error // stores the reply for Request
-	err     error                                           // result, written before done closes
-	done    chan struct{}
+	// ownDeadline says the caller's context has a deadline; without one,
+	// deadline is the end of the plugin's default timeout, set as the
+	// request is sent: it bounds the send and the wait for the reply.
+	ownDeadline bool
+	deadline    time.Time
+	err         error // result, written before done closes
+	done        chan struct{}
 }
 
 type callKey struct{}
@@ -236,6 +242,15 @@ func (in *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Ne
 	in.mu.Unlock()
 	out.SetValue(AttrRequestID, c.id)
 	out.SetValue(AttrReplyTo, addr)
+	if !c.ownDeadline && in.cfg.timeout > 0 {
+		// The default timeout runs from the moment the request is sent
+		// and bounds the send too: a transport waiting for its broker
+		// waits until the context ends.
+		c.deadline = time.Now().Add(in.cfg.timeout)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, c.deadline)
+		defer cancel()
+	}
 	return next(ctx)
 }
 

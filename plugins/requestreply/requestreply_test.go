@@ -128,6 +128,36 @@ func TestDefaultTimeout(t *testing.T) {
 	}
 }
 
+// The default timeout is the caller's when its context has no deadline,
+// whatever deadline an outgoing middleware outside the plugin gives the
+// send alone: the wait for the reply still ends.
+func TestDefaultTimeoutDespiteASendDeadline(t *testing.T) {
+	newT := memoryTransports()
+	quiet := slog.New(slog.DiscardHandler)
+	start(t, nil, bus.WithEndpoint("calc"), bus.WithTransport(newT(t)), bus.WithLogger(quiet),
+		bus.WithHandler(func(context.Context, add, bus.Attributes) error { return nil })) // never replies
+	sendDeadline := bus.Middleware{Name: "send-deadline", Outgoing: func(ctx context.Context, _ *bus.Outgoing, next bus.Next) error {
+		ctx, cancel := context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+		return next(ctx)
+	}}
+	rb := start(t, requestreply.New(requestreply.WithDefaultTimeout(50*time.Millisecond)), bus.WithTransport(newT(t)), bus.WithLogger(quiet),
+		bus.WithMiddleware(sendDeadline), bus.WithRoute("calc", add{}))
+	done := make(chan error, 1)
+	go func() {
+		_, err := requestreply.Request[sum](context.Background(), rb, add{})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, requestreply.ErrTimeout) {
+			t.Fatalf("Request without a deadline: %v, want the default timeout", err)
+		}
+	case <-time.After(10 * time.Second): // the test's bound; the request's is 50ms
+		t.Fatal("Request without a deadline still waits 10s later: the default timeout of 50ms did not end the wait")
+	}
+}
+
 func TestStopEndsPendingRequests(t *testing.T) {
 	_, rb, p, _ := pair(t)
 	done := make(chan error, 1)

@@ -100,7 +100,10 @@ func (h *Harness[S]) deliver(m bus.Message, a bus.Attributes) error {
 
 // Advance moves the clock forward by d, delivering each timeout that falls
 // due on the way, in due order, with the clock at its due time. It stops
-// at the first handler error and returns it.
+// at the first handler error and returns it, the clock left at that
+// timeout's due time: the timeout stays pending, as a bus would retry it,
+// and the next Advance delivers it again (unless the error is permanent,
+// bus.Permanent: a bus dead-letters that one).
 func (h *Harness[S]) Advance(d time.Duration) error {
 	h.mu.Lock()
 	end := h.now.Add(d)
@@ -125,6 +128,11 @@ func (h *Harness[S]) Advance(d time.Duration) error {
 		}
 		h.mu.Unlock()
 		if err := h.deliver(t.Message, t.attrs); err != nil {
+			if !bus.IsPermanent(err) { // a permanent failure is dead-lettered by a bus
+				h.mu.Lock()
+				h.pending = append(h.pending, t) // its seq keeps its place among timeouts due at once
+				h.mu.Unlock()
+			}
 			return err
 		}
 	}

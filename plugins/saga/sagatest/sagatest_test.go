@@ -152,3 +152,42 @@ func TestFailedHandlerChangesNothing(t *testing.T) {
 		t.Fatal("a failed handler created an instance or sent")
 	}
 }
+
+// TestFailedTimeoutStaysPending: a timeout whose handler fails is not
+// lost (on a bus it would be retried): Advance returns the error with the
+// clock at the timeout's due time, the timeout is still pending, and the
+// next Advance delivers it again.
+func TestFailedTimeoutStaysPending(t *testing.T) {
+	fail := true
+	s := saga.New[Order]("flaky-timeout", nil)
+	saga.StartedBy(s, saga.By(func(m Placed) string { return m.OrderID }), func(c *saga.Context[Order], m Placed) error {
+		return c.RequestTimeout(time.Minute, PaymentOverdue(m))
+	})
+	saga.HandlesTimeout(s, func(c *saga.Context[Order], m PaymentOverdue) error {
+		if fail {
+			return errors.New("database down")
+		}
+		c.Complete()
+		return c.Publish(Cancelled(m))
+	})
+	h := sagatest.New(s, epoch)
+	if err := h.Deliver(Placed{OrderID: "o-3"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Advance(time.Hour); err == nil {
+		t.Fatal("Advance hid the timeout handler's error")
+	}
+	if !h.Now().Equal(epoch.Add(time.Minute)) {
+		t.Fatalf("clock %s after the failed timeout; want its due time", h.Now())
+	}
+	if ts := h.Timeouts(); len(ts) != 1 || ts[0].Key != "o-3" {
+		t.Fatalf("timeouts after a failed delivery: %+v; want the failed one still pending", ts)
+	}
+	fail = false
+	if err := h.Advance(0); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Messages(); len(got) != 1 || got[0] != (Cancelled{OrderID: "o-3"}) || h.Running("o-3") {
+		t.Fatalf("sent %v, running %v; want the timeout delivered again and the order cancelled", got, h.Running("o-3"))
+	}
+}
