@@ -18,6 +18,9 @@ import (
 // a [*BatchError] naming, by index in msgs, each message that was not
 // sent and why: the outgoing stage refused it, or the broker did not
 // confirm it. Nothing is reported as sent unless the broker confirmed it.
+// A call refused as a whole returns that error alone, and sends nothing:
+// [ErrClosed] on a stopped bus, and [ErrInvalidOption] (the refusal of
+// [WithMessageID] below, [To] given to PublishBatch).
 // Inside a handler of this bus the messages are buffered with the
 // handler's other sends, and the handler's flush sends them all as one
 // batch. [WithMessageID] would give every message one id: SendBatch
@@ -45,8 +48,14 @@ func (b *Bus) emitBatch(ctx context.Context, kind Kind, msgs []Message, opts []S
 	if b.state.Load() == stateClosed {
 		return ErrClosed
 	}
-	if len(msgs) > 1 && len(opts) > 0 && applySendOptions(opts).messageID != "" {
-		return fmt.Errorf("bus: %s batch: bus.WithMessageID would give all %d messages one id; send messages that need ids of their own one by one", kind, len(msgs))
+	if len(opts) > 0 {
+		cfg := applySendOptions(opts)
+		if len(msgs) > 1 && cfg.messageID != "" {
+			return fmt.Errorf("%w: %s batch: bus.WithMessageID would give all %d messages one id; send messages that need ids of their own one by one", ErrInvalidOption, kind, len(msgs))
+		}
+		if kind == KindPublish && cfg.to != "" {
+			return publishToError(cfg.to)
+		}
 	}
 	var failures []BatchFailure
 	batch := make([]Outbound, 0, len(msgs))

@@ -36,6 +36,14 @@ var (
 	ErrBatchIncomplete = errors.New("bus: messages of a batch were not sent")
 	// ErrPanic is matched by [*PanicError].
 	ErrPanic = errors.New("bus: panic")
+	// ErrInvalidMessage is returned by Send and Publish for a message they
+	// cannot send: nil (or a nil pointer), or one whose MessageName
+	// panics or is empty.
+	ErrInvalidMessage = errors.New("bus: invalid message")
+	// ErrInvalidOption is returned by Send and Publish for send options
+	// that do not fit the call: [To] given to a publish, one
+	// [WithMessageID] for a batch of several messages.
+	ErrInvalidOption = errors.New("bus: invalid send option")
 )
 
 // NextMisuseError is returned by a next function called when it may not

@@ -14,6 +14,11 @@ import (
 // (and without a middleware that needs an instance queue) connects a
 // transport that holds a connection ([Connector]) and runs the hooks. Send and Publish work during Start (from a Start hook, say) and
 // without it. A stopped bus cannot start again: build a new one.
+//
+// When a Start hook fails, Start runs the Stop hooks of the middleware it
+// started, in reverse, each bounded by [StopGrace] rather than by ctx, and
+// returns the error. The transport stays set up (connected): Start may be
+// called again, and Stop closes it.
 func (b *Bus) Start(ctx context.Context) error {
 	b.startStop.Lock()
 	defer b.startStop.Unlock()
@@ -39,7 +44,11 @@ func (b *Bus) Start(ctx context.Context) error {
 			continue
 		}
 		if err := m.Start(ctx); err != nil {
-			_ = b.stopMiddleware(ctx, i)
+			// As Stop runs them: bounded by StopGrace, not by ctx, which
+			// may be what ended (a hook that timed out).
+			hooksCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), StopGrace)
+			_ = b.stopMiddleware(hooksCtx, i)
+			cancel()
 			return fmt.Errorf("bus: starting middleware %q: %w", m.Name, err)
 		}
 	}

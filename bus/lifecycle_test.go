@@ -92,6 +92,38 @@ func TestFailingPluginStartStopsTheStartedOnes(t *testing.T) {
 	_ = b.Stop(t.Context())
 }
 
+// A Start hook that fails because Start's context ended still has the
+// hooks already started stopped with a context that has not ended (as
+// Stop runs them, bounded by StopGrace): a Stop hook that waits for its
+// work, or tells an out-of-process plugin to stop, can do it.
+func TestFailingPluginStartStopsTheStartedOnesPastItsContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var stopCtxErr error
+	stopped := false
+	b, err := bus.New(bus.WithLogger(discard()), bus.WithMiddleware(
+		bus.Middleware{Name: "ok", Start: func(context.Context) error { return nil }, Stop: func(ctx context.Context) error {
+			stopped, stopCtxErr = true, ctx.Err()
+			return nil
+		}},
+		bus.Middleware{Name: "slow", Start: func(ctx context.Context) error {
+			cancel() // Start's deadline passes while this hook waits
+			<-ctx.Done()
+			return ctx.Err()
+		}},
+	))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Start: %v", err)
+	}
+	if !stopped || stopCtxErr != nil {
+		t.Fatalf("started middleware stopped %v, with a context that had ended: %v", stopped, stopCtxErr)
+	}
+	_ = b.Stop(t.Context())
+}
+
 // A Start hook may send: Start does not hold what Send needs.
 func TestStartHookCanSend(t *testing.T) {
 	got := make(chan string, 1)

@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"runtime/debug"
 	"time"
 )
@@ -12,7 +13,8 @@ import (
 // Inside a handler of this bus the message inherits the handled message's
 // correlation id and sticky attributes and is buffered until the handler
 // succeeds; elsewhere (including in a handler of another bus) Send returns
-// once the transport accepted it.
+// once the transport accepted it. A nil msg, or a nil pointer in msg, is
+// refused with an error; a nil option is skipped.
 func (b *Bus) Send(ctx context.Context, msg Message, opts ...SendOption) error {
 	return b.emit(ctx, KindSend, msg, opts)
 }
@@ -34,14 +36,20 @@ func (b *Bus) emitInto(ctx context.Context, kind Kind, msg Message, opts []SendO
 	if b.state.Load() == stateClosed {
 		return ErrClosed
 	}
-	if msg == nil {
-		return fmt.Errorf("bus: %s: nil message", kind)
+	if isNil(msg) {
+		return fmt.Errorf("%w: %s of a nil %T", ErrInvalidMessage, kind, msg)
 	}
 	var cfg sendConfig
 	if len(opts) > 0 {
 		cfg = applySendOptions(opts)
+		if kind == KindPublish && cfg.to != "" {
+			return publishToError(cfg.to)
+		}
 	}
-	name := msg.MessageName()
+	name, err := messageName(msg)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrInvalidMessage, kind, err)
+	}
 	scope := scopeFrom(ctx, b)
 	dest := ""
 	if kind == KindSend {
@@ -240,11 +248,34 @@ func (b *Bus) transmit(ctx context.Context, m Outbound) error {
 func (b *Bus) Dispatch(ctx context.Context, m Outbound) error { return b.transmit(ctx, m) }
 
 // applySendOptions is apart from emit so that a send without options does
-// not move its config to the heap.
+// not move its config to the heap. A nil option is skipped, as New skips
+// a nil Option.
 func applySendOptions(opts []SendOption) sendConfig {
 	var o sendConfig
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	return o
+}
+
+// publishToError refuses [To] on a publish, which goes to every
+// subscriber: silently ignoring it would publish what the caller meant to
+// send to one endpoint.
+func publishToError(to string) error {
+	return fmt.Errorf("%w: bus.To(%q) given to a publish, which goes to every subscriber of the message; use Send for one endpoint", ErrInvalidOption, to)
+}
+
+// isNil reports whether msg is nil, or a nil pointer (map, slice…) in a
+// Message: its MessageName may panic, and it would encode as JSON null.
+func isNil(msg Message) bool {
+	if msg == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(msg); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
 }

@@ -3,6 +3,7 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -103,4 +104,92 @@ func (reservingTransport) ValidateHeaders(h bus.Headers) error {
 		return &bus.HeaderReservedError{Transport: "test", Header: "x-reserved"}
 	}
 	return nil
+}
+
+// shipmentNoted names itself through a pointer: a nil *shipmentNoted has
+// a name, and would encode as JSON null.
+type shipmentNoted struct {
+	OrderID string `json:"order_id"`
+}
+
+func (*shipmentNoted) MessageName() string { return "shop.shipment_noted" }
+
+// sendResult runs send, reporting a panic as an error for the test.
+func sendResult(send func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panicked: %v", p)
+		}
+	}()
+	return send()
+}
+
+// Send, Publish and the batches refuse a nil pointer as a message with an
+// error, as they do a nil interface, whatever its MessageName does with
+// it: none panics in the caller, and none sends a body of JSON null. A
+// nil SendOption is skipped, as bus.New skips a nil Option.
+func TestSendRefusesANilPointerMessageAndSkipsANilOption(t *testing.T) {
+	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m chargeCard, a bus.Attributes) error { return nil }))
+	ctx := t.Context()
+	var byValue *chargeCard      // its MessageName dereferences the pointer
+	var byPointer *shipmentNoted // its MessageName does not
+	for _, tc := range []struct {
+		name string
+		send func() error
+	}{
+		{"Send of a nil *T, MessageName on T", func() error { return e.bus.Send(ctx, byValue, bus.To("elsewhere")) }},
+		{"Send of a nil *T, MessageName on *T", func() error { return e.bus.Send(ctx, byPointer, bus.To("elsewhere")) }},
+		{"Publish of a nil *T", func() error { return e.bus.Publish(ctx, byPointer) }},
+	} {
+		if err := sendResult(tc.send); !errors.Is(err, bus.ErrInvalidMessage) || !strings.Contains(err.Error(), "nil") {
+			t.Errorf("%s: %v, want bus.ErrInvalidMessage for a nil message", tc.name, err)
+		}
+	}
+	err := sendResult(func() error {
+		return e.bus.SendBatch(ctx, []bus.Message{chargeCard{OrderID: "1"}, byValue, byPointer, chargeCard{OrderID: "2"}}, bus.To("elsewhere"))
+	})
+	var be *bus.BatchError
+	if !errors.As(err, &be) || len(be.Failures) != 2 || be.Failures[0].Index != 1 || be.Failures[1].Index != 2 || !errors.Is(be.Failures[0].Err, bus.ErrInvalidMessage) {
+		t.Errorf("SendBatch with nil pointers at 1 and 2: %v", err)
+	}
+	if err := sendResult(func() error { return e.bus.Send(ctx, chargeCard{OrderID: "3"}, bus.To("elsewhere"), nil) }); err != nil {
+		t.Errorf("Send with a nil option: %v", err)
+	}
+	if got := e.chargesSentTo("elsewhere"); !slices.Equal(got, []string{"1", "2", "3"}) {
+		t.Errorf("sent %v, want [1 2 3]", got)
+	}
+	for _, s := range e.rec.Sent() {
+		if string(s.Envelope.Body) == "null" {
+			t.Errorf("sent %s with a body of null", s.Envelope.Name)
+		}
+	}
+}
+
+// bus.To names one endpoint; a publish goes to every subscriber. Publish
+// and PublishBatch refuse it with bus.ErrInvalidOption and publish
+// nothing, rather than ignore it and publish what the caller meant for
+// one endpoint; a batch's one WithMessageID is refused the same way.
+func TestPublishRefusesTo(t *testing.T) {
+	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m chargeCard, a bus.Attributes) error { return nil }))
+	ctx := t.Context()
+	for name, publish := range map[string]func() error{
+		"Publish":      func() error { return e.bus.Publish(ctx, chargeCard{OrderID: "1"}, bus.To("billing")) },
+		"PublishBatch": func() error { return e.bus.PublishBatch(ctx, []bus.Message{chargeCard{OrderID: "2"}}, bus.To("billing")) },
+	} {
+		err := publish()
+		if !errors.Is(err, bus.ErrInvalidOption) || !strings.Contains(err.Error(), `bus.To("billing")`) {
+			t.Errorf("%s with bus.To: %v, want bus.ErrInvalidOption naming it", name, err)
+		}
+		var be *bus.BatchError
+		if errors.As(err, &be) {
+			t.Errorf("%s with bus.To: a batch error %v, want the call refused as a whole", name, err)
+		}
+	}
+	err := e.bus.SendBatch(ctx, []bus.Message{chargeCard{OrderID: "3"}, chargeCard{OrderID: "4"}}, bus.To("billing"), bus.WithMessageID("one"))
+	if !errors.Is(err, bus.ErrInvalidOption) {
+		t.Errorf("SendBatch of two with one WithMessageID: %v, want bus.ErrInvalidOption", err)
+	}
+	if sent := e.rec.Sent(); len(sent) != 0 {
+		t.Errorf("sent %d messages, want none", len(sent))
+	}
 }
