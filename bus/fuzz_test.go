@@ -213,6 +213,8 @@ func FuzzReceive(f *testing.F) {
 		{"fuzz.order", "application/json", ``, 1, false},
 		{"fuzz.order", "application/json", `{"any":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, 1, false},
 		{"fuzz.order", "text/plain", `{"id":"o-1"}`, 1, false},
+		{"fuzz.order", "application/json; charset=UTF-8", `{"id":"o-1"}`, 1, false},
+		{"fuzz.order", "application/json; charset=latin1", `{"id":"o-1"}`, 1, false},
 		{"fuzz.order", "application/json", "{\"id\":\"\xff\xfe\"}", 1, false},
 		{"fuzz.refund", "application/json", `{"order_id":"o-1","reasons":["late"],"nested":{"depth":1}}`, 1, false},
 		{"fuzz.refund", "application/json", `{"nested":"deep"}`, 1, false},
@@ -253,7 +255,7 @@ func FuzzReceive(f *testing.F) {
 		orders, refunds := h.take()
 		want := max(attempt, 1)
 		msg, handled, decodeErr := decodeLikeTheBus(name, body)
-		poison := unreadable || name == "" || !handled || (contentType != "" && contentType != "application/json") || decodeErr != nil
+		poison := unreadable || name == "" || !handled || !bus.ContentTypeMatches(contentType, "application/json") || decodeErr != nil
 		if poison {
 			if s.op != "fail" || s.failure.Attempts != want || s.failure.Endpoint != "fuzz" || s.failure.Reason == "" {
 				t.Fatalf("poison message settled with %s %+v, want fail at attempt %d with a reason", s.op, s.failure, want)

@@ -146,7 +146,7 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 		}
 		return &NoHandlerError{Message: d.Name, Endpoint: b.endpoint}
 	}
-	if d.ContentType != "" && d.ContentType != b.contentType {
+	if !ContentTypeMatches(d.ContentType, b.contentType) {
 		return &DecodeError{Message: d.Name, Type: handlers[0].typeName, Err: fmt.Errorf("content type %q, the bus's serializer reads %q", d.ContentType, b.contentType)}
 	}
 	var small [4]any

@@ -3,6 +3,8 @@ package bus
 import (
 	"bytes"
 	"encoding/json"
+	"mime"
+	"strings"
 	"sync"
 )
 
@@ -12,6 +14,48 @@ type Serializer interface {
 	ContentType() string
 	Marshal(v any) ([]byte, error)
 	Unmarshal(data []byte, v any) error
+}
+
+// ContentTypeMatches reports whether a message of content type got can be
+// read by a serializer whose content type is want, as the bus decides
+// before decoding: an empty got matches (the producer named none); else
+// the media types are equal, ignoring case, and so are their parameters,
+// a charset compared ignoring case and absent counting as UTF-8. So
+// "application/json; charset=utf-8" and "Application/JSON" match
+// "application/json"; "application/json; charset=latin1", a malformed
+// type and "text/plain" do not.
+func ContentTypeMatches(got, want string) bool {
+	if got == "" || got == want {
+		return true
+	}
+	gotType, gotParams, err := mime.ParseMediaType(got)
+	if err != nil {
+		return false
+	}
+	wantType, wantParams, err := mime.ParseMediaType(want)
+	if err != nil || gotType != wantType { // ParseMediaType lowers the type's case
+		return false
+	}
+	charset := func(p map[string]string) string {
+		if c, ok := p["charset"]; ok {
+			return strings.ToLower(c)
+		}
+		return "utf-8"
+	}
+	if charset(gotParams) != charset(wantParams) {
+		return false
+	}
+	delete(gotParams, "charset")
+	delete(wantParams, "charset")
+	if len(gotParams) != len(wantParams) {
+		return false
+	}
+	for k, v := range gotParams {
+		if w, ok := wantParams[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
 }
 
 // JSON is the default serializer: encoding/json.

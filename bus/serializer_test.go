@@ -1,6 +1,7 @@
 package bus_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +12,9 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
 	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/transports/memory"
 )
 
 type jsonOrder struct {
@@ -308,5 +311,65 @@ func BenchmarkJSONUnmarshal(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// The bus reads a message whose content type differs from its
+// serializer's only in how it is written: case, a UTF-8 charset (what
+// other JSON producers add), spaces.
+func TestContentTypeMatches(t *testing.T) {
+	for _, tc := range []struct {
+		got, want string
+		match     bool
+	}{
+		{"", "application/json", true},
+		{"application/json", "application/json", true},
+		{"application/json; charset=utf-8", "application/json", true},
+		{"Application/JSON;Charset=UTF-8", "application/json", true},
+		{"application/json ; charset=\"utf-8\"", "application/json", true},
+		{"application/json", "application/json; charset=utf-8", true},
+		{"application/json; charset=latin1", "application/json", false},
+		{"application/json; profile=x", "application/json", false},
+		{"application/x-protobuf; type=a", "application/x-protobuf; type=a", true},
+		{"application/x-protobuf; type=a", "application/x-protobuf; type=b", false},
+		{"text/plain", "application/json", false},
+		{"application/json;", "application/json", true},
+		{"application/json; charset", "application/json", false},
+		{"/json", "application/json", false},
+	} {
+		if got := bus.ContentTypeMatches(tc.got, tc.want); got != tc.match {
+			t.Errorf("ContentTypeMatches(%q, %q) = %v, want %v", tc.got, tc.want, got, tc.match)
+		}
+	}
+}
+
+// A message from a producer that writes the bus's content type with a
+// UTF-8 charset is handled; one in another charset is dead-lettered at
+// once, its reason naming both types.
+func TestContentTypeWithACharset(t *testing.T) {
+	handled := make(chan string, 2)
+	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+		handled <- m.ID
+		return nil
+	}))
+	raw := memory.New(memory.WithBroker(e.broker))
+	for id, ct := range map[string]string{"utf8": "application/json; charset=utf-8", "latin1": "application/json; charset=ISO-8859-1"} {
+		env := &bus.Envelope{Name: "shop.order_placed", ContentType: ct, Body: []byte(`{"id":"` + id + `"}`),
+			Attributes: bus.NewAttributes("m-"+id, "c", fixedTime(), nil, nil)}
+		if err := raw.Send(t.Context(), env, "ep"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outcomes := map[bustest.Outcome]bustest.Settlement{}
+	for range 2 {
+		s := e.next()
+		outcomes[s.Outcome] = s
+	}
+	if s, ok := outcomes[bustest.Deleted]; !ok || s.Envelope.Attributes.MessageID != "m-utf8" || <-handled != "utf8" {
+		t.Fatalf("settlements %+v, want m-utf8 handled", outcomes)
+	}
+	if s, ok := outcomes[bustest.DeadLettered]; !ok || s.Envelope.Attributes.MessageID != "m-latin1" || s.Attempt != 1 ||
+		!strings.Contains(s.Failure.Reason, `"application/json; charset=ISO-8859-1"`) || !strings.Contains(s.Failure.Reason, `"application/json"`) {
+		t.Fatalf("settlements %+v, want m-latin1 dead-lettered at once naming both types", outcomes)
 	}
 }

@@ -95,7 +95,7 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 		if m.Name() != want {
 			return &ReplyTypeError{Want: want, Got: m.Name()}
 		}
-		if ct := m.ContentType(); ct != "" && ct != ser.ContentType() {
+		if ct := m.ContentType(); !bus.ContentTypeMatches(ct, ser.ContentType()) {
 			return &bus.DecodeError{Message: m.Name(), Type: reflect.TypeFor[Resp]().String(),
 				Err: fmt.Errorf("content type %q, the bus's serializer reads %q: the requesting and responding buses need the same bus.WithSerializer", ct, ser.ContentType())}
 		}
