@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -24,6 +25,7 @@ type broker struct {
 	sqs                 bool
 	sqsEndpoint, prefix string
 	region              string
+	connectTimeout      time.Duration
 }
 
 func (b *broker) flags(fs *flag.FlagSet) {
@@ -33,6 +35,7 @@ func (b *broker) flags(fs *flag.FlagSet) {
 	fs.StringVar(&b.sqsEndpoint, "sqs-endpoint", os.Getenv("PLUGBUS_SQS_ENDPOINT"), "SQS: the endpoint URL, for an emulator (default $PLUGBUS_SQS_ENDPOINT)")
 	fs.StringVar(&b.prefix, "sqs-prefix", "", "SQS: the bus's queue name prefix (sqs.WithPrefix)")
 	fs.StringVar(&b.region, "sqs-region", "", "SQS: the AWS region, when not configured otherwise")
+	fs.DurationVar(&b.connectTimeout, "connect-timeout", 15*time.Second, "RabbitMQ: give up when the broker does not answer within this time")
 }
 
 // managed is an open transport that manages dead letters.
@@ -53,7 +56,11 @@ func (b *broker) open(ctx context.Context, stderr io.Writer) (managed, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := t.Connect(ctx); err != nil {
+		// The transport retries for ever, as a bus should; a command gives up.
+		cctx, cancel := context.WithTimeout(ctx, b.connectTimeout)
+		defer cancel()
+		if err := t.Connect(cctx); err != nil {
+			_ = t.Close(context.WithoutCancel(ctx))
 			return nil, err
 		}
 		return t, nil

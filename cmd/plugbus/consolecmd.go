@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 
@@ -22,8 +24,24 @@ func runConsole(ctx context.Context, io stdio, args []string) error {
 	readOnly := fs.Bool("read-only", false, "show, but refuse every replay and delete")
 	endpoints := fs.String("endpoints", "", "comma-separated endpoints to show (RabbitMQ cannot list its queues)")
 	user := fs.String("user", userName(), "who replays, recorded with each replayed message")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return nil
+	} else if err != nil {
 		return fmt.Errorf("console: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("console: unexpected argument %q (endpoints are given with -endpoints a,b)", fs.Arg(0))
+	}
+	// Listen first, so that a busy port or an address that needs a token
+	// (console.Serve checks it) fails before the broker is dialled and
+	// before the console says where it serves.
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("console: %w", err)
+	}
+	defer func() { _ = ln.Close() }()
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); *token == "" && !net.ParseIP(host).IsLoopback() {
+		return fmt.Errorf("console: address %s: %w", *addr, console.ErrTokenRequired)
 	}
 	t, err := b.open(ctx, io.err)
 	if err != nil {
@@ -51,5 +69,5 @@ func runConsole(ctx context.Context, io stdio, args []string) error {
 		url += "?token=…"
 	}
 	fmt.Fprintf(io.out, "plugbus console on %s (Ctrl-C stops it)\n", url)
-	return c.ListenAndServe(ctx, *addr)
+	return c.Serve(ctx, ln)
 }

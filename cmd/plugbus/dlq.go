@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/user"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -27,7 +28,8 @@ commands:
   purge     delete the selected dead letters
 
 replay and purge need a selection: IDs, a filter, or -all. -dry-run lists
-what they would do. Run 'plugbus dlq <command> -h' for the flags.
+what they would do. Flags may follow the IDs; after "--" every argument is
+an ID. Run 'plugbus dlq <command> -h' for the flags.
 `
 
 // stdio is where a command writes; terminal is true when stderr is a
@@ -56,7 +58,7 @@ func (d *dlqFlags) flagSet(cmd string, w io.Writer) *flag.FlagSet {
 	fs.StringVar(&d.f.Reason, "error", "", "select failures whose error text contains this, regardless of case")
 	fs.StringVar(&d.since, "since", "", "select failures at or after this time: RFC 3339, or a duration ago (2h)")
 	fs.StringVar(&d.until, "until", "", "select failures before this time: RFC 3339, or a duration ago")
-	fs.IntVar(&d.f.Limit, "limit", 0, "select at most this many (0: all)")
+	fs.IntVar(&d.f.Limit, "limit", 0, "select at most this many (0: no limit)")
 	fs.StringVar(&d.output, "o", "table", "output: table or json")
 	if cmd == "replay" || cmd == "purge" {
 		fs.BoolVar(&d.all, "all", false, "select every dead letter of the endpoint")
@@ -100,28 +102,12 @@ func runDLQ(ctx context.Context, io stdio, args []string) error {
 		fmt.Fprint(io.out, dlqUsage)
 		return fmt.Errorf("dlq: unknown command %q", cmd)
 	}
-	var d dlqFlags
-	fs := d.flagSet(cmd, io.err)
-	if err := fs.Parse(args[1:]); err != nil {
-		return fmt.Errorf("dlq %s: %w", cmd, err)
+	d, err := parseDLQ(cmd, args[1:], io.err)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
 	}
-	d.f.IDs = fs.Args()
-	now := time.Now()
-	var err error
-	if d.f.Since, err = parseTime("since", d.since, now); err != nil {
-		return fmt.Errorf("dlq %s: %w", cmd, err)
-	}
-	if d.f.Until, err = parseTime("until", d.until, now); err != nil {
-		return fmt.Errorf("dlq %s: %w", cmd, err)
-	}
-	if d.output != "table" && d.output != "json" {
-		return fmt.Errorf("dlq %s: -o %q: want table or json", cmd, d.output)
-	}
-	if d.f.Endpoint == "" {
-		return fmt.Errorf("dlq %s: -endpoint is required", cmd)
-	}
-	if (cmd == "replay" || cmd == "purge") && !d.all && d.selectsAll() {
-		return fmt.Errorf("dlq %s: nothing selected: give IDs, a filter (-name, -error, -since, -until, -limit) or -all", cmd)
+	if err != nil {
+		return err
 	}
 	t, err := d.broker.open(ctx, io.err)
 	if err != nil {
@@ -130,15 +116,73 @@ func runDLQ(ctx context.Context, io stdio, args []string) error {
 	defer func() { _ = t.Close(context.WithoutCancel(ctx)) }()
 	switch cmd {
 	case "list":
-		return list(ctx, io, t, d.f, d.output)
+		err = list(ctx, io, t, d.f, d.output)
 	case "show":
-		return show(ctx, io, t, d.f, d.output)
+		err = show(ctx, io, t, d.f, d.output)
+	default:
+		by := d.by
+		if by == "" {
+			by = userName()
+		}
+		err = bulk(ctx, io, t, cmd, d.f, bus.Replay{To: d.to, By: by}, d.dryRun, d.output)
 	}
-	by := d.by
-	if by == "" {
-		by = userName()
+	if err != nil {
+		return fmt.Errorf("dlq %s: %w", cmd, err)
 	}
-	return bulk(ctx, io, t, cmd, d.f, bus.Replay{To: d.to, By: by}, d.dryRun, d.output)
+	return nil
+}
+
+// parseDLQ reads the flags and IDs of `plugbus dlq cmd`.
+func parseDLQ(cmd string, args []string, w io.Writer) (*dlqFlags, error) {
+	var d dlqFlags
+	fs := d.flagSet(cmd, w)
+	ids, err := parseInterspersed(fs, args)
+	if err != nil {
+		return nil, fmt.Errorf("dlq %s: %w", cmd, err)
+	}
+	d.f.IDs = ids
+	now := time.Now()
+	if d.f.Since, err = parseTime("since", d.since, now); err != nil {
+		return nil, fmt.Errorf("dlq %s: %w", cmd, err)
+	}
+	if d.f.Until, err = parseTime("until", d.until, now); err != nil {
+		return nil, fmt.Errorf("dlq %s: %w", cmd, err)
+	}
+	if d.output != "table" && d.output != "json" {
+		return nil, fmt.Errorf("dlq %s: -o %q: want table or json", cmd, d.output)
+	}
+	if d.f.Endpoint == "" {
+		return nil, fmt.Errorf("dlq %s: -endpoint is required", cmd)
+	}
+	if d.f.Limit < 0 {
+		return nil, fmt.Errorf("dlq %s: -limit %d: want a number of dead letters above zero (0: no limit)", cmd, d.f.Limit)
+	}
+	if (cmd == "replay" || cmd == "purge") && !d.all && d.selectsAll() {
+		return nil, fmt.Errorf("dlq %s: nothing selected: give IDs, a filter (-name, -error, -since, -until, -limit) or -all", cmd)
+	}
+	return &d, nil
+}
+
+// parseInterspersed parses args with fs, flags before, between and after
+// the positional arguments (the dead letters' IDs), which it returns; after
+// "--" every argument is positional. flag.FlagSet.Parse alone stops at the
+// first ID, and a flag after it (`purge ID -dry-run`) was taken for an ID.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
 }
 
 // selectsAll reports whether the filter selects every dead letter.
@@ -197,11 +241,18 @@ func show(ctx context.Context, io stdio, m bus.DeadLetterManager, f bus.DeadLett
 	if err != nil {
 		return err
 	}
+	if len(dls) == 0 && len(f.IDs) == 0 {
+		return fmt.Errorf("no dead letter of %s selected", f.Endpoint)
+	}
+	missing := missingIDs(f, dls)
 	if len(dls) == 0 {
-		return fmt.Errorf("dlq show: no dead letter of %s selected", f.Endpoint)
+		return missing
 	}
 	if output == "json" {
-		return writeJSON(io.out, dls)
+		if err := writeJSON(io.out, dls); err != nil {
+			return err
+		}
+		return missing
 	}
 	for i, dl := range dls {
 		if i > 0 {
@@ -235,7 +286,30 @@ func show(ctx context.Context, io stdio, m bus.DeadLetterManager, f bus.DeadLett
 		_ = tw.Flush()
 		fmt.Fprintf(io.out, "Body:\n%s\n", v.PrettyBody())
 	}
-	return nil
+	return missing
+}
+
+// missingIDs returns an error naming the IDs of f that selected no dead
+// letter of dls (the dead letters f selected), or nil.
+func missingIDs(f bus.DeadLetterFilter, dls []bus.DeadLetter) error {
+	if len(f.IDs) == 0 || f.Full(len(dls)) {
+		return nil
+	}
+	found := make(map[string]bool, len(dls))
+	for _, dl := range dls {
+		found[dl.ID] = true
+	}
+	var missing []string
+	for _, id := range f.IDs {
+		if !found[id] {
+			found[id] = true
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("no dead letter of %s with ID %s (or the filter excludes it)", f.Endpoint, strings.Join(missing, ", "))
 }
 
 // bulk replays or purges what f selects, with a progress bar on a
@@ -249,13 +323,22 @@ func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f 
 	if err != nil {
 		return err
 	}
+	// IDs of which some select nothing are a typo or dead letters another
+	// operation took: do nothing, and say which.
+	missing := missingIDs(f, selected)
 	if dryRun {
 		if output == "json" {
-			return writeJSON(io.out, selected)
+			if err := writeJSON(io.out, selected); err != nil {
+				return err
+			}
+		} else {
+			writeTable(io.out, selected)
+			fmt.Fprintf(io.out, "dry run: would %s %d dead letters of %s\n", verb, len(selected), f.Endpoint)
 		}
-		writeTable(io.out, selected)
-		fmt.Fprintf(io.out, "dry run: would %s %d dead letters of %s\n", verb, len(selected), f.Endpoint)
-		return nil
+		return missing
+	}
+	if missing != nil {
+		return fmt.Errorf("%w: nothing done", missing)
 	}
 	if len(selected) == 0 {
 		fmt.Fprintf(io.out, "no dead letter of %s selected: nothing to %s\n", f.Endpoint, verb)
@@ -301,6 +384,9 @@ func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f 
 		return err
 	}
 	fmt.Fprintf(io.out, "%s %d of %d dead letters of %s%s in %v\n", did, n, len(selected), f.Endpoint, to, elapsed)
+	if n < len(selected) {
+		return fmt.Errorf("%d of the %d dead letters selected were not %s (gone meanwhile, or one with the same ID was): list them again", len(selected)-n, len(selected), did)
+	}
 	return nil
 }
 

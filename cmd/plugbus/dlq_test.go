@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/console"
 	"github.com/plugbus/plugbus/internal/dltest"
 	"github.com/plugbus/plugbus/internal/dlview"
 	"github.com/plugbus/plugbus/internal/testenv"
@@ -163,5 +167,111 @@ func TestBulkReplayShowsProgressAndSummary(t *testing.T) {
 	}
 	if errw.Len() != 0 || !strings.Contains(out.String(), "nothing to delete") {
 		t.Errorf("purge of nothing, not on a terminal: stderr %q, stdout %q", errw.String(), out.String())
+	}
+}
+
+// Flags after the IDs are flags, as in `plugbus dlq purge -endpoint e ID
+// -dry-run`: read as IDs, the -dry-run was ignored and the dead letter
+// purged. "--" ends the flags.
+func TestDLQFlagsAfterIDs(t *testing.T) {
+	d, err := parseDLQ("purge", []string{"-endpoint", "orders", "id-1", "-dry-run", "id-2", "-o", "json"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.dryRun || d.output != "json" || !slices.Equal(d.f.IDs, []string{"id-1", "id-2"}) {
+		t.Errorf("dry run %v, output %q, IDs %q; want true, json, [id-1 id-2]", d.dryRun, d.output, d.f.IDs)
+	}
+	d, err = parseDLQ("show", []string{"-endpoint", "orders", "--", "-odd-id", "-o"}, io.Discard)
+	if err != nil || d.output != "table" || !slices.Equal(d.f.IDs, []string{"-odd-id", "-o"}) {
+		t.Errorf("after --: %v, output %q, IDs %q; want the IDs -odd-id and -o", err, d.output, d.f.IDs)
+	}
+}
+
+// A replay or purge of IDs of which some are not dead letters of the
+// endpoint does nothing and says which; show prints those it found and
+// fails. All used to exit 0 ("nothing to replay"), a typo unnoticed.
+func TestDLQUnknownIDs(t *testing.T) {
+	ctx := t.Context()
+	tr := memory.New()
+	defer func() { _ = tr.Close(ctx) }()
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ids", MaxAttempts: 1, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	dltest.Make(ctx, t, tr, "ids", dltest.Message{Name: "ids.job", Body: `{}`, Reason: "down"})
+	dls, err := tr.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: "ids"})
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("%d dead letters (%v)", len(dls), err)
+	}
+	known := dls[0].ID
+	for _, cmd := range []string{"replay", "purge"} {
+		for _, ids := range [][]string{{"no-such-id"}, {known, "no-such-id"}} {
+			var out bytes.Buffer
+			f := bus.DeadLetterFilter{Endpoint: "ids", IDs: ids}
+			err := bulk(ctx, stdio{out: &out, err: io.Discard}, tr, cmd, f, bus.Replay{By: "test"}, false, "table")
+			if err == nil || !strings.Contains(err.Error(), "no-such-id") {
+				t.Errorf("%s %v: %v, want an error naming no-such-id (stdout %q)", cmd, ids, err, out.String())
+			}
+			if n, _ := tr.CountDeadLetters(ctx, "ids"); n != 1 {
+				t.Fatalf("%s %v: %d dead letters left, want 1: nothing done", cmd, ids, n)
+			}
+		}
+	}
+	var out bytes.Buffer
+	err = show(ctx, stdio{out: &out, err: io.Discard}, tr, bus.DeadLetterFilter{Endpoint: "ids", IDs: []string{known, "no-such-id"}}, "table")
+	if err == nil || !strings.Contains(err.Error(), "no-such-id") || !strings.Contains(out.String(), known) {
+		t.Errorf("show of a known and an unknown ID: %v, want an error naming no-such-id after showing %s:\n%s", err, known, out.String())
+	}
+}
+
+// A negative -limit selected every dead letter (the filter reads only a
+// limit above zero) and so passed for a selection: `purge -limit -1`
+// purged the queue without -all.
+func TestDLQRefusesNegativeLimit(t *testing.T) {
+	for _, cmd := range []string{"list", "purge", "replay"} {
+		_, err := parseDLQ(cmd, []string{"-endpoint", "e", "-limit", "-1"}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "-limit") {
+			t.Errorf("%s -limit -1: %v, want a refusal", cmd, err)
+		}
+	}
+}
+
+// A broker that does not answer ends the command with an error once
+// -connect-timeout has passed; it used to retry for ever.
+func TestDLQUnreachableBroker(t *testing.T) {
+	for _, args := range [][]string{
+		{"dlq", "list", "-endpoint", "e", "-rabbitmq", "amqp://guest:guest@127.0.0.1:1/", "-connect-timeout", "500ms"},
+		{"console", "-rabbitmq", "amqp://guest:guest@127.0.0.1:1/", "-connect-timeout", "500ms"},
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		start := time.Now()
+		var out, errw bytes.Buffer
+		err := run(ctx, args, stdio{out: &out, err: &errw})
+		expired := ctx.Err()
+		cancel()
+		if err == nil || expired != nil || !strings.Contains(err.Error(), "127.0.0.1:1") {
+			t.Errorf("%v: %v after %v, want an error naming the broker within a few seconds", args, err, time.Since(start))
+		}
+	}
+}
+
+// -h prints the flags and succeeds; a stray argument to console is refused.
+func TestHelpAndStrayArguments(t *testing.T) {
+	for _, args := range [][]string{{"dlq", "list", "-h"}, {"console", "-h"}} {
+		if _, err := cli(t, args...); err != nil {
+			t.Errorf("%v: %v, want success", args, err)
+		}
+	}
+	if _, err := cli(t, "console", "-rabbitmq", "amqp://guest:guest@127.0.0.1:1/", "orders"); err == nil || !strings.Contains(err.Error(), "orders") {
+		t.Errorf("console with a stray argument: %v, want a refusal naming it", err)
+	}
+}
+
+// console refuses an address beyond loopback without a token before it
+// says it serves there (it printed "plugbus console on http://0.0.0.0:…"
+// and then failed).
+func TestConsoleRefusesAddressWithoutToken(t *testing.T) {
+	out, err := cli(t, "console", "-addr", "0.0.0.0:0", "-rabbitmq", "amqp://guest:guest@127.0.0.1:1/", "-connect-timeout", "100ms")
+	if !errors.Is(err, console.ErrTokenRequired) || strings.Contains(out, "console on") {
+		t.Errorf("console -addr 0.0.0.0:0 without a token: %v, stdout %q; want console.ErrTokenRequired and nothing said", err, out)
 	}
 }
