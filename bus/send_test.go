@@ -173,8 +173,10 @@ func TestPublishRefusesTo(t *testing.T) {
 	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m chargeCard, a bus.Attributes) error { return nil }))
 	ctx := t.Context()
 	for name, publish := range map[string]func() error{
-		"Publish":      func() error { return e.bus.Publish(ctx, chargeCard{OrderID: "1"}, bus.To("billing")) },
-		"PublishBatch": func() error { return e.bus.PublishBatch(ctx, []bus.Message{chargeCard{OrderID: "2"}}, bus.To("billing")) },
+		"Publish": func() error { return e.bus.Publish(ctx, chargeCard{OrderID: "1"}, bus.To("billing")) },
+		"PublishBatch": func() error {
+			return e.bus.PublishBatch(ctx, []bus.Message{chargeCard{OrderID: "2"}}, bus.To("billing"))
+		},
 	} {
 		err := publish()
 		if !errors.Is(err, bus.ErrInvalidOption) || !strings.Contains(err.Error(), `bus.To("billing")`) {
