@@ -28,6 +28,11 @@ type delayRecorder struct {
 	delays []time.Duration
 	asked  chan time.Duration
 	failed chan bus.Failure
+	// returning, when set (before the bus starts), runs in ReturnAfter
+	// before the message is handed back: what it changes is seen by the
+	// delivery after the delay, which a test told on asked may not reach
+	// in time (a delay drawn with jitter can be next to nothing).
+	returning func()
 }
 
 func newDelayRecorder() *delayRecorder {
@@ -55,6 +60,9 @@ func (r *delayRecorder) ReturnAfter(ctx context.Context, d *bus.Delivery, cause 
 	r.delays = append(r.delays, delay)
 	r.mu.Unlock()
 	r.asked <- delay
+	if r.returning != nil {
+		r.returning()
+	}
 	return r.Transport.ReturnAfter(ctx, d, cause, delay)
 }
 
@@ -110,6 +118,10 @@ func TestRetryPolicyRunsRoundsThenDeadLettersWithTheHistory(t *testing.T) {
 func TestTransientFailureIsHealedByADelayedRetry(t *testing.T) {
 	tr := newDelayRecorder()
 	var healthy atomic.Bool
+	// The first round is used up when the bus asks for a delay: the
+	// dependency comes back then, before the message is returned for the
+	// delay (its jitter may make it next to nothing).
+	tr.returning = func() { healthy.Store(true) }
 	handled := make(chan struct{}, 1)
 	mw, seen := attemptsOf()
 	policy := bus.RetryPolicy{Immediate: 2, Delayed: 3, Backoff: bus.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}}
@@ -124,8 +136,6 @@ func TestTransientFailureIsHealedByADelayedRetry(t *testing.T) {
 	if err := startSender(t, tr.Broker()).Send(t.Context(), orderPlaced{ID: "1"}, bus.To("healed")); err != nil {
 		t.Fatal(err)
 	}
-	await(t, tr.asked) // the first round is used up: the dependency comes back during the delay
-	healthy.Store(true)
 	await(t, handled) // after the dependency came back
 	var attempts []int
 	for len(seen) > 0 {

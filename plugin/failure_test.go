@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -200,7 +201,14 @@ func TestKilledFailClosed(t *testing.T) {
 }
 
 func TestKilledFailOpen(t *testing.T) {
-	p := load(t, "pass", plugin.WithFailurePolicy(plugin.FailOpen), plugin.WithRestartDelay(300*time.Millisecond))
+	// The restart is held until the deliveries below were made while the
+	// process is down: however late the test runs, the process is not back
+	// (after its 300ms) to handle one of them.
+	rec, logger := newRecorder(t)
+	hold := holdFailure{logger.Handler(), make(chan struct{})}
+	release := sync.OnceFunc(func() { close(hold.release) })
+	p := load(t, "pass", plugin.WithLogger(slog.New(hold)), plugin.WithFailurePolicy(plugin.FailOpen), plugin.WithRestartDelay(300*time.Millisecond))
+	t.Cleanup(release) // before the plugin closes: its watcher may be held
 	b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
 		bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { return nil }))
 	if err != nil {
@@ -211,7 +219,10 @@ func TestKilledFailOpen(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the crash to be noticed", func() bool { return p.PID() == 0 })
+	rec.await(t, msgFailed) // the crash is noticed; its restart is held
+	if pid := p.PID(); pid != 0 {
+		t.Fatalf("PID %d while the process is down", pid)
+	}
 	for range 3 {
 		if err := b.Deliver(ctx, delivery(t, Ping{}, nil)); err != nil {
 			t.Fatalf("fail-open delivery: %v", err)
@@ -220,6 +231,7 @@ func TestKilledFailOpen(t *testing.T) {
 	if s := p.Stats(); s.Skipped != 3 {
 		t.Fatalf("stats %+v, want 3 skipped", s)
 	}
+	release()
 	waitFor(t, "the plugin restarted", func() bool { return p.PID() != 0 })
 	if err := b.Deliver(ctx, delivery(t, Ping{}, nil)); err != nil {
 		t.Fatal(err)

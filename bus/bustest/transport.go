@@ -30,6 +30,10 @@ type Transport struct {
 	// until it is recorded, so that a message the act gives back is not
 	// settled again, by another worker, and recorded first.
 	settling sync.Mutex
+	// sending is held from a send or publish on the memory transport until
+	// it is recorded, so that a message it put on a queue is not received
+	// by another worker, whose handler's sends are recorded first.
+	sending sync.Mutex
 
 	mu       sync.Mutex
 	sent     []Sent
@@ -245,6 +249,8 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 
 // Send hands env to the memory transport and records it.
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
+	t.sending.Lock()
+	defer t.sending.Unlock()
 	if err := t.memory.Send(ctx, env, to); err != nil {
 		return err
 	}
@@ -254,6 +260,8 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) erro
 
 // Publish hands env to the memory transport and records it.
 func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
+	t.sending.Lock()
+	defer t.sending.Unlock()
 	if err := t.memory.Publish(ctx, env); err != nil {
 		return err
 	}

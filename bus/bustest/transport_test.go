@@ -2,6 +2,7 @@ package bustest_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -325,5 +326,38 @@ func TestSettlementsOfOneMessageAreRecordedInOrder(t *testing.T) {
 	}
 	if s[attempts-1].Outcome != bustest.DeadLettered {
 		t.Fatalf("last settlement %s, want dead-lettered", s[attempts-1].Outcome)
+	}
+}
+
+// Sent messages are recorded in the order the memory transport accepted
+// them: a message sent by a handler is delivered, handled by another
+// worker, and what that handler sends is never recorded before it.
+func TestSentMessagesAreRecordedInTheOrderAccepted(t *testing.T) {
+	const steps = 300
+	tr := bustest.NewTransport()
+	b := bustest.Start(t, bus.WithEndpoint("steps"), bus.WithTransport(tr), quiet(), bus.WithConcurrency(8),
+		bus.WithHandler(func(ctx context.Context, m step, _ bus.Attributes) error {
+			if m.N == m.Last {
+				return nil
+			}
+			b, _, _ := bus.MessageContext(ctx)
+			return b.Send(ctx, step{N: m.N + 1, Last: m.Last}, bus.Immediately())
+		}))
+	if err := b.Send(t.Context(), step{N: 1, Last: steps}); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, tr)
+	sent := tr.Sent()
+	if len(sent) != steps {
+		t.Fatalf("%d messages recorded, want %d", len(sent), steps)
+	}
+	for i, s := range sent {
+		var m step
+		if err := json.Unmarshal(s.Envelope.Body, &m); err != nil {
+			t.Fatal(err)
+		}
+		if m.N != i+1 {
+			t.Fatalf("recorded message %d is step %d, want step %d", i+1, m.N, i+1)
+		}
 	}
 }

@@ -115,13 +115,17 @@ func TestOnABusMessagesWaitOutTheOutage(t *testing.T) {
 	var down atomic.Bool
 	down.Store(true)
 	var other atomic.Int32
+	// The breaker stays open for a second, far longer than it takes to
+	// send and receive o-3 even on a loaded machine (open for only the
+	// retry delay, it could half-open before o-3 arrives, which is then
+	// never returned); o-3 is returned every 15-30ms meanwhile.
 	b := bustest.Start(t, bus.WithEndpoint("billing"), bus.WithTransport(tr), bus.WithMaxAttempts(1), bus.WithConcurrency(1),
 		bus.WithHandler(func(context.Context, chargeCard, bus.Attributes) error {
 			if down.Load() {
 				return errDown
 			}
 			return nil
-		}, bus.HandlerName("charge"), bus.HandlerMiddleware(breaker.New(tripAfter2(30*time.Millisecond)))),
+		}, bus.HandlerName("charge"), bus.HandlerMiddleware(breaker.New(tripAfter2(time.Second), breaker.WithRetryDelay(30*time.Millisecond)))),
 		bus.WithHandler(func(context.Context, chargeCard, bus.Attributes) error { other.Add(1); return nil }, bus.HandlerName("receipt")))
 	send := func(id string) {
 		t.Helper()
@@ -134,7 +138,7 @@ func TestOnABusMessagesWaitOutTheOutage(t *testing.T) {
 	if _, err := tr.WaitSettled(t.Context(), 2); err != nil { // both failed: dead-lettered (1 attempt)
 		t.Fatal(err)
 	}
-	down.Store(false) // back, but the breaker is open for 30ms
+	down.Store(false) // back, but the breaker is open for a second
 	send("o-3")
 	if err := tr.WaitIdle(t.Context()); err != nil {
 		t.Fatal(err)

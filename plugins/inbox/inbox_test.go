@@ -311,35 +311,66 @@ func TestExactlyOnceWithOutbox(t *testing.T) {
 	}
 }
 
+// purgeLog is a log handler that reports when the inbox's cleanup job
+// deleted records: the job gives no other signal, and a test polling for
+// the record could miss it altogether, made and purged between two polls
+// of a goroutine that runs late.
+type purgeLog struct{ purged chan time.Time }
+
+func (purgeLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (p purgeLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "inbox cleanup" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "deleted" && a.Value.Int64() > 0 {
+			select {
+			case p.purged <- time.Now():
+			default: // never blocks the job, and so Stop
+			}
+		}
+		return true
+	})
+	return nil
+}
+
+func (p purgeLog) WithAttrs([]slog.Attr) slog.Handler { return p }
+func (p purgeLog) WithGroup(string) slog.Handler      { return p }
+
 func TestRetention(t *testing.T) {
 	eachStore(t, func(t *testing.T, st inbox.Store) {
 		ctx := context.Background()
-		done := make(chan struct{})
-		b, err := bus.New(bus.WithEndpoint("worker"),
-			bus.WithMiddleware(inbox.New(st, inbox.WithRetention(300*time.Millisecond), inbox.WithCleanupInterval(10*time.Millisecond))),
-			bus.WithHandler(func(context.Context, Work, bus.Attributes) error { close(done); return nil }))
+		const retention = 300 * time.Millisecond
+		handled := make(chan time.Time, 1)
+		logs := purgeLog{purged: make(chan time.Time, 16)}
+		b, err := bus.New(bus.WithEndpoint("worker"), bus.WithLogger(slog.New(logs)),
+			bus.WithMiddleware(inbox.New(st, inbox.WithRetention(retention), inbox.WithCleanupInterval(10*time.Millisecond))),
+			bus.WithHandler(func(context.Context, Work, bus.Attributes) error { handled <- time.Now(); return nil }))
 		if err != nil {
 			t.Fatal(err)
 		}
 		start(t, b)
 		send(t, b, 1, "m1")
-		<-done
-		// Poll: the cleanup job gives no signal.
-		deadline := time.Now().Add(10 * time.Second)
-		seen := false
+		ran := <-handled // m1 is recorded once its handler returned
 		for {
-			ok, err := st.Processed(ctx, "worker", "m1")
-			if err != nil {
-				t.Fatal(err)
-			}
-			seen = seen || ok
-			if seen && !ok {
+			select {
+			case at := <-logs.purged:
+				ok, err := st.Processed(ctx, "worker", "m1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ok {
+					continue // another record went first
+				}
+				if kept := at.Sub(ran); kept < retention {
+					t.Fatalf("record purged %v after its handler ran, within its retention of %v", kept, retention)
+				}
 				return
+			case <-time.After(10 * time.Second):
+				ok, err := st.Processed(ctx, "worker", "m1")
+				t.Fatalf("no record purged within 10s (m1 recorded: %v, %v)", ok, err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("record not purged (seen %v)", seen)
-			}
-			time.Sleep(2 * time.Millisecond)
 		}
 	})
 }
