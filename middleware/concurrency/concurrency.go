@@ -10,7 +10,9 @@
 // does not hold a worker while it waits. It waits at most [WithMaxWait]
 // (by default not at all) for a slot, and is then returned to the
 // transport with a delay ([WithRetryDelay]; [bus.RetryAfter]), to be
-// tried again while the worker takes other messages. Given to one handler
+// tried again while the worker takes other messages. The wait ends at
+// once when the bus begins to stop: the message is returned that way,
+// and Stop does not wait for a slot. Given to one handler
 // ([bus.HandlerMiddleware]), it bounds the runs of that handler, in its
 // handler stage.
 //
@@ -43,14 +45,21 @@ type FullError struct {
 	Message, Handler string
 	// Limit is the limit that was reached.
 	Limit int
+	// Stopping is true when the bus began to stop while the message
+	// waited for a slot ([WithMaxWait]).
+	Stopping bool
 }
 
 // Error says which limit was reached.
 func (e *FullError) Error() string {
-	if e.Handler != "" {
-		return fmt.Sprintf("concurrency: handler %s already runs %d message(s) of %s at once, its limit; message returned to be tried later", e.Handler, e.Limit, e.Message)
+	why := ""
+	if e.Stopping {
+		why = " (the bus is stopping)"
 	}
-	return fmt.Sprintf("concurrency: %d message(s) of %s already processed at once, the limit; message returned to be tried later", e.Limit, e.Message)
+	if e.Handler != "" {
+		return fmt.Sprintf("concurrency: handler %s already runs %d message(s) of %s at once, its limit; message returned to be tried later%s", e.Handler, e.Limit, e.Message, why)
+	}
+	return fmt.Sprintf("concurrency: %d message(s) of %s already processed at once, the limit; message returned to be tried later%s", e.Limit, e.Message, why)
 }
 
 // Is reports whether target is ErrFull.
@@ -84,6 +93,8 @@ func WithLimit(n int, msgs ...bus.Message) Option {
 
 // WithMaxWait lets a message over its limit wait up to d for a slot,
 // holding its worker, before it is returned (default 0: returned at once).
+// A wait under way when the bus begins to stop ends then, and the message
+// is returned ([FullError].Stopping).
 func WithMaxWait(d time.Duration) Option { return func(c *config) { c.maxWait = d } }
 
 // WithRetryDelay sets how long a message over its limit waits in the
@@ -94,9 +105,10 @@ func WithRetryDelay(d time.Duration) Option { return func(c *config) { c.retryDe
 // that taking a slot needs no lock beyond the channel's.
 type limiter struct {
 	config
-	slots   map[string]chan struct{} // by message name, at the bus level
-	one     chan struct{}            // given to one handler
-	handler string
+	slots    map[string]chan struct{} // by message name, at the bus level
+	one      chan struct{}            // given to one handler
+	handler  string
+	stopping <-chan struct{} // the bus's Stopping: ends a wait for a slot
 }
 
 // New returns a plugin that lets at most n messages of each name (or, for
@@ -121,6 +133,9 @@ func New(n int, opts ...Option) bus.Plugin {
 			return bus.Middleware{}, fmt.Errorf("concurrency.New(%d): must be at least 1", n)
 		case l.maxWait < 0 || l.retryDelay <= 0:
 			return bus.Middleware{}, fmt.Errorf("concurrency: WithMaxWait(%v) must not be negative and WithRetryDelay(%v) must be positive", l.maxWait, l.retryDelay)
+		}
+		if info.Bus != nil {
+			l.stopping = info.Bus.Stopping()
 		}
 		if info.Handler != "" {
 			k, ok := l.limits[info.Handles[0]]
@@ -162,13 +177,16 @@ func (l *limiter) handling(ctx context.Context, h *bus.Handling, next bus.Next) 
 	return next(ctx)
 }
 
-// acquire takes a slot, waiting up to maxWait.
+// acquire takes a slot, waiting up to maxWait, and not once the bus
+// begins to stop: Stop then need not wait for the slot, and the message
+// is returned for later rather than interrupted.
 func (l *limiter) acquire(ctx context.Context, slots chan struct{}, name string) error {
 	select {
 	case slots <- struct{}{}:
 		return nil
 	default:
 	}
+	stopping := false
 	if l.maxWait > 0 {
 		t := time.NewTimer(l.maxWait)
 		defer t.Stop()
@@ -177,8 +195,10 @@ func (l *limiter) acquire(ctx context.Context, slots chan struct{}, name string)
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-l.stopping:
+			stopping = true
 		case <-t.C:
 		}
 	}
-	return bus.RetryAfter(&FullError{Message: name, Handler: l.handler, Limit: cap(slots)}, l.retryDelay)
+	return bus.RetryAfter(&FullError{Message: name, Handler: l.handler, Limit: cap(slots), Stopping: stopping}, l.retryDelay)
 }

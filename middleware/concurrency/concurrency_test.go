@@ -203,3 +203,66 @@ func TestWithLimitTakesMessagesThatAreNoMapKeys(t *testing.T) {
 		t.Fatalf("bus.New: %v", err)
 	}
 }
+
+// A message waiting for a slot when the bus begins to stop is returned
+// for later at once, as a rate limit's wait is: Stop does not wait for
+// the slot (up to WithMaxWait), nor, once its context ends, interrupt
+// the message as a failure (on a broker that counts receives, a last
+// attempt would then be dead-lettered).
+func TestStopEndsTheWaitForASlot(t *testing.T) {
+	tr := bustest.NewTransport()
+	inside, release := make(chan struct{}, 2), make(chan struct{})
+	second := make(chan struct{})
+	var received atomic.Int32
+	b, err := bus.New(bus.WithEndpoint("backoffice"), bus.WithTransport(tr), bus.WithConcurrency(2),
+		bus.WithMiddleware(bus.Middleware{Name: "spy", Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+			if received.Add(1) == 2 {
+				close(second) // the second export is about to wait for the slot
+			}
+			return next(ctx)
+		}}, concurrency.New(1, concurrency.WithMaxWait(time.Hour), concurrency.WithRetryDelay(time.Minute))),
+		bus.WithHandler(func(ctx context.Context, m exportReport, _ bus.Attributes) error {
+			inside <- struct{}{}
+			<-release
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := b.Send(t.Context(), exportReport{ID: i}, bus.To("backoffice")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []chan struct{}{inside, second} {
+		select {
+		case <-c:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the exports never reached the limit")
+		}
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.Stop(context.Background()) }()
+	<-b.Stopping()
+	// While the first export still holds the slot, the second is returned.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	settled, err := tr.WaitSettled(ctx, 1)
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("nothing settled while the first export held the slot: the second waited for it through Stop (%v)", err)
+	}
+	var full *concurrency.FullError
+	if s := settled[0]; s.Outcome != bustest.Returned || !errors.As(s.Cause, &full) || !full.Stopping || s.Delay != time.Minute {
+		t.Fatalf("settled %s with %v after %v, want returned after 1m with a FullError while stopping", s.Outcome, s.Cause, s.Delay)
+	}
+	if settled := tr.Settled(); len(settled) != 2 || settled[1].Outcome != bustest.Deleted {
+		t.Fatalf("settled %+v, want the first export deleted after the second was returned", settled)
+	}
+}

@@ -20,7 +20,11 @@
 //
 // Served from another process, the bucket lives in that process; a
 // returned message's delay does not cross the process boundary (the bus
-// sees an ordinary failure), so leave [WithMaxWait] unset there.
+// sees an ordinary failure), so leave [WithMaxWait] unset there. Nor does
+// the host's Stop: that process has no bus to watch, so a wait under way
+// when the bus begins to stop goes on, and Stop waits for the token until
+// its context ends; the run is then interrupted and its message returned
+// for retry (TestOutOfProcessStopWaitsUntilItsContextEnds).
 package ratelimit
 
 import (
@@ -106,7 +110,8 @@ func WithMaxKeys(n int) Option {
 // WithMaxWait makes a run that would wait longer than d for its token
 // return its message at once, with [bus.RetryAfter] and a
 // [*LimitedError], to be tried when the token would have come, instead
-// of holding its worker. The default, 0, waits however long it takes.
+// of holding its worker. The default, 0, waits however long it takes; a
+// negative d is refused by New.
 // Each return counts as a delivery of the message (see bus.RetryAfter).
 func WithMaxWait(d time.Duration) Option {
 	return func(l *limiter) { l.maxWait = d }
@@ -144,6 +149,8 @@ func New(limit rate.Limit, burst int, opts ...Option) bus.Plugin {
 			return bus.Middleware{}, fmt.Errorf("ratelimit.New(%v, %d): the limit must be positive (rate.Inf for none)", limit, burst)
 		case l.maxKeys < 1:
 			return bus.Middleware{}, fmt.Errorf("ratelimit.WithMaxKeys(%d): must be at least 1", l.maxKeys)
+		case l.maxWait < 0:
+			return bus.Middleware{}, fmt.Errorf("ratelimit.WithMaxWait(%v): must not be negative (0 waits however long it takes)", l.maxWait)
 		}
 		if info.Bus != nil {
 			l.stopping = info.Bus.Stopping()

@@ -144,6 +144,8 @@ func TestNewRefusesWhatCannotWork(t *testing.T) {
 		{ratelimit.New(0, 1), "limit must be positive"},
 		{ratelimit.New(10, 1, ratelimit.PerKey(nil)), "PerKey(nil)"},
 		{ratelimit.New(10, 1, ratelimit.WithMaxKeys(0)), "WithMaxKeys(0)"},
+		// Negative is no "return at once": it would wait however long it takes.
+		{ratelimit.New(10, 1, ratelimit.WithMaxWait(-time.Second)), "WithMaxWait(-1s)"},
 	} {
 		if _, err := c.p.Instantiate(bus.PluginInfo{}); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("got %v, want %q", err, c.want)
@@ -284,5 +286,47 @@ func TestOutOfProcess(t *testing.T) {
 	}
 	if got := s.since(t, start); got < 29*time.Millisecond {
 		t.Fatalf("4 runs within %v, want at least 30ms at 100/s", got)
+	}
+}
+
+// Served from another process, the wait does not see the host bus begin
+// to stop (the plugin's process has no bus): Stop waits for the token
+// until its ctx ends, then the run is interrupted and its message is
+// returned for retry, not lost.
+func TestOutOfProcessStopWaitsUntilItsContextEnds(t *testing.T) {
+	p := servedtest.Load(t, `{"middleware": "ratelimit", "rate": 0.0002, "burst": 1}`) // a token every ~83 minutes
+	tr := bustest.NewTransport()
+	waiting := make(chan struct{})
+	var runs int
+	b, err := bus.New(bus.WithEndpoint("partner"), bus.WithTransport(tr), bus.WithConcurrency(1),
+		bus.WithMiddleware(bus.Middleware{Name: "spy", Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error {
+			if runs++; runs == 2 {
+				close(waiting) // the second run is about to wait for its token
+			}
+			return next(ctx)
+		}}, p), bus.WithHandler(func(context.Context, callPartner, bus.Attributes) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := b.Send(t.Context(), callPartner{}, bus.To("partner")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-waiting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second message never reached the limit")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want its ctx's end reported: the second run waited for its token", err)
+	}
+	if settled := tr.Settled(); len(settled) != 2 || settled[1].Outcome != bustest.Returned {
+		t.Fatalf("settled %+v, want the second message returned for retry", settled)
 	}
 }

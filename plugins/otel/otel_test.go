@@ -738,3 +738,18 @@ func TestPermanentFailureHasItsCausesErrorType(t *testing.T) {
 type invalidOrder struct{}
 
 func (*invalidOrder) Error() string { return "invalid order" }
+
+// A permanent mark wrapped with fmt.Errorf (a middleware adding context:
+// "tenancy: %w") is still recorded with the error.type of its cause, not
+// of the mark.
+func TestWrappedPermanentFailureHasItsCausesErrorType(t *testing.T) {
+	tel := newTelemetry(t)
+	b := newBus(t, bus.WithName("client"), bus.WithMiddleware(tel.plugin(), bus.Middleware{Name: "refuse",
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			return fmt.Errorf("refuse: order o-1: %w", bus.Permanent(&invalidOrder{}))
+		}}))
+	if err := b.Publish(context.Background(), PlaceOrder{ID: "o-1"}); !errors.Is(err, bus.ErrPermanent) {
+		t.Fatalf("Publish: %v, want the middleware's permanent error", err)
+	}
+	wantAttrs(t, tel.span(t, "publish PlaceOrder"), map[string]any{"error.type": "*otel_test.invalidOrder"})
+}

@@ -2,6 +2,9 @@ package otel
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
@@ -18,11 +21,20 @@ import (
 // bus turns the panic into a *bus.PanicError further up.
 var panicErrorType = semconv.ErrorType(&bus.PanicError{})
 
+// fmtWrapError is the type of an error fmt.Errorf wraps one error in.
+var fmtWrapError = reflect.TypeOf(fmt.Errorf("%w", errors.New("")))
+
 // errorType is the error.type of err: for a failure marked permanent
-// (bus.Permanent), the type of its cause, which says more than the mark.
+// (bus.Permanent), also under fmt.Errorf wrappers, the type of its cause,
+// which says more than the mark.
 func errorType(err error) attribute.KeyValue {
-	if p, ok := err.(*bus.PermanentError); ok && p.Unwrap() != nil {
-		return semconv.ErrorType(p.Unwrap())
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if p, ok := e.(*bus.PermanentError); ok && p.Unwrap() != nil {
+			return semconv.ErrorType(p.Unwrap())
+		}
+		if reflect.TypeOf(e) != fmtWrapError {
+			break
+		}
 	}
 	return semconv.ErrorType(err)
 }
