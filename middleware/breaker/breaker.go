@@ -89,8 +89,8 @@ type config struct {
 func WithSettings(s gobreaker.Settings) Option { return func(c *config) { c.settings = s } }
 
 // WithRetryDelay sets how long a message held back waits before it is
-// delivered again (with jitter, between d/2 and d). The default is the
-// breaker's Timeout.
+// delivered again (with jitter, between d/2 and d): at least 1 ms. The
+// default is the breaker's Timeout.
 func WithRetryDelay(d time.Duration) Option { return func(c *config) { c.retryDelay = d } }
 
 type breakers struct {
@@ -115,6 +115,9 @@ func New(opts ...Option) bus.Plugin {
 		}
 		if b.retryDelay < 0 {
 			return bus.Middleware{}, fmt.Errorf("breaker.WithRetryDelay(%v): must not be negative", b.retryDelay)
+		}
+		if b.retryDelay > 0 && b.retryDelay < time.Millisecond {
+			return bus.Middleware{}, fmt.Errorf("breaker.WithRetryDelay(%v): at least 1ms, or a message held back comes straight back while the breaker is open", b.retryDelay)
 		}
 		if b.retryDelay == 0 {
 			b.retryDelay = b.settings.Timeout

@@ -3,6 +3,7 @@ package breaker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -163,9 +164,17 @@ func TestOnABusMessagesWaitOutTheOutage(t *testing.T) {
 	}
 }
 
-func TestNewRefusesANegativeRetryDelay(t *testing.T) {
-	if _, err := breaker.New(breaker.WithRetryDelay(-time.Second)).Instantiate(bus.PluginInfo{}); err == nil {
-		t.Fatal("no error")
+// A negative retry delay, or one so short that its jitter rounds to no
+// delay (a message held back would come straight back, round after
+// round, while the breaker is open), is refused.
+func TestNewRefusesARetryDelayBelowAMillisecond(t *testing.T) {
+	for _, d := range []time.Duration{-time.Second, time.Nanosecond, time.Millisecond - 1} {
+		if _, err := breaker.New(breaker.WithRetryDelay(d)).Instantiate(bus.PluginInfo{}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("WithRetryDelay(%v)", d)) {
+			t.Errorf("WithRetryDelay(%v): %v, want an error naming it", d, err)
+		}
+	}
+	if _, err := breaker.New(breaker.WithRetryDelay(time.Millisecond)).Instantiate(bus.PluginInfo{}); err != nil {
+		t.Errorf("WithRetryDelay(1ms): %v", err)
 	}
 }
 

@@ -165,13 +165,15 @@ func New(limit rate.Limit, burst int, opts ...Option) bus.Plugin {
 }
 
 func (l *limiter) handle(ctx context.Context, h *bus.Handling, next bus.Next) error {
-	bucket, key := l.one, ""
-	if bucket == nil {
-		key = l.key(h)
-		bucket = l.bucket(key)
-	}
 	now := time.Now()
-	r := bucket.ReserveN(now, 1)
+	var r *rate.Reservation
+	key := ""
+	if l.one != nil {
+		r = l.one.ReserveN(now, 1)
+	} else {
+		key = l.key(h)
+		r = l.reserve(key, now)
+	}
 	wait := r.DelayFrom(now)
 	if wait == 0 {
 		return next(ctx)
@@ -195,15 +197,18 @@ func (l *limiter) handle(ctx context.Context, h *bus.Handling, next bus.Next) er
 	}
 }
 
-// bucket returns key's bucket, made on first use.
-func (l *limiter) bucket(key string) *rate.Limiter {
+// reserve takes a token from key's bucket, made on first use. It
+// reserves under the lock that guards eviction: a bucket is evicted only
+// when full, and a bucket handed out and reserved from after the lock is
+// released could be evicted in between, its key then given a second full
+// burst.
+func (l *limiter) reserve(key string, now time.Time) *rate.Reservation {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if b, ok := l.buckets[key]; ok {
-		return b
+		return b.ReserveN(now, 1)
 	}
 	if len(l.buckets) >= l.maxKeys {
-		now := time.Now()
 		for k, b := range l.buckets {
 			if b.TokensAt(now) >= float64(l.burst) {
 				delete(l.buckets, k) // full again: a new bucket is the same
@@ -212,5 +217,5 @@ func (l *limiter) bucket(key string) *rate.Limiter {
 	}
 	b := rate.NewLimiter(l.limit, l.burst)
 	l.buckets[key] = b
-	return b
+	return b.ReserveN(now, 1)
 }
