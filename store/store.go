@@ -26,6 +26,7 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
+	"strings"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/sqlstore"
@@ -125,14 +126,14 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if outbox == inbox {
+	if sameTable(d, outbox, inbox) {
 		return nil, &InvalidNameError{Option: "WithInboxTable", Name: c.inbox, Reason: "the inbox and the outbox need different tables"}
 	}
 	saga, err := parseTable("WithSagaTable", c.saga, d)
 	if err != nil {
 		return nil, err
 	}
-	if saga == outbox || saga == inbox {
+	if sameTable(d, saga, outbox) || sameTable(d, saga, inbox) {
 		return nil, &InvalidNameError{Option: "WithSagaTable", Name: c.saga, Reason: "the saga table must differ from the inbox and the outbox"}
 	}
 	if c.logger == nil {
@@ -140,6 +141,16 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Store, error) {
 	}
 	return (*Store)(sqlstore.New(db, sqlstore.Config{Dialect: d.sql(), Outbox: outbox, Inbox: inbox, Saga: saga, Notifier: c.notifier,
 		Logger: c.logger, CloseDB: c.closeDB, DispatchAttempts: c.dispatchAttempts, DispatchBackoff: c.backoff, Timeout: c.timeout})), nil
+}
+
+// sameTable reports whether a and b name one table of a database of
+// dialect d: SQLite folds the case of identifiers, quoted ones included;
+// PostgreSQL keeps the case of the quoted names the store uses.
+func sameTable(d Dialect, a, b sqlstore.Table) bool {
+	if d == SQLite {
+		return strings.EqualFold(a.Schema, b.Schema) && strings.EqualFold(a.Name, b.Name)
+	}
+	return a == b
 }
 
 // DB returns the database.

@@ -34,6 +34,9 @@ func TestNewRefusesInvalidTableNames(t *testing.T) {
 		{store.PostgreSQL, store.WithInboxTable(`in"box`), "quote"},
 		{store.PostgreSQL, store.WithOutboxTable("x_1234567890123456789012345678901234567890123456789"), "too long"},
 		{store.PostgreSQL, store.WithInboxTable("plugbus_outbox"), "same as outbox"},
+		// SQLite folds the case of identifiers, quoted ones included.
+		{store.SQLite, store.WithInboxTable("PLUGBUS_OUTBOX"), "same as outbox but for case on sqlite"},
+		{store.SQLite, store.WithSagaTable("Plugbus_Inbox"), "saga same as inbox but for case on sqlite"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

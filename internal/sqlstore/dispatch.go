@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
@@ -340,6 +341,14 @@ func joinDispatch(cerr error, failed []*DispatchError) error {
 	return errors.Join(errs...)
 }
 
+// errorText is err's text as a TEXT column takes it: PostgreSQL refuses
+// a NUL byte and invalid UTF-8, and a transport's error may quote bytes of
+// a message. Refusing the text would roll the relay's round back, the
+// rows it dispatched included, at every round.
+func errorText(err error) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", "\uFFFD")
+}
+
 // recordOutcome records the dispatched rows, and the errors of the refused ones.
 func (s *Store) recordOutcome(ctx context.Context, x execer, ids []int64, failed []*DispatchError) error {
 	ctx, cancel := s.bounded(context.WithoutCancel(ctx)) // what was dispatched must be recorded
@@ -371,7 +380,7 @@ func (s *Store) recordOutcome(ctx context.Context, x execer, ids []int64, failed
 		if !de.Parked {
 			de.RetryAt = retryAt
 		}
-		if _, err := x.ExecContext(ctx, s.queries.markFailed, de.Attempts, de.Err.Error(), retryAt.UnixNano(), parked, de.ID); err != nil {
+		if _, err := x.ExecContext(ctx, s.queries.markFailed, de.Attempts, errorText(de.Err), retryAt.UnixNano(), parked, de.ID); err != nil {
 			return fmt.Errorf("store: recording the dispatch error of outbox row %d: %w", de.ID, err)
 		}
 		if de.Parked {

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -77,6 +78,44 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 		s.Wake()
 	}
 	return nil
+}
+
+// withinSavepoint is the savepoint of [Store.InTxUndoable] in a joined
+// transaction. One name serves nested calls: ROLLBACK TO and RELEASE act
+// on the most recent savepoint of a name.
+const withinSavepoint = "plugbus_within"
+
+// InTxUndoable is [Store.InTx], except that when fn joins the transaction
+// ctx carries, what fn did is undone (to a savepoint) when it returns an
+// error or panics: a caller that goes on past fn's error keeps nothing of
+// fn, as when fn runs in a transaction of its own. outbox.Within runs on it.
+func (s *Store) InTxUndoable(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) (err error) {
+	t := TxFrom(ctx)
+	if t == nil || t.store != s {
+		return s.InTx(ctx, fn)
+	}
+	if err := t.Savepoint(ctx, withinSavepoint); err != nil {
+		return err
+	}
+	// fn's error may be its context's end: undo it all the same.
+	uctx := context.WithoutCancel(ctx)
+	ok := false
+	defer func() {
+		if !ok {
+			if rerr := t.RollbackTo(uctx, withinSavepoint); rerr != nil {
+				err = errors.Join(err, rerr)
+				return
+			}
+			if rerr := t.Release(uctx, withinSavepoint); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+	if err := fn(ctx, t); err != nil {
+		return err
+	}
+	ok = true
+	return t.Release(uctx, withinSavepoint)
 }
 
 // SetCarriesOutbox records that the messages the handler running in t

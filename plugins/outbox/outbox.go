@@ -184,12 +184,14 @@ func Tx(ctx context.Context) *sql.Tx {
 //
 // When ctx already carries a transaction of s (inside a handler of a bus
 // with this plugin, or with the inbox plugin, on s), fn joins it, and its
-// writes and messages commit or roll back with the handler.
+// writes and messages commit or roll back with the handler. An error of
+// fn (or a panic) still undoes what fn did, to a savepoint: a handler
+// that goes on past it keeps nothing of fn.
 func Within(ctx context.Context, b *bus.Bus, s *store.Store, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	if b == nil || s == nil {
 		return errors.New("outbox: Within: nil bus or store")
 	}
-	return (*sqlstore.Store)(s).InTx(ctx, func(ctx context.Context, tx *sqlstore.Tx) error {
+	return (*sqlstore.Store)(s).InTxUndoable(ctx, func(ctx context.Context, tx *sqlstore.Tx) error {
 		return fn(bus.ContextWithOutbox(ctx, b, tx), tx.SQL())
 	})
 }
@@ -254,18 +256,22 @@ func (r *relay) loop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if t := earliestRetry(err); !t.IsZero() && (retryAt.IsZero() || t.Before(retryAt)) {
+		refusedRows, t := refusals(err)
+		if !t.IsZero() && (retryAt.IsZero() || t.Before(retryAt)) {
 			retryAt = t
 		}
 		if err != nil {
 			// Refused rows wait for their own retry time (or are parked)
 			// and the others go on; the relay itself backs off only when
 			// nothing got through: the database or the transport is down.
+			// A full round the transport refused whole may have rows
+			// behind it that go through (a burst to an endpoint not
+			// deployed yet): they are not held up.
 			var de *sqlstore.DispatchError
 			refused := errors.As(err, &de)
-			if refused && n > 0 {
+			if refused && (n > 0 || n+refusedRows >= r.cfg.batch) {
 				retries = 0
-				r.logger.WarnContext(ctx, "outbox relay: the transport refused messages; each is retried after its backoff", slog.Any("error", err), slog.Int("dispatched", n))
+				r.logger.WarnContext(ctx, "outbox relay: the transport refused messages; each is retried after its backoff", slog.Any("error", err), slog.Int("dispatched", n), slog.Int("refused", refusedRows))
 				continue
 			}
 			retries++
@@ -297,10 +303,10 @@ func (r *relay) loop(ctx context.Context) {
 	}
 }
 
-// earliestRetry returns the earliest RetryAt of the refused rows in err
-// (a *sqlstore.DispatchError, or several joined), zero when there is none.
-func earliestRetry(err error) time.Time {
-	var t time.Time
+// refusals returns how many rows err reports refused (a
+// *sqlstore.DispatchError, or several joined), parked ones included, and
+// the earliest RetryAt among them, zero when there is none.
+func refusals(err error) (n int, t time.Time) {
 	var visit func(error)
 	visit = func(err error) {
 		var de *sqlstore.DispatchError
@@ -311,13 +317,17 @@ func earliestRetry(err error) time.Time {
 				visit(inner)
 			}
 		default:
-			if errors.As(err, &de) && !de.RetryAt.IsZero() && (t.IsZero() || de.RetryAt.Before(t)) {
+			if !errors.As(err, &de) {
+				return
+			}
+			n++
+			if !de.RetryAt.IsZero() && (t.IsZero() || de.RetryAt.Before(t)) {
 				t = de.RetryAt
 			}
 		}
 	}
 	visit(err)
-	return t
+	return n, t
 }
 
 func (r *relay) cleanupLoop(ctx context.Context) {

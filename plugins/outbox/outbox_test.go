@@ -382,3 +382,58 @@ func TestInvalidConfig(t *testing.T) {
 		t.Fatal("Within with nil bus accepted")
 	}
 }
+
+// Within that joins the handler's transaction and whose fn returns an
+// error leaves nothing of fn behind, as Within promises, even when the
+// handler goes on and succeeds: fn's writes and messages are undone (to a
+// savepoint), the handler's own are kept.
+func TestWithinJoinedRollsBackWhenFnFails(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		st := db.Open(t)
+		if err := st.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		orders := db.Table("orders")
+		storetest.Exec(t, st.DB(), "CREATE TABLE "+orders+" (id INTEGER NOT NULL)")
+		rejected := errors.New("order rejected")
+		var within error
+		var b *bus.Bus
+		b, err := bus.New(bus.WithEndpoint("worker"), bus.WithTransport(memory.New()), bus.WithLogger(slog.New(slog.DiscardHandler)),
+			bus.WithRoute("sink", Done{}), bus.WithMiddleware(outbox.New(st, outbox.WithoutRelay())),
+			bus.WithHandler(func(ctx context.Context, m Work, _ bus.Attributes) error {
+				within = outbox.Within(ctx, b, st, func(ctx context.Context, tx *sql.Tx) error {
+					if _, err := tx.ExecContext(ctx, db.Rebind("INSERT INTO "+orders+" (id) VALUES (?)"), m.N); err != nil {
+						return err
+					}
+					if err := b.Send(ctx, Done(m)); err != nil {
+						return err
+					}
+					return rejected
+				})
+				// The handler deals with the rejection and goes on.
+				if _, err := outbox.Tx(ctx).ExecContext(ctx, db.Rebind("INSERT INTO "+orders+" (id) VALUES (?)"), -m.N); err != nil {
+					return err
+				}
+				return b.Send(ctx, Done{N: -m.N})
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Stop(context.Background())
+		if err := b.Deliver(context.Background(), bustest.Delivery(Work{N: 7}, bus.Attributes{})); err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(within, rejected) {
+			t.Fatalf("Within = %v, want fn's error", within)
+		}
+		if n := count(t, st.DB(), "SELECT count(*) FROM "+orders+" WHERE id = 7"); n != 0 {
+			t.Fatalf("orders written by the failed fn = %d, want 0", n)
+		}
+		if n := count(t, st.DB(), "SELECT count(*) FROM "+orders+" WHERE id = -7"); n != 1 {
+			t.Fatalf("orders written by the handler = %d, want 1", n)
+		}
+		if n := count(t, st.DB(), "SELECT count(*) FROM "+db.Table("outbox")); n != 1 {
+			t.Fatalf("outbox rows = %d, want the handler's message alone (1)", n)
+		}
+	})
+}

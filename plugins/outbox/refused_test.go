@@ -115,3 +115,41 @@ func TestRefusedMessageRetriedWhenItsBackoffEnds(t *testing.T) {
 		}
 	})
 }
+
+// A full batch of messages the transport refuses (a burst to an endpoint
+// not deployed yet, at least a batch of them) does not hold up the
+// messages behind it: each refused row waits for its own backoff, and the
+// relay goes on at once to the next rows instead of backing off as if
+// the transport were down. With the relay's backoff at an hour, the good
+// message arrives within seconds.
+func TestRefusedFullBatchDoesNotHoldUpTheOthers(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		st := db.Open(t, store.WithBackoff(bus.Backoff{Initial: time.Hour, Max: time.Hour}))
+		broker := memory.NewBroker()
+		got := sink(t, broker)
+		tr := &refusing{Transport: memory.New(memory.WithBroker(broker))}
+		b, err := bus.New(bus.WithTransport(tr), bus.WithMiddleware(outbox.New(st, outbox.WithBatchSize(2),
+			outbox.WithPollInterval(time.Hour), outbox.WithBackoff(bus.Backoff{Initial: time.Hour, Max: time.Hour}))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start(t, b)
+		// One transaction: the four refused rows come first in id order.
+		if err := outbox.Within(context.Background(), b, st, func(ctx context.Context, _ *sql.Tx) error {
+			for range 4 {
+				if err := b.Send(ctx, Poison{}, bus.To("sink")); err != nil {
+					return err
+				}
+			}
+			return b.Send(ctx, Done{N: 9}, bus.To("sink"))
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if m := receive(t, got); m.msg.N != 9 { // within 10s, against a relay backoff of an hour
+			t.Fatalf("received %d", m.msg.N)
+		}
+		if n := tr.refused.Load(); n != 4 {
+			t.Fatalf("poison tried %d times, want 4 (each once: its own backoff is an hour)", n)
+		}
+	})
+}
