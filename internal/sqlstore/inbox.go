@@ -81,12 +81,9 @@ func (s *Store) ReleaseHandler(ctx context.Context, tx *Tx, endpoint, messageID,
 // how many it deleted. A duplicate that arrives after its record was
 // purged is processed again.
 func (s *Store) PurgeProcessed(ctx context.Context, before time.Time) (int64, error) {
-	ctx, cancel := s.bounded(ctx)
-	defer cancel()
-	res, err := s.db.ExecContext(ctx, s.queries.purgeInbox, before.UnixNano())
+	n, err := s.purge(ctx, s.queries.purgeInbox, before)
 	if err != nil {
-		return 0, fmt.Errorf("store: purging the inbox: %w", err)
+		return n, fmt.Errorf("store: purging the inbox: %w", err)
 	}
-	n, _ := res.RowsAffected()
 	return n, nil
 }

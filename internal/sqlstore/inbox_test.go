@@ -81,3 +81,38 @@ func TestPurgeProcessedDeletesHandlerRecords(t *testing.T) {
 		}
 	})
 }
+
+// A purge deletes in chunks, statement after statement, until none is
+// left older than its time: all of a backlog larger than a chunk, and
+// nothing newer.
+func TestPurgesDeleteInChunks(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		ctx := context.Background()
+		st := openMigrated(t, db)
+		st.SetPurgeChunk(2)
+		admin := (*store.Store)(st)
+		for _, id := range []string{"m1", "m2", "m3", "m4", "m5"} {
+			if err := admin.MarkProcessed(ctx, "ep", id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cut := time.Now()
+		if err := admin.MarkProcessed(ctx, "ep", "kept"); err != nil { // after the cut
+			t.Fatal(err)
+		}
+		if n, err := admin.PurgeProcessed(ctx, cut); err != nil || n != 5 {
+			t.Fatalf("PurgeProcessed = %d, %v; want 5 in chunks of 2", n, err)
+		}
+		if ok, _ := admin.Processed(ctx, "ep", "kept"); !ok {
+			t.Fatal("a newer record was purged")
+		}
+
+		storeEach(t, st, testMessages(3)...)
+		if got, _, err := dispatchedIDs(t, st, 10); err != nil || len(got) != 3 {
+			t.Fatalf("dispatched %v, %v", got, err)
+		}
+		if n, err := admin.PurgeDispatched(ctx, time.Now().Add(time.Hour)); err != nil || n != 3 {
+			t.Fatalf("PurgeDispatched = %d, %v; want 3 in chunks of 2", n, err)
+		}
+	})
+}

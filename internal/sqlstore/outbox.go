@@ -92,17 +92,28 @@ func (s *Store) Requeue(ctx context.Context, ids ...int64) (int64, error) {
 // PurgeDispatched deletes the messages dispatched before before, and
 // returns how many it deleted.
 func (s *Store) PurgeDispatched(ctx context.Context, before time.Time) (int64, error) {
+	n, err := s.purge(ctx, s.queries.purgeOutbox, before)
+	if err != nil {
+		return n, fmt.Errorf("store: purging the outbox: %w", err)
+	}
+	return n, nil
+}
+
+// purge runs query, a delete of at most purgeChunk rows older than
+// before, until it deletes fewer, each statement bounded by the store's
+// timeout; it returns how many rows it deleted.
+func (s *Store) purge(ctx context.Context, query string, before time.Time) (int64, error) {
 	var total int64
 	for {
 		stmtCtx, cancel := s.bounded(ctx)
-		res, err := s.db.ExecContext(stmtCtx, s.queries.purgeOutbox, before.UnixNano())
+		res, err := s.db.ExecContext(stmtCtx, query, before.UnixNano(), s.purgeChunk)
 		cancel()
 		if err != nil {
-			return total, fmt.Errorf("store: purging the outbox: %w", err)
+			return total, err
 		}
 		n, _ := res.RowsAffected()
 		total += n
-		if n < 5000 {
+		if n < int64(s.purgeChunk) {
 			return total, nil
 		}
 	}

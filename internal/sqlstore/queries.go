@@ -102,7 +102,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		claim:          `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NULL AND next_attempt_at <= ? ORDER BY id LIMIT ?`,
 		claimForUpdate: `SELECT ` + outboxColumns + ` FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NULL AND next_attempt_at <= ? ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED`,
 		markFailed:     `UPDATE ` + o + ` SET attempts = ?, last_error = ?, next_attempt_at = ?, parked_at = ? WHERE id = ?`,
-		purgeOutbox:    `DELETE FROM ` + o + ` WHERE id IN (SELECT id FROM ` + o + ` WHERE dispatched_at IS NOT NULL AND dispatched_at < ? LIMIT 5000)`,
+		purgeOutbox:    `DELETE FROM ` + o + ` WHERE id IN (SELECT id FROM ` + o + ` WHERE dispatched_at IS NOT NULL AND dispatched_at < ? LIMIT ?)`,
 		pendingCount:   `SELECT count(*) FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NULL`,
 		parkedCount:    `SELECT count(*) FROM ` + o + ` WHERE dispatched_at IS NULL AND parked_at IS NOT NULL`,
 		listParked: `SELECT id, message_id, kind, destination, name, attempts, COALESCE(last_error, ''), created_at, parked_at FROM ` + o +
@@ -119,8 +119,9 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		inboxProcessed: `SELECT 1 FROM ` + i + ` WHERE endpoint = ? AND message_id = ? AND handler = ?`,
 		inboxInsert:    `INSERT INTO ` + i + ` (endpoint, message_id, handler, processed_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`,
 		inboxDelete:    `DELETE FROM ` + i + ` WHERE endpoint = ? AND message_id = ? AND handler = ?`,
-		purgeInbox:     `DELETE FROM ` + i + ` WHERE processed_at < ?`,
-		notify:         `SELECT pg_notify(?, '')`,
+		purgeInbox: `DELETE FROM ` + i + ` WHERE (endpoint, message_id, handler) IN (SELECT endpoint, message_id, handler FROM ` + i +
+			` WHERE processed_at < ? LIMIT ?)`,
+		notify: `SELECT pg_notify(?, '')`,
 	}
 	if d.numberedPlaceholders() {
 		q.markDispatched = `UPDATE ` + o + ` SET dispatched_at = ?, attempts = attempts + 1 WHERE id = ANY(?)`

@@ -138,8 +138,11 @@ type Store struct {
 	closeDB  bool
 	retry    retryPolicy
 	timeout  time.Duration // of each statement the store runs on its own
-	queries  queries
-	sagaQ    sagaQueries
+	// purgeChunk is how many rows a purge deletes per statement, so that
+	// none runs long or holds SQLite's write lock long after a backlog.
+	purgeChunk int
+	queries    queries
+	sagaQ      sagaQueries
 
 	commitMu sync.Mutex
 	commit   chan struct{} // closed, and replaced, at every commit that stores messages
@@ -154,8 +157,8 @@ type Store struct {
 func New(db *sql.DB, c Config) *Store {
 	s := &Store{db: db, dialect: c.Dialect, outbox: c.Outbox, inbox: c.Inbox, saga: c.Saga, notifier: c.Notifier, closeDB: c.CloseDB,
 		retry:   retryPolicy{attempts: c.DispatchAttempts, backoff: c.DispatchBackoff},
-		timeout: cmp.Or(c.Timeout, 30*time.Second),
-		logger:  c.Logger.With(slog.String("store", c.Dialect.String())), commit: make(chan struct{}),
+		timeout: cmp.Or(c.Timeout, 30*time.Second), purgeChunk: 5000,
+		logger: c.Logger.With(slog.String("store", c.Dialect.String())), commit: make(chan struct{}),
 		queries: buildQueries(c.Dialect, c.Outbox, c.Inbox)}
 	if s.saga.Name == "" {
 		s.saga = Table{Name: "plugbus_saga"}
@@ -165,6 +168,10 @@ func New(db *sql.DB, c Config) *Store {
 	s.queries.ddl = append(s.queries.ddl, sagaDDL...)
 	return s
 }
+
+// SetPurgeChunk sets how many rows PurgeDispatched and PurgeProcessed
+// delete per statement (5,000 unless set): for tests.
+func (s *Store) SetPurgeChunk(n int) { s.purgeChunk = n }
 
 // DB returns the database.
 func (s *Store) DB() *sql.DB { return s.db }
