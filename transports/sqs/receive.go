@@ -408,6 +408,17 @@ func (t *Transport) deleteQueueBatch(batch []*deleteReq) {
 	for i, r := range batch {
 		entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(r.e.handle)}
 	}
+	// A message whose visibility timeout ended before its delete (the
+	// heartbeat could not extend it) may have been received again, by
+	// this or another consumer: SQS then answers a delete with the receipt
+	// handle of the earlier receive with success, and removes nothing.
+	now := time.Now()
+	lapsed := make([]bool, len(batch))
+	t.mu.Lock()
+	for i, r := range batch {
+		lapsed[i] = !r.e.deadline.After(now)
+	}
+	t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out, err := t.sqs.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: &url, Entries: entries})
@@ -422,7 +433,12 @@ func (t *Transport) deleteQueueBatch(batch []*deleteReq) {
 		failed[aws.ToString(f.Id)] = fmt.Errorf("SQS refused the delete: %s: %s (the message will be delivered again)", aws.ToString(f.Code), aws.ToString(f.Message))
 	}
 	for i, r := range batch {
-		r.done <- failed[strconv.Itoa(i)]
+		err := failed[strconv.Itoa(i)]
+		if err == nil && lapsed[i] {
+			err = fmt.Errorf("its visibility timeout ended %v before the delete (extending it had failed): SQS may have delivered it again, to this or another consumer, and then a delete with the receipt handle of this receive does not remove it",
+				now.Sub(r.e.deadline).Round(time.Millisecond))
+		}
+		r.done <- err
 	}
 }
 

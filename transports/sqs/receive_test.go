@@ -3,9 +3,14 @@ package sqs_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/sqstest"
@@ -145,4 +150,59 @@ func TestBinaryBodiesThroughSQSAndSNS(t *testing.T) {
 			}
 		}
 	}
+}
+
+// refusingTransport fails every ChangeMessageVisibilityBatch request (the
+// heartbeat) and passes the others on.
+type refusingTransport struct{}
+
+func (refusingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(req.Header.Get("X-Amz-Target"), ".ChangeMessageVisibilityBatch") {
+		return nil, errors.New("heartbeat refused by the test")
+	}
+	return httpTransport.RoundTrip(req)
+}
+
+// A handler that outlives the visibility timeout while the heartbeat
+// cannot extend it: another consumer receives the message, and the first
+// consumer's late Delete, made with the receipt handle of an earlier
+// receive, does not remove it. The Delete says so instead of reporting
+// the message deleted.
+func TestLateDeleteAfterTheVisibilityLapsedIsReported(t *testing.T) {
+	cfg := awsConfig(t)
+	prefix := sqstest.UniquePrefix(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	open := func(cfg aws.Config) *sqs.Transport {
+		tr := sqs.New(cfg, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(time.Second),
+			sqs.WithSQSOptions(func(o *awssqs.Options) { o.RetryMaxAttempts = 1 }))...)
+		if err := tr.Setup(ctx, bus.Topology{Endpoint: "lapsed", MaxAttempts: 5, Concurrency: 1}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tr.Close(context.Background()) })
+		return tr
+	}
+	refused := cfg.Copy()
+	refused.HTTPClient = &http.Client{Transport: refusingTransport{}}
+	a, b := open(refused), open(cfg)
+	send(ctx, t, a, "lapsed", 1)
+	d, err := a.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a's heartbeat fails: once the visibility timeout ends, b gets it.
+	again, err := b.Receive(ctx)
+	if err != nil {
+		t.Fatalf("the message did not come back to another consumer: %v", err)
+	}
+	if again.Attributes.MessageID != d.Attributes.MessageID {
+		t.Fatalf("b received %s, want %s", again.Attributes.MessageID, d.Attributes.MessageID)
+	}
+	if err := a.Delete(ctx, d); err == nil || !strings.Contains(err.Error(), "visibility timeout") {
+		t.Errorf("late Delete of a message another consumer received: %v, want an error saying its visibility timeout ended", err)
+	}
+	if err := b.Delete(ctx, again); err != nil {
+		t.Fatalf("Delete by the consumer holding it: %v", err)
+	}
+	expectNothing(t, b, 1500*time.Millisecond)
 }
