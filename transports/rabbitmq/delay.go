@@ -120,6 +120,12 @@ func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause erro
 	writeRetries(h, d.Retries)
 	forgetDeaths(h)
 	msg.Expiration = ""
+	if err := checkFrame(&msg, s.conn.Config.FrameSize-deathsSize(r)); err != nil {
+		// The copy, or the x-death headers each delay queue adds to it,
+		// would not fit a frame: retry it at once, or dead-letter it.
+		t.log.Warn("cannot delay a message; returning it at once", slog.String("queue", queue), slog.String("message_id", d.Attributes.MessageID), slog.Any("error", err))
+		return t.Return(ctx, d, cause)
+	}
 	if err := t.resend(ctx, s, d, m, r, &msg, s.redeclareDelays); err != nil {
 		return err
 	}

@@ -48,7 +48,9 @@
 // declares it again, with the endpoint's bindings, and publishes again;
 // other endpoints miss events until their transports reconnect or
 // publish (see the docs). A body over [WithMaxMessageSize] is refused
-// before sending with a [*bus.MessageTooLargeError].
+// before sending with a [*bus.MessageTooLargeError], properties and
+// headers that do not fit one AMQP frame (on which the broker would close
+// the connection) with a [*HeadersTooLargeError].
 //
 // # Delays
 //

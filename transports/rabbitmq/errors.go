@@ -17,6 +17,8 @@ var (
 	ErrConnectionLost = errors.New("rabbitmq: the connection this delivery came from was lost; the broker redelivers it")
 	// ErrRefused is matched by [*RefusedError].
 	ErrRefused = errors.New("rabbitmq: broker refused the message")
+	// ErrHeadersTooLarge is matched by [*HeadersTooLargeError].
+	ErrHeadersTooLarge = errors.New("rabbitmq: message properties and headers too large for an AMQP frame")
 	// ErrUnreachable is matched by [*UnreachableError].
 	ErrUnreachable = errors.New("rabbitmq: no connection to the broker")
 )

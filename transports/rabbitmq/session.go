@@ -391,8 +391,10 @@ var errChannelClosed = errors.New("rabbitmq: publisher channel closed before the
 
 // publish publishes msg and waits for its confirmation. It returns errRetry
 // when the session died before the broker confirmed, errChannelClosed when
-// the channel was closed before msg was sent, and a [*RefusedError] when
-// the broker closed the channel while msg was in flight.
+// the channel was closed before msg was sent, a [*RefusedError] when
+// the broker closed the channel while msg was in flight, and a
+// [*HeadersTooLargeError], without sending, for a msg whose properties
+// and headers do not fit a frame.
 func (p *publisher) publish(ctx context.Context, exchange, key string, mandatory bool, msg *amqp.Publishing) error {
 	c, err := p.channel()
 	if err != nil {
@@ -417,6 +419,12 @@ func (p *publisher) startJoined(ctx context.Context, c *pubChannel, exchange, ke
 // start publishes msg on c without waiting for its confirmation, with
 // publish's errors for a publish that was not sent.
 func (p *publisher) start(ctx context.Context, c *pubChannel, exchange, key string, mandatory bool, msg *amqp.Publishing) (*amqp.DeferredConfirmation, error) {
+	// A content header frame over the frame size makes the broker close
+	// the connection (FRAME_ERROR), which would be taken for a lost one
+	// and the message published again, and again.
+	if err := checkFrame(msg, p.s.conn.Config.FrameSize); err != nil {
+		return nil, err
+	}
 	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, *msg)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -338,8 +338,10 @@ func (t *Transport) Delete(_ context.Context, d *bus.Delivery) error {
 // the broker routes the copy nowhere else), and carries d.Retries, the retry history the bus updated, in
 // [HeaderRetries]. When the broker refuses the copy, d is requeued (nack)
 // and the error returned: the broker redelivers d with its attempt count
-// unchanged.
-func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error {
+// unchanged. A d whose headers leave no room in a frame for those of the
+// copy (another producer's) cannot be retried: it is dead-lettered, with
+// cause and why.
+func (t *Transport) Return(ctx context.Context, d *bus.Delivery, cause error) error {
 	s, m, err := t.settling(d)
 	if err != nil {
 		return err
@@ -347,6 +349,9 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error 
 	msg, h := t.republishing(m, 2)
 	h[HeaderAttempt] = int32(d.Attempt + 1)
 	writeRetries(h, d.Retries)
+	if err := checkFrame(&msg, s.conn.Config.FrameSize); err != nil {
+		return t.failTooLarge(ctx, d, cause, err)
+	}
 	queue := t.topology().Endpoint
 	if m.ConsumerTag == instanceConsumer {
 		queue = t.instanceQueue()
@@ -363,7 +368,9 @@ func (t *Transport) Return(ctx context.Context, d *bus.Delivery, _ error) error 
 // confirmed it, acknowledges d. When the broker refuses the copy, d is
 // requeued (nack) as by Return. A transport without an endpoint (an
 // instance queue alone) has no dead-letter queue: it logs the message and
-// its failure at error level and acknowledges it.
+// its failure at error level and acknowledges it. Headers of d (another
+// producer's) that leave no room in a frame for the failure are left out
+// of the copy, largest first, and named in its reason.
 func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) error {
 	s, m, err := t.settling(d)
 	if err != nil {
@@ -393,12 +400,27 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 	h[HeaderFailureAttempts] = int32(f.Attempts)
 	h[HeaderFailureEndpoint] = endpoint
 	h[HeaderFailureTime] = f.Time.UTC().Format(time.RFC3339Nano)
+	if left := fitDeadLetter(&msg, s.conn.Config.FrameSize); left != nil {
+		t.log.WarnContext(ctx, "dead letter: headers left out, which a frame cannot hold beside the failure",
+			slog.Any("headers", left), slog.Int("frame_size", s.conn.Config.FrameSize),
+			slog.String("message_name", d.Name), slog.String("message_id", d.Attributes.MessageID))
+	}
 	dlq := DeadLetterQueue(t.topology().Endpoint)
 	missing := func() error { return s.redeclareQueue(dlq, t.o.deadLetterArgs()) }
 	if err := t.resend(ctx, s, d, m, route{key: dlq, queue: dlq}, &msg, missing); err != nil {
 		return err
 	}
 	return t.ack(s, d, m)
+}
+
+// failTooLarge dead-letters d, which Return or ReturnAfter could not copy
+// because the copy's headers do not fit a frame (tooLarge): retried as it
+// came, it would fail the same way for ever.
+func (t *Transport) failTooLarge(ctx context.Context, d *bus.Delivery, cause, tooLarge error) error {
+	reason := fmt.Sprintf("%v; it cannot be retried: %v", cause, tooLarge)
+	t.log.WarnContext(ctx, "message dead-lettered instead of retried: its headers leave no room for the retry's",
+		slog.String("message_name", d.Name), slog.String("message_id", d.Attributes.MessageID), slog.Int("attempt", d.Attempt), slog.Any("error", tooLarge))
+	return t.Fail(ctx, d, bus.Failure{Reason: reason, Attempts: d.Attempt, History: d.Retries})
 }
 
 // route is where resend publishes a copy: an exchange ("" is the default
