@@ -103,9 +103,19 @@ func readCarried(text string) carried {
 // carried in hops of 15 minutes, each a send, a receive and a delete.
 func (t *Transport) MaxDelay() time.Duration { return maxDelay }
 
-// instanceMaxDelay is the longest delay of a message of the instance
-// queue, which SQS keeps for 60 s from when it was sent.
-const instanceMaxDelay = 45 * time.Second
+// instanceHopDelay is the longest delay of one message on an instance
+// queue, which SQS keeps for 60 s from when it was sent, delay included:
+// a longer delay is carried in hops of this length, each a message of its
+// own, so that none outlives the queue's retention.
+const instanceHopDelay = 45 * time.Second
+
+// hopTo returns the longest delay of one message to the queue of url.
+func (t *Transport) hopTo(url string) time.Duration {
+	if isInstanceQueueURL(url) {
+		return min(t.o.hop, t.o.instanceHop)
+	}
+	return t.o.hop
+}
 
 // ReturnAfter gives d back to its queue for redelivery with Attempt+1, no
 // earlier than delay from now (none for a delay of 0 or less; a delay
@@ -132,20 +142,16 @@ func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause erro
 		delay = maxDelay
 	}
 	delay = max(delay, 0)
-	if e.queue == t.instURL && delay > instanceMaxDelay {
-		// An instance queue keeps a message 60 s from when it was sent,
-		// delay included: a longer delay would lose it.
-		delay = instanceMaxDelay
-	}
+	hop := t.hopTo(e.queue)
 	now := time.Now()
 	var due time.Time
-	if delay > t.o.hop {
+	if delay > hop {
 		due = now.Add(delay)
 	}
 	prior := min(d.Attempt, t.maxAttempts-1)
 	attrs, err := withCarried(e.msg.MessageAttributes, prior, due, d.Retries)
 	if err == nil {
-		err = t.resend(ctx, e, attrs, min(delay, t.o.hop))
+		err = t.resend(ctx, e, attrs, min(delay, hop))
 	}
 	if err != nil {
 		return t.delayVisible(ctx, e, d, now, delay, err)
@@ -420,7 +426,8 @@ func (t *Transport) ignoreCarried(ctx context.Context, d *bus.Delivery, field, w
 func (t *Transport) hop(ctx context.Context, e *entry, d *bus.Delivery, due time.Time) {
 	ctx = context.WithoutCancel(ctx)
 	rest := time.Until(due)
-	err := t.resend(ctx, e, e.msg.MessageAttributes, min(rest, t.o.hop))
+	hop := t.hopTo(e.queue)
+	err := t.resend(ctx, e, e.msg.MessageAttributes, min(rest, hop))
 	if err != nil {
 		t.log.WarnContext(ctx, "sending on a message that is not due yet failed: it is hidden by its visibility timeout instead",
 			slog.String("message_id", d.Attributes.MessageID), slog.Time("due", due), slog.Any("error", err))
@@ -437,7 +444,7 @@ func (t *Transport) hop(ctx context.Context, e *entry, d *bus.Delivery, due time
 	}
 	if t.log.Enabled(ctx, slog.LevelDebug) {
 		t.log.DebugContext(ctx, "message not due yet sent on", slog.String("message_id", d.Attributes.MessageID), slog.Time("due", due),
-			slog.Duration("delay", time.Duration(ceilSeconds(min(rest, t.o.hop)))*time.Second))
+			slog.Duration("delay", time.Duration(ceilSeconds(min(rest, hop)))*time.Second))
 	}
 }
 

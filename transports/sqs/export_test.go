@@ -42,6 +42,10 @@ func SNSNotification(body string) (topic string, ok bool) { return snsNotificati
 // production, so that tests can exercise delays carried in hops.
 func WithHop(d time.Duration) Option { return func(o *options) { o.hop = d } }
 
+// WithInstanceHop sets the longest delay of one message on an instance
+// queue, 45 s in production (the queue keeps a message 60 s).
+func WithInstanceHop(d time.Duration) Option { return func(o *options) { o.instanceHop = d } }
+
 // SendAt exposes the delayed send: env goes to the queue of dest, to be
 // delivered no earlier than due.
 func (t *Transport) SendAt(ctx context.Context, env *bus.Envelope, dest string, due time.Time) error {

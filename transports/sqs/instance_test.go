@@ -87,3 +87,39 @@ func TestInstanceQueueFailureGoesToTheEndpointsDeadLetterQueue(t *testing.T) {
 		t.Errorf("dead letters of ep = %+v, want the failed reply r1", dl)
 	}
 }
+
+// A message sent to an instance queue with a delay longer than the
+// queue's hop (45 s in production: the queue keeps a message 60 s from
+// when it was sent, delay included) is carried in hops, each a message of
+// its own, and arrives when due, rather than sent with the whole delay
+// and expired by the queue before it is due.
+func TestDelayOnAnInstanceQueueIsCarriedInHops(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cfg := awsConfig(t)
+	logs := &sqstest.LogRecorder{}
+	tr := sqs.New(cfg, sqstest.FastOptions(sqstest.UniquePrefix(t, cfg), sqs.WithHop(time.Minute), sqs.WithInstanceHop(time.Second),
+		sqs.WithLogger(logs.DebugLogger()))...)
+	defer tr.Close(context.Background())
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 1, Instance: true}); err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now()
+	const delay = 2500 * time.Millisecond
+	if err := tr.SendAt(ctx, envelope("Reply", "r1"), tr.InstanceAddress(), since.Add(delay)); err != nil {
+		t.Fatal(err)
+	}
+	d, err := tr.ReceiveInstance(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(since); d.Attributes.MessageID != "r1" || waited < delay {
+		t.Fatalf("received %s after %s, want r1 after %s", d.Attributes.MessageID, waited, delay)
+	}
+	if hops := logs.Records(t, "DEBUG", "message not due yet sent on"); len(hops) < 2 {
+		t.Errorf("%d hops for a delay of %s on an instance queue in hops of 1s, want at least 2:\n%s", len(hops), delay, logs)
+	}
+	if err := tr.Delete(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -72,6 +72,7 @@ type options struct {
 	snsOpts        []func(*awssns.Options)
 	deleteFlushers int
 	hop            time.Duration // the longest delay of one message (delay.go); shorter in tests
+	instanceHop    time.Duration // the same on an instance queue (delay.go); shorter in tests
 	requestTimeout time.Duration // of each attempt of an AWS request (timeout.go)
 }
 
@@ -171,7 +172,7 @@ func New(cfg aws.Config, opts ...Option) *Transport {
 	o := options{
 		visibility: 30 * time.Second, wait: DefaultWaitTime,
 		maxSize: DefaultMaxMessageSize, dlqRetention: 14 * 24 * time.Hour,
-		deleteFlushers: 2, hop: hopDelay, requestTimeout: DefaultRequestTimeout,
+		deleteFlushers: 2, hop: hopDelay, instanceHop: instanceHopDelay, requestTimeout: DefaultRequestTimeout,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -639,14 +640,19 @@ func (t *Transport) prepareSend(ctx context.Context, env *bus.Envelope, to strin
 	if err != nil {
 		return queued{}, fmt.Errorf("sqs: send %s: %w", env.Name, err)
 	}
+	byURL := isQueueURL(to)
+	hop := t.o.hop
+	if byURL {
+		hop = t.hopTo(to)
+	}
 	delay, err := delayUntil(due, time.Now())
-	if err == nil && delay > t.o.hop {
+	if err == nil && delay > hop {
 		err = e.setDue(env.Name, due, t.o.maxSize)
 	}
 	if err != nil {
 		return queued{}, fmt.Errorf("sqs: send %s: %w", env.Name, err)
 	}
-	q := queued{url: to, byURL: isQueueURL(to), e: e, delaySeconds: ceilSeconds(min(delay, t.o.hop))}
+	q := queued{url: to, byURL: byURL, e: e, delaySeconds: ceilSeconds(min(delay, hop))}
 	if !q.byURL {
 		if q.url, err = t.queueURLOf(ctx, to); err != nil {
 			return queued{}, fmt.Errorf("sqs: send %s: %w", env.Name, err)
