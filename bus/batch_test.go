@@ -228,9 +228,16 @@ func TestSendBatchKeepsDueTimes(t *testing.T) {
 			t.Errorf("delivered %v before it was due", due.Sub(at))
 		}
 	}
+	sent := 0
 	for _, s := range e.rec.Sent() {
-		if s.Envelope.Name == (chargeCard{}).MessageName() && !s.Envelope.Due.Equal(due) {
-			t.Errorf("envelope due %v, want %v", s.Envelope.Due, due)
+		if s.Envelope.Name == (chargeCard{}).MessageName() {
+			sent++
+			if !s.Envelope.Due.Equal(due) {
+				t.Errorf("envelope due %v, want %v", s.Envelope.Due, due)
+			}
 		}
+	}
+	if sent != 2 {
+		t.Errorf("the transport recorded %d envelopes of the batch, want 2", sent)
 	}
 }

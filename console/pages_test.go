@@ -61,8 +61,8 @@ func TestReplayAndDeleteASelection(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("delete: %d", resp.StatusCode)
 	}
-	if n, _ := tr.CountDeadLetters(t.Context(), "shop"); n != 0 || tr.Broker().Depth("shop") != 2 {
-		t.Errorf("after the delete: %d dead letters, depth %d", n, tr.Broker().Depth("shop"))
+	if n, err := tr.CountDeadLetters(t.Context(), "shop"); err != nil || n != 0 || tr.Broker().Depth("shop") != 2 {
+		t.Errorf("after the delete: %d dead letters, depth %d (err %v)", n, tr.Broker().Depth("shop"), err)
 	}
 	if code, _ := get(t, srv.URL+"/endpoints/shop/messages/"+dls[1].ID); code != http.StatusNotFound {
 		t.Errorf("a deleted dead letter's page: %d, want 404", code)

@@ -77,8 +77,8 @@ func TestActionsNeedPOSTWithTheCSRFToken(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/endpoints/shop?replayed=1" {
 		t.Fatalf("POST replay: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
 	}
-	if n, _ := tr.CountDeadLetters(t.Context(), "shop"); n != 0 || tr.Broker().Depth("shop") != 1 {
-		t.Errorf("after the replay: %d dead letters, depth %d", n, tr.Broker().Depth("shop"))
+	if n, err := tr.CountDeadLetters(t.Context(), "shop"); err != nil || n != 0 || tr.Broker().Depth("shop") != 1 {
+		t.Errorf("after the replay: %d dead letters, depth %d (err %v)", n, tr.Broker().Depth("shop"), err)
 	}
 }
 

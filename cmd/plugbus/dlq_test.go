@@ -156,8 +156,8 @@ func TestBulkReplayShowsProgressAndSummary(t *testing.T) {
 	if n := tr.Broker().Depth("bulk"); n != total {
 		t.Errorf("queue depth %d after the replay, want %d", n, total)
 	}
-	if n, _ := tr.CountDeadLetters(ctx, "bulk"); n != 0 {
-		t.Errorf("%d dead letters left", n)
+	if n, err := tr.CountDeadLetters(ctx, "bulk"); err != nil || n != 0 {
+		t.Errorf("%d dead letters left (err %v)", n, err)
 	}
 	// Not on a terminal: no bar, the summary alone.
 	out.Reset()

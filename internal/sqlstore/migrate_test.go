@@ -60,7 +60,8 @@ func TestMigrateBesideRunningBuses(t *testing.T) {
 		st := openMigrated(t, db)
 		errs := make(chan error, 4)
 		for range 4 {
-			go func() { errs <- (*sqlstore.Store)(db.Open(t)).Migrate(ctx) }()
+			s := (*sqlstore.Store)(db.Open(t)) // on the test's goroutine: Open may t.Fatal
+			go func() { errs <- s.Migrate(ctx) }()
 		}
 		for range 4 {
 			if err := <-errs; err != nil {

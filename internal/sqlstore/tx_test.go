@@ -25,8 +25,8 @@ func TestRollbackStoresNothing(t *testing.T) {
 		if !errors.Is(err, boom) {
 			t.Fatalf("InTx = %v, want boom", err)
 		}
-		if n, _ := (*store.Store)(st).Pending(ctx); n != 0 {
-			t.Fatalf("pending = %d after rollback", n)
+		if n, err := (*store.Store)(st).Pending(ctx); err != nil || n != 0 {
+			t.Fatalf("pending = %d after rollback (err %v)", n, err)
 		}
 	})
 }

@@ -213,8 +213,11 @@ func TestPerHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := bustest.RecordNext(bus.RetryAfter(errors.New("busy"), time.Second))
-	_ = mw.Handling(context.Background(), bustest.Handling("refund", refund{}, bus.Attributes{}), rec.Next)
+	busy := bus.RetryAfter(errors.New("busy"), time.Second)
+	rec := bustest.RecordNext(busy)
+	if err := mw.Handling(context.Background(), bustest.Handling("refund", refund{}, bus.Attributes{}), rec.Next); !errors.Is(err, busy) || !rec.Called() {
+		t.Fatalf("Handling = %v, next called %v; want next's error", err, rec.Called())
+	}
 	if r := recs.wait(t, 1)[0]; r["outcome"] != "returned" || r["level"] != "WARN" || r["handler"] != "refund" {
 		t.Fatalf("record %v, want outcome returned at WARN", r)
 	}

@@ -41,22 +41,32 @@ func run(ctx context.Context, mw bus.Middleware, msg bus.Message, attrs bus.Attr
 	return rec, mw.Handling(ctx, bustest.Handling("h", msg, attrs), rec.Next)
 }
 
-// A burst goes through at once; the run after it waits for its token:
-// at 10 tokens a second, the third run cannot start before 100ms after
-// the first took its token, however the machine is loaded.
+// A burst goes through at once; the run after it waits for its token.
+// At one token an hour in bursts of 2, the two runs of the burst are let
+// through and the third is returned with a wait of about an hour
+// (WithMaxWait): however loaded the machine, a burst cannot look like a
+// wait there. At 10 tokens a second the third run waits on the real timer
+// and then runs: it cannot start before 100ms after the first took its
+// token, however the machine is loaded.
 func TestBurstThenWaitForTheToken(t *testing.T) {
-	mw := instantiate(t, ratelimit.New(10, 2))
-	start := time.Now()
-	for range 2 {
-		if rec, err := run(t.Context(), mw, callPartner{}, bus.Attributes{}); err != nil || !rec.Called() {
-			t.Fatalf("within the burst: err %v, next called %v", err, rec.Called())
+	hourly := instantiate(t, ratelimit.New(rate.Every(time.Hour), 2, ratelimit.WithMaxWait(time.Minute)))
+	for i := range 2 {
+		if rec, err := run(t.Context(), hourly, callPartner{}, bus.Attributes{}); err != nil || !rec.Called() {
+			t.Fatalf("run %d of the burst at 1/h: err %v, next called %v", i+1, err, rec.Called())
 		}
 	}
-	if burst := time.Since(start); burst >= 100*time.Millisecond {
-		t.Skipf("the burst took %v: too loaded a machine to tell a burst from a wait", burst)
+	rec, err := run(t.Context(), hourly, callPartner{}, bus.Attributes{})
+	var le *ratelimit.LimitedError
+	if !errors.As(err, &le) || rec.Called() || le.Wait < 59*time.Minute {
+		t.Fatalf("after the burst at 1/h: err %v, next called %v; want a wait of about an hour", err, rec.Called())
 	}
-	if rec, err := run(t.Context(), mw, callPartner{}, bus.Attributes{}); err != nil || !rec.Called() {
-		t.Fatalf("after the burst: err %v, next called %v", err, rec.Called())
+
+	mw := instantiate(t, ratelimit.New(10, 2))
+	start := time.Now()
+	for i := range 3 {
+		if rec, err := run(t.Context(), mw, callPartner{}, bus.Attributes{}); err != nil || !rec.Called() {
+			t.Fatalf("run %d at 10/s: err %v, next called %v", i+1, err, rec.Called())
+		}
 	}
 	if waited := time.Since(start); waited < 95*time.Millisecond {
 		t.Fatalf("3 runs within %v at 10/s in bursts of 2, want at least 100ms", waited)

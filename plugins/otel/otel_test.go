@@ -629,9 +629,13 @@ func (systemTransport) MessagingSystem() string { return "rabbitmq" }
 func TestSystemFromTransport(t *testing.T) {
 	tel := newTelemetry(t)
 	b := newBus(t, bus.WithName("client"), bus.WithTransport(systemTransport{memory.New()}), bus.WithMiddleware(tel.plugin()))
-	_ = b.Publish(context.Background(), PlaceOrder{})
+	if err := b.Publish(context.Background(), PlaceOrder{}); err != nil {
+		t.Fatal(err)
+	}
 	forced := newBus(t, bus.WithName("client"), bus.WithTransport(systemTransport{memory.New()}), bus.WithMiddleware(tel.plugin(otel.WithSystem("kafka"))))
-	_ = forced.Send(context.Background(), PlaceOrder{}, bus.To("orders"))
+	if err := forced.Send(context.Background(), PlaceOrder{}, bus.To("orders")); err != nil {
+		t.Fatal(err)
+	}
 	stop(t, b, forced)
 	wantAttrs(t, tel.span(t, "publish PlaceOrder"), map[string]any{"messaging.system": "rabbitmq"})
 	wantAttrs(t, tel.span(t, "send PlaceOrder"), map[string]any{"messaging.system": "kafka"})

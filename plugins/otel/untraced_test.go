@@ -70,13 +70,18 @@ func TestUntracedMessageStartsItsOwnTrace(t *testing.T) {
 	if err := b.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	processed := 0
 	for _, s := range tel.spans.Ended() {
 		if s.Name() != "process PlaceOrder" {
 			continue
 		}
+		processed++
 		if s.Parent().IsValid() || s.SpanContext().TraceID() == startup.SpanContext().TraceID() {
 			t.Errorf("span %q of an untraced message has parent %s in trace %s: the start-up span's trace (%s)",
 				s.Name(), s.Parent().SpanID(), s.SpanContext().TraceID(), startup.SpanContext().TraceID())
 		}
+	}
+	if processed != 2 {
+		t.Errorf("%d spans named process PlaceOrder, want one per message (2)", processed)
 	}
 }

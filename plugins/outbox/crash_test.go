@@ -325,8 +325,8 @@ func TestCrash(t *testing.T) {
 			}
 			dups := count(t, db, "SELECT count(*) FROM "+d.Table("queue")+" WHERE endpoint = 'sink'") - total
 			t.Logf("%s: %d Done messages re-dispatched after a crash (at least once, same id)", kind, dups)
-			if n, _ := st.Pending(ctx); n != 0 {
-				t.Errorf("%d messages still wait in the outbox", n)
+			if n, err := st.Pending(ctx); err != nil || n != 0 {
+				t.Errorf("%d messages still wait in the outbox (err %v)", n, err)
 			}
 		})
 	}

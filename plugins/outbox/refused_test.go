@@ -70,7 +70,13 @@ func TestRefusedMessageDoesNotBlock(t *testing.T) {
 		}
 		// A row is marked dispatched after the transport took it, in the
 		// relay's transaction: wait for the last marks to commit.
-		waitFor(t, "every delivered row marked dispatched", func() bool { n, _ := st.Pending(ctx); return n == 0 })
+		waitFor(t, "every delivered row marked dispatched", func() bool {
+			n, err := st.Pending(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n == 0
+		})
 	})
 }
 

@@ -273,6 +273,9 @@ func TestConcurrentRefusalKeepsConnection(t *testing.T) {
 			e.adm.deleteExchange(t, e.exchange)
 			close(deleted)
 			wg.Wait()
+			if !strings.Contains(logs.String(), "declared it again") {
+				t.Errorf("no publish was refused for the deleted exchange (no warning about it declared again): nothing raced on a refused channel; logs:\n%s", logs.String())
+			}
 			if n := reconnections(&logs); n != 0 {
 				t.Errorf("the connection was lost %d times; logs:\n%s", n, logs.String())
 			}
