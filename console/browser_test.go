@@ -2,10 +2,12 @@ package console_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/plugbus/plugbus/console"
 	"github.com/plugbus/plugbus/internal/dltest"
 	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/transports/memory"
 	"github.com/plugbus/plugbus/transports/rabbitmq"
 	"github.com/plugbus/plugbus/transports/transporttest"
 )
@@ -170,5 +173,143 @@ func TestBrowserReplaysADeadLetterOnRabbitMQ(t *testing.T) {
 	scripts, err := chromedp.Run(tab, chromedp.Evaluate[int](`document.scripts.length`))
 	if err != nil || scripts != 1 {
 		t.Errorf("the page has %d scripts (%v), want only the console's own", scripts, err)
+	}
+}
+
+// flaky is a manager whose broker can be made unreachable: its counts fail
+// while counts is down, its endpoint list while list is.
+type flaky struct {
+	*memory.Transport
+	counts, list atomic.Bool
+}
+
+var errUnreachable = errors.New("dial tcp 127.0.0.1:5672: connect: connection refused")
+
+func (f *flaky) CountDeadLetters(ctx context.Context, ep string) (int, error) {
+	if f.counts.Load() {
+		return 0, errUnreachable
+	}
+	return f.Transport.CountDeadLetters(ctx, ep)
+}
+
+func (f *flaky) QueueDepth(ctx context.Context, ep string) (int, error) {
+	if f.counts.Load() {
+		return 0, errUnreachable
+	}
+	return f.Transport.QueueDepth(ctx, ep)
+}
+
+func (f *flaky) Endpoints(ctx context.Context) ([]string, error) {
+	if f.list.Load() {
+		return nil, errUnreachable
+	}
+	return f.Transport.Endpoints(ctx)
+}
+
+// In a real browser: the endpoints' live refresh shows the broker's error
+// when it becomes unreachable (not a count of 0), and clears it when the
+// broker is back.
+func TestBrowserIndexShowsBrokerErrorsLive(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	tab := browser(t, ctx)
+	m := &flaky{Transport: memoryWith(t, "shop",
+		dltest.Message{Name: "shop.order", Body: `{}`, Reason: "a"},
+		dltest.Message{Name: "shop.order", Body: `{}`, Reason: "b"})}
+	_, srv := server(t, m, console.WithLogger(slog.New(slog.DiscardHandler)))
+	row := `#endpoints tr[data-endpoint="shop"]`
+	if err := chromedp.Do(tab, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(row)); err != nil {
+		t.Fatalf("the index page: %v", err)
+	}
+	js := `document.querySelector('` + row + ` [data-field="dead_letters"]').textContent.trim()`
+	rowError := `(document.querySelector('` + row + ` .error') || {textContent: ""}).textContent.trim()`
+	if dead, err := chromedp.Run(tab, chromedp.Evaluate[string](js)); err != nil || dead != "2" {
+		t.Fatalf("the index shows %q dead letters (%v), want 2", dead, err)
+	}
+	// The counts fail: a refresh changes the row; it must show the error.
+	m.counts.Store(true)
+	if _, err := chromedp.Run(tab, chromedp.Poll[bool](js+` !== "2" || `+rowError+` !== ""`, chromedp.WithPollingMutation(), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		t.Fatalf("no refresh changed the row while the broker was unreachable: %v", err)
+	}
+	dead, _ := chromedp.Run(tab, chromedp.Evaluate[string](js))
+	shown, _ := chromedp.Run(tab, chromedp.Evaluate[string](rowError))
+	if !strings.Contains(shown, "connection refused") || dead == "0" {
+		t.Errorf("with the broker unreachable the row shows %q dead letters and error %q; want the error, not 0", dead, shown)
+	}
+	// The broker is back: the error goes.
+	m.counts.Store(false)
+	if _, err := chromedp.Run(tab, chromedp.Poll[bool](js+` === "2" && `+rowError+` === ""`, chromedp.WithPollingMutation(), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		shown, _ := chromedp.Run(tab, chromedp.Evaluate[string](rowError))
+		t.Fatalf("the broker is back, the row still shows error %q: %v", shown, err)
+	}
+	// The endpoints cannot be listed: /api/stats fails whole; the page says so.
+	m.list.Store(true)
+	banner := `(document.getElementById("refresh-error") || {textContent: ""}).textContent`
+	if _, err := chromedp.Run(tab, chromedp.Poll[bool](banner+`.includes("connection refused")`, chromedp.WithPollingMutation(), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		t.Fatalf("a failed refresh is not shown: %v", err)
+	}
+	m.list.Store(false)
+	if _, err := chromedp.Run(tab, chromedp.Poll[bool](`!document.getElementById("refresh-error") || document.getElementById("refresh-error").hidden`, chromedp.WithPollingMutation(), chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		t.Fatalf("the failed refresh is still shown after one succeeded: %v", err)
+	}
+}
+
+// In a real browser: replaying a dead letter from a filtered list comes
+// back to the same filtered list, not to every dead letter.
+func TestBrowserActionKeepsTheFilter(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	tab := browser(t, ctx)
+	tr := memoryWith(t, "shop",
+		dltest.Message{Name: "shop.order", Body: `{"n":1}`, Reason: "card declined"},
+		dltest.Message{Name: "shop.order", Body: `{"n":2}`, Reason: "timeout"},
+		dltest.Message{Name: "shop.order", Body: `{"n":3}`, Reason: "card expired"},
+		dltest.Message{Name: "shop.order", Body: `{"n":4}`, Reason: "card declined"})
+	_, srv := server(t, tr, console.WithLogger(slog.New(slog.DiscardHandler)))
+	if err := chromedp.Do(tab, chromedp.Navigate(srv.URL+"/endpoints/shop"), chromedp.WaitVisible(`#dead-letters`),
+		chromedp.SendKeys(`input[name="error"]`, "card"), chromedp.Click(`.filters button[type="submit"]`),
+		chromedp.WaitVisible(`input[name="error"][value="card"]`)); err != nil {
+		t.Fatalf("filtering: %v", err)
+	}
+	if rows, err := chromedp.Run(tab, chromedp.Nodes(`#dead-letters tr[data-id]`)); err != nil || len(rows) != 3 {
+		t.Fatalf("the filter lists %d dead letters (%v), want 3", len(rows), err)
+	}
+	if err := chromedp.Do(tab, chromedp.Click(`#dead-letters tr[data-id] button.replay-one`), chromedp.WaitVisible(`#flash`)); err != nil {
+		t.Fatalf("replaying from the filtered list: %v", err)
+	}
+	filter, _ := chromedp.Run(tab, chromedp.Value(`input[name="error"]`))
+	rows, err := chromedp.Run(tab, chromedp.Nodes(`#dead-letters tr[data-id]`))
+	if err != nil || len(rows) != 2 || filter != "card" {
+		t.Errorf("after the replay the list has %d rows (%v) and the filter %q; want the 2 left that match \"card\"", len(rows), err, filter)
+	}
+}
+
+// In a real browser: a huge header (a long token without spaces) and a
+// large body are shown whole, wrapped within the page's width.
+func TestBrowserHugeHeaderAndBodyAreShownWholeAndWrapped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	tab := browser(t, ctx)
+	token := strings.Repeat("eyJhbGciOiJSUzI1NiJ9", 400) // 8,000 characters
+	body := `{"blob":"` + strings.Repeat("A", 1<<20) + `"}`
+	tr := memoryWith(t, "shop", dltest.Message{Name: "shop.order", Body: body, Headers: bus.Headers{"authorization-context": token}, Reason: "bad " + strings.Repeat("x", 300)})
+	_, srv := server(t, tr, console.WithLogger(slog.New(slog.DiscardHandler)))
+	dls, _ := tr.ListDeadLetters(t.Context(), bus.DeadLetterFilter{Endpoint: "shop"})
+	for _, page := range []string{"/endpoints/shop", "/endpoints/shop/messages/" + dls[0].ID} {
+		if err := chromedp.Do(tab, chromedp.Navigate(srv.URL+page), chromedp.WaitVisible(`main`)); err != nil {
+			t.Fatal(err)
+		}
+		wide, err := chromedp.Run(tab, chromedp.Evaluate[[]int](`[document.documentElement.scrollWidth, document.documentElement.clientWidth]`))
+		if err != nil || wide[0] > wide[1] {
+			t.Errorf("%s is %v pixels wide in a window of %v (%v): a long value does not wrap", page, wide[0], wide[1], err)
+		}
+	}
+	shown, err := chromedp.Run(tab, chromedp.Text(`#headers`))
+	if err != nil || !strings.Contains(shown, token) {
+		t.Errorf("the header is not shown whole (%d characters shown, %v)", len(shown), err)
+	}
+	n, err := chromedp.Run(tab, chromedp.Evaluate[int](`document.getElementById("body").textContent.length`))
+	if err != nil || n < len(body) {
+		t.Errorf("the body shows %d characters (%v), want at least %d", n, err, len(body))
 	}
 }

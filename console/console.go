@@ -108,11 +108,17 @@ func New(m bus.DeadLetterManager, opts ...Option) (*Console, error) {
 	return c, nil
 }
 
+// deref is *p, for the templates.
+func deref(p *int) int { return *p }
+
+// rate formats a rate of messages per second, for the templates.
+func rate(p *float64) string { return fmt.Sprintf("%.1f", *p) }
+
 func (c *Console) parse() error {
 	c.pages = map[string]*template.Template{}
 	// seg escapes a path segment: an endpoint or a dead letter's id may hold
 	// "/", "?" or "#" (a foreign producer's message id, an SQS id).
-	funcs := template.FuncMap{"time": formatTime, "oneLine": dlview.OneLine, "seg": url.PathEscape}
+	funcs := template.FuncMap{"time": formatTime, "oneLine": dlview.OneLine, "seg": url.PathEscape, "deref": deref, "rate": rate}
 	for _, page := range []string{"index.html", "endpoint.html", "message.html", "error.html"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,11 +54,13 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, err e
 	c.render(w, r, "error.html", status, err.Error())
 }
 
-// endpointRow is one endpoint of the index page and of /api/stats.
+// endpointRow is one endpoint of the index page and of /api/stats. Depth
+// and DeadLetters are nil (null) when the broker could not be read: Error
+// says why.
 type endpointRow struct {
 	Endpoint    string   `json:"endpoint"`
-	Depth       int      `json:"depth"`
-	DeadLetters int      `json:"dead_letters"`
+	Depth       *int     `json:"depth"`
+	DeadLetters *int     `json:"dead_letters"`
 	Rate        *float64 `json:"messages_per_second,omitempty"`
 	RateKind    string   `json:"rate_kind"` // "delivered" or "depth change"
 	Error       string   `json:"error,omitempty"`
@@ -72,14 +75,18 @@ func (c *Console) rows(r *http.Request) ([]endpointRow, error) {
 	for i, ep := range eps {
 		row := endpointRow{Endpoint: ep}
 		var errs []string
-		if row.Depth, err = c.m.QueueDepth(r.Context(), ep); err != nil {
+		if n, err := c.m.QueueDepth(r.Context(), ep); err != nil {
 			errs = append(errs, err.Error())
+		} else {
+			row.Depth = &n
 		}
-		if row.DeadLetters, err = c.m.CountDeadLetters(r.Context(), ep); err != nil {
+		if n, err := c.m.CountDeadLetters(r.Context(), ep); err != nil {
 			errs = append(errs, err.Error())
+		} else {
+			row.DeadLetters = &n
 		}
 		row.Rate, row.RateKind = c.rates.get(r, c.m, ep, row.Depth)
-		row.Error = strings.Join(errs, "; ")
+		row.Error = strings.Join(slices.Compact(errs), "; ")
 		rows[i] = row
 	}
 	return rows, nil
@@ -111,6 +118,25 @@ type filterForm struct {
 }
 
 const formTime = "2006-01-02T15:04"
+
+// filterKeys are the query keys of an endpoint page's filter.
+var filterKeys = []string{"name", "error", "since", "until", "limit"}
+
+// Query is the filter as the endpoint page's query, without the fields
+// left empty: the action forms carry it so as to come back to the same
+// list.
+func (ff filterForm) Query() string {
+	q := url.Values{}
+	for k, v := range map[string]string{"name": ff.Name, "error": ff.Error, "since": ff.Since, "until": ff.Until} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if ff.Limit != defaultLimit {
+		q.Set("limit", strconv.Itoa(ff.Limit))
+	}
+	return q.Encode()
+}
 
 func parseFilter(r *http.Request, ep string) (bus.DeadLetterFilter, filterForm, error) {
 	q := r.URL.Query()
@@ -221,7 +247,18 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadGateway, fmt.Errorf("%s %d, then: %w", verb, n, err))
 		return
 	}
-	http.Redirect(w, r, "/endpoints/"+url.PathEscape(ep)+"?"+verb+"="+strconv.Itoa(n), http.StatusSeeOther)
+	// Back to the list the form came from: its filter (only the filter's
+	// keys of it), and what was done.
+	back := url.Values{}
+	if from, err := url.ParseQuery(r.PostForm.Get("filter")); err == nil {
+		for _, k := range filterKeys {
+			if v := from.Get(k); v != "" {
+				back.Set(k, v)
+			}
+		}
+	}
+	back.Set(verb, strconv.Itoa(n))
+	http.Redirect(w, r, "/endpoints/"+url.PathEscape(ep)+"?"+back.Encode(), http.StatusSeeOther)
 }
 
 // rates computes messages per second per endpoint between two requests of
@@ -244,11 +281,18 @@ type sample struct {
 // from; a request sooner gets the rate computed last.
 const minGap = 500 * time.Millisecond
 
-func (rs *rates) get(r *http.Request, m bus.DeadLetterManager, ep string, depth int) (*float64, string) {
-	s := sample{at: rs.now(), depth: depth}
+// get returns ep's rate and its kind. depth is nil when it could not be
+// read: a rate of depth change is then unknown, and the sample skipped.
+func (rs *rates) get(r *http.Request, m bus.DeadLetterManager, ep string, depth *int) (*float64, string) {
+	s := sample{at: rs.now()}
 	kind := "depth change"
 	dc, counts := m.(bus.DeliveryCounter)
-	if counts {
+	if !counts {
+		if depth == nil {
+			return nil, kind
+		}
+		s.depth = *depth
+	} else {
 		n, err := dc.Delivered(r.Context(), ep)
 		if err != nil {
 			return nil, ""

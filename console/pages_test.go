@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/console"
 	"github.com/plugbus/plugbus/internal/dltest"
 )
 
@@ -164,5 +165,119 @@ func TestOddIDsAreLinkedAndReplayed(t *testing.T) {
 	resp, _ := post(t, srv.URL+"/endpoints/shop/replay", url.Values{"one": {id}, "csrf": {csrf(t, msg)}})
 	if resp.StatusCode != http.StatusSeeOther || tr.Broker().Depth("shop") != 1 {
 		t.Fatalf("replay from the message's page: %d, depth %d", resp.StatusCode, tr.Broker().Depth("shop"))
+	}
+}
+
+// A dead letter without a message name (a foreign producer's message
+// without a type, dead-lettered as undecodable) is linked from the list by
+// visible text, so that it can be opened.
+func TestNamelessDeadLetterIsLinked(t *testing.T) {
+	tr := memoryWith(t, "shop", dltest.Message{Name: "", Body: `{}`, Reason: "no message name"})
+	_, srv := server(t, tr)
+	dls, _ := tr.ListDeadLetters(t.Context(), bus.DeadLetterFilter{Endpoint: "shop"})
+	_, page := get(t, srv.URL+"/endpoints/shop")
+	link := `<a href="/endpoints/shop/messages/` + url.PathEscape(dls[0].ID) + `">`
+	i := strings.Index(page, link)
+	if i < 0 {
+		t.Fatalf("the list has no link to dead letter %s:\n%s", dls[0].ID, page)
+	}
+	text := page[i+len(link):]
+	text = text[:strings.Index(text, "</a>")]
+	if strings.TrimSpace(text) == "" {
+		t.Errorf("the link to the nameless dead letter %s has no text: it cannot be clicked\n%s", dls[0].ID, page[i:i+len(link)+10])
+	}
+}
+
+// A body that is not UTF-8 is shown as base64 and says so: it is not
+// mistaken for a JSON or text body that looks the same.
+func TestBinaryBodyIsShownAsBase64AndSaysSo(t *testing.T) {
+	tr := memoryWith(t, "shop",
+		dltest.Message{Name: "shop.blob", Body: "\xff\xfe\x00\x01binary", Reason: "bad"},
+		dltest.Message{Name: "shop.text", Body: `"//4AAWJpbmFyeQ=="`, Reason: "bad"})
+	_, srv := server(t, tr)
+	dls, _ := tr.ListDeadLetters(t.Context(), bus.DeadLetterFilter{Endpoint: "shop"})
+	_, blob := get(t, srv.URL+"/endpoints/shop/messages/"+dls[0].ID)
+	_, text := get(t, srv.URL+"/endpoints/shop/messages/"+dls[1].ID)
+	body := func(page string) string {
+		i := strings.Index(page, `<h2>Body</h2>`)
+		if i < 0 {
+			t.Fatalf("no body:\n%s", page)
+		}
+		return page[i:]
+	}
+	if body(blob) == body(text) {
+		t.Fatalf("a binary body and a JSON string body show the same:\n%s", body(blob))
+	}
+	if !strings.Contains(body(blob), "//4AAWJpbmFyeQ==") || !strings.Contains(body(blob), "UTF-8") || !strings.Contains(body(blob), "base64") {
+		t.Errorf("the binary body is not shown as base64 with a note saying so:\n%s", body(blob))
+	}
+}
+
+// While the broker cannot be read, /api/stats says so: the depth and the
+// dead-letter count are null (unknown), not 0, and no rate is made of
+// them (a depth-change rate from a failed read is a drop to 0).
+func TestStatsOfAFailedReadAreUnknown(t *testing.T) {
+	tr := memoryWith(t, "shop", dltest.Message{Name: "shop.order", Body: `{}`, Reason: "a"})
+	for i := range 4 {
+		env := &bus.Envelope{Name: "shop.order", Body: []byte("{}"), Attributes: bus.NewAttributes(fmt.Sprint(i), "", time.Now(), nil, nil)}
+		if err := tr.Send(t.Context(), env, "shop"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := &flaky{Transport: tr}
+	c, srv := server(t, depthOnly{m}, console.WithEndpoints("shop"))
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	c.SetClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	tick := func() { mu.Lock(); now = now.Add(time.Second); mu.Unlock() }
+	stats := func() map[string]any {
+		code, body := get(t, srv.URL+"/api/stats")
+		var rows []map[string]any
+		if err := json.Unmarshal([]byte(body), &rows); err != nil || len(rows) != 1 || code != http.StatusOK {
+			t.Fatalf("/api/stats: %d %v %s", code, err, body)
+		}
+		return rows[0]
+	}
+	if got := stats(); got["depth"] != 4.0 || got["dead_letters"] != 1.0 {
+		t.Fatalf("stats: %v, want depth 4 and 1 dead letter", got)
+	}
+	m.counts.Store(true)
+	tick()
+	got := stats()
+	if got["depth"] != nil || got["dead_letters"] != nil || got["messages_per_second"] != nil || !strings.Contains(fmt.Sprint(got["error"]), "connection refused") {
+		t.Errorf("stats with the broker unreachable: %v; want depth, dead_letters and the rate null, and the error", got)
+	}
+	m.counts.Store(false)
+	tick()
+	if got := stats(); got["depth"] != 4.0 || got["messages_per_second"] != 0.0 {
+		t.Errorf("stats with the broker back: %v; want depth 4 and a rate of 0 (nothing moved)", got)
+	}
+}
+
+// depthOnly is a manager without a delivery counter: its rate is the
+// change of the depth.
+type depthOnly struct{ bus.DeadLetterManager }
+
+// The index page shows the rate computed since the last sample as a number.
+func TestIndexShowsTheRate(t *testing.T) {
+	tr := memoryWith(t, "shop", dltest.Message{Name: "shop.order", Body: `{}`, Reason: "a"})
+	c, srv := server(t, depthOnly{tr}, console.WithEndpoints("shop"))
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	c.SetClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	get(t, srv.URL+"/")
+	for i := range 3 {
+		env := &bus.Envelope{Name: "shop.order", Body: []byte("{}"), Attributes: bus.NewAttributes(fmt.Sprint(i), "", time.Now(), nil, nil)}
+		if err := tr.Send(t.Context(), env, "shop"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Second)
+	mu.Unlock()
+	_, page := get(t, srv.URL+"/")
+	if !strings.Contains(page, `title="depth change">1.5</td>`) {
+		i := strings.Index(page, `data-field="rate"`)
+		t.Errorf("the index shows the rate as %.80s; want 1.5 (3 messages in 2 s)", page[max(i, 0):])
 	}
 }

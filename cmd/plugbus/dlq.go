@@ -284,7 +284,11 @@ func show(ctx context.Context, io stdio, m bus.DeadLetterManager, f bus.DeadLett
 			}
 		}
 		_ = tw.Flush()
-		fmt.Fprintf(io.out, "Body:\n%s\n", v.PrettyBody())
+		if v.BodyEncoding == "base64" {
+			fmt.Fprintf(io.out, "Body (not UTF-8: %d bytes, shown as base64):\n%s\n", v.BodySize, v.PrettyBody())
+		} else {
+			fmt.Fprintf(io.out, "Body:\n%s\n", v.PrettyBody())
+		}
 	}
 	return missing
 }

@@ -5,6 +5,7 @@ package dlview
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"maps"
 	"slices"
@@ -27,11 +28,16 @@ type DeadLetter struct {
 	Sticky        map[string]string `json:"sticky_attributes,omitempty"`
 	Headers       map[string]string `json:"headers,omitempty"`
 	// Body is the body as JSON when it is JSON, else as a string (a
-	// base64 string when it is not UTF-8).
-	Body    json.RawMessage   `json:"body"`
-	Failure Failure           `json:"failure"`
-	Replay  *bus.ReplayRecord `json:"replay,omitempty"`
-	pretty  string
+	// base64 string when it is not UTF-8, BodyEncoding then says so).
+	Body json.RawMessage `json:"body"`
+	// BodyEncoding is "base64" when Body is the base64 of a body that is
+	// not UTF-8, else empty.
+	BodyEncoding string `json:"body_encoding,omitempty"`
+	// BodySize is the body's length in bytes.
+	BodySize int               `json:"body_size"`
+	Failure  Failure           `json:"failure"`
+	Replay   *bus.ReplayRecord `json:"replay,omitempty"`
+	pretty   string
 }
 
 // Failure is a dead letter's failure as shown.
@@ -83,12 +89,15 @@ func Of(dl bus.DeadLetter) DeadLetter {
 		v.Body, _ = json.Marshal(string(env.Body))
 	default:
 		v.Body, _ = json.Marshal(env.Body) // base64
-		v.pretty = string(v.Body)
+		v.BodyEncoding = "base64"
+		v.pretty = base64.StdEncoding.EncodeToString(env.Body)
 	}
+	v.BodySize = len(env.Body)
 	return v
 }
 
-// PrettyBody is the body for a person: indented JSON, or the text as it is.
+// PrettyBody is the body for a person: indented JSON, the text as it is,
+// or the base64 of a body that is not UTF-8 (BodyEncoding "base64").
 func (v DeadLetter) PrettyBody() string { return v.pretty }
 
 // HeaderNames returns the header names, sorted.
