@@ -58,7 +58,7 @@ func (e *ChecksumError) Is(target error) bool { return target == ErrChecksum }
 type Error struct {
 	// Plugin is the plugin's name.
 	Plugin string
-	// Stage is the stage that failed.
+	// Stage is the stage that failed; zero for a Start or Stop hook.
 	Stage bus.Stage
 	// Message is the plugin's error text.
 	Message string
@@ -72,6 +72,9 @@ type Error struct {
 
 // Error implements error.
 func (e *Error) Error() string {
+	if e.Stage == 0 { // a Start or Stop hook's
+		return fmt.Sprintf("plugin %q: %s", e.Plugin, e.Message)
+	}
 	return fmt.Sprintf("plugin %q (%s stage): %s", e.Plugin, e.Stage, e.Message)
 }
 
@@ -95,7 +98,8 @@ func (e *Error) Is(target error) bool {
 
 // UnavailableError is returned, under the fail-closed policy, for a
 // message a plugin could not process because its process crashed, hung or
-// is restarting. In the incoming and handler stages the bus returns the
+// is restarting (and, with Stage zero, when a bus is built or its Start
+// or Stop hooks run meanwhile). In the incoming and handler stages the bus returns the
 // message for retry (after the retry policy's delay); in the outgoing
 // stage the message was not sent, and the caller of Send or Publish must
 // retry — unless HandedOn says the plugin failed after its next had sent
@@ -113,6 +117,9 @@ type UnavailableError struct {
 
 // Error implements error.
 func (e *UnavailableError) Error() string {
+	if e.Stage == 0 { // building a bus, or a Start or Stop hook: no message involved
+		return fmt.Sprintf("plugin %q unavailable: %v", e.Plugin, e.Err)
+	}
 	return fmt.Sprintf("plugin %q unavailable in the %s stage (fail-closed: %s; the plugin is restarted): %v", e.Plugin, e.Stage, failClosedOutcome(e.Stage, e.HandedOn), e.Err)
 }
 

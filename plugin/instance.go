@@ -107,7 +107,11 @@ func (inst *instance) lifecycle(ctx context.Context, op pluginproto.LifecycleReq
 		return &UnavailableError{Plugin: inst.p.Name(), Err: err}
 	}
 	if r.Error != nil {
-		return &Error{Plugin: inst.p.Name(), Message: r.Error.Message, Err: pluginproto.Sentinel(r.Error.Code)}
+		err := &Error{Plugin: inst.p.Name(), Message: r.Error.Message, Err: pluginproto.Sentinel(r.Error.Code)}
+		if r.Error.Code == pluginproto.ErrorCode_ERROR_CODE_PANIC {
+			err.Err = &bus.PanicError{Value: "in plugin " + inst.p.Name() + ": " + r.Error.Message}
+		}
+		return err
 	}
 	return nil
 }
@@ -116,11 +120,48 @@ func (inst *instance) start(ctx context.Context) error {
 	p := inst.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	inst.started = true
-	if !inst.hasStart || p.live.Load() == nil {
-		return nil // a restart in progress runs it
+	if inst.released {
+		if err := inst.reacquire(); err != nil {
+			return err
+		}
 	}
-	return inst.lifecycle(ctx, pluginproto.LifecycleRequest_OP_START)
+	if !inst.hasStart || p.live.Load() == nil {
+		inst.started = true // a restart in progress runs the hook
+		return nil
+	}
+	if err := inst.lifecycle(ctx, pluginproto.LifecycleRequest_OP_START); err != nil {
+		// Not started: the bus runs no Stop hook for it, and a restart
+		// must not run the hook that failed again.
+		return err
+	}
+	inst.started = true
+	return nil
+}
+
+// reacquire instantiates again, in a process started when the plugin is
+// idle, an instance its Stop hook released: when a later middleware's
+// Start hook fails, the bus runs the Stop hooks of those it started, and
+// Start may be called again. p.mu is held.
+func (inst *instance) reacquire() error {
+	p := inst.p
+	proc, err := p.ensure()
+	if err != nil {
+		return err
+	}
+	if proc == nil {
+		return &UnavailableError{Plugin: p.Name(), Err: errors.New("the plugin is restarting; try again")}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.startTimeout)
+	defer cancel()
+	if _, err := proc.rpc.Instantiate(ctx, inst.request()); err != nil {
+		if len(p.instances) == 0 {
+			p.idle()
+		}
+		return fmt.Errorf("plugin %q: instantiating for bus %q again: %w", p.Name(), inst.info.Name, err)
+	}
+	p.instances[inst.id] = inst
+	inst.released = false
+	return nil
 }
 
 // stop runs the plugin's Stop hook and releases the instance; the last

@@ -538,6 +538,11 @@ func (p *Plugin) ensure() (*process, error) {
 	return proc, nil
 }
 
+// maxLogLine is the longest piece of a line of the plugin's stdout or
+// stderr logged as one record: go-plugin's buffer for the plugin's log
+// lines.
+const maxLogLine = 64 << 10
+
 // lineLogger logs what the plugin writes to its stdout or stderr.
 type lineLogger struct {
 	l      *slog.Logger
@@ -552,13 +557,20 @@ func (w *lineLogger) Write(b []byte) (int, error) {
 	w.buf = append(w.buf, b...)
 	for {
 		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 {
-			break
+		switch {
+		case i >= 0 && i <= maxLogLine:
+			w.l.Info(string(w.buf[:i]), slog.String("stream", w.stream))
+			w.buf = w.buf[i+1:]
+		case len(w.buf) >= maxLogLine:
+			// A line this long (or output without newline at all) is
+			// logged in pieces, rather than held until a newline that
+			// may never come.
+			w.l.Info(string(w.buf[:maxLogLine]), slog.String("stream", w.stream))
+			w.buf = w.buf[maxLogLine:]
+		default:
+			return len(b), nil
 		}
-		w.l.Info(string(w.buf[:i]), slog.String("stream", w.stream))
-		w.buf = w.buf[i+1:]
 	}
-	return len(b), nil
 }
 
 var _ bus.Plugin = (*Plugin)(nil)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/plugin"
+	"github.com/plugbus/plugbus/plugin/internal/scenarios"
 )
 
 // recorder is a log handler that hands every record to a channel (and to
@@ -270,5 +271,143 @@ func TestWithBackoffRefusesInvalid(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "plugin: WithBackoff") || !strings.Contains(err.Error(), "Initial") {
 			t.Errorf("Load with WithBackoff(%+v) = %v, want an error saying what to change", b, err)
 		}
+	}
+}
+
+// TestStartAgainAfterAFailedStart: when a later middleware's Start hook
+// fails, the bus runs the plugin's Stop hook (which releases its
+// instance, and stops the process of the last bus using it); Start may
+// be called again, and the plugin must then serve the bus again, as an
+// in-process middleware would, instead of being down for good.
+func TestStartAgainAfterAFailedStart(t *testing.T) {
+	for _, scenario := range []string{"pass", "short"} {
+		t.Run(scenario, func(t *testing.T) {
+			p := load(t, scenario)
+			pid := p.PID()
+			failures := 1
+			flaky := bus.Middleware{Name: "flaky", Start: func(context.Context) error {
+				if failures > 0 {
+					failures--
+					return errors.New("flaky: not ready")
+				}
+				return nil
+			}}
+			handled := 0
+			b, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p, flaky), bus.WithLogger(testLogger(t)),
+				bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { handled++; return nil }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if err := b.Start(ctx); err == nil {
+				t.Fatal("Start succeeded despite the failing hook")
+			}
+			if !processGone(pid) || p.PID() != 0 {
+				t.Fatalf("plugin process %d still runs after the failed Start stopped the plugin", pid)
+			}
+			if err := b.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Deliver(ctx, delivery(t, Ping{}, nil)); err != nil {
+				t.Fatalf("Deliver after the second Start: %v", err)
+			}
+			want := map[string]int{"pass": 1, "short": 0}[scenario]
+			if handled != want {
+				t.Fatalf("handled %d, want %d", handled, want)
+			}
+			if err := b.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if p.PID() != 0 {
+				t.Fatal("plugin process still runs after the last bus stopped")
+			}
+		})
+	}
+}
+
+// startBus starts a bus of the given name using p.
+func startBus(t *testing.T, p bus.Plugin, name string) (*bus.Bus, error) {
+	t.Helper()
+	b, err := bus.New(bus.WithEndpoint(name), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)),
+		bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, b.Start(context.Background())
+}
+
+// TestFailedStartHookIsNotReplayedAfterACrash: a plugin whose Start hook
+// failed for one bus (which therefore never started, and never runs its
+// Stop hook) is restored after a crash for the buses it serves: the
+// restart does not run the hook that failed again, which would fail the
+// restart, again and again, and leave every bus without the plugin.
+func TestFailedStartHookIsNotReplayedAfterACrash(t *testing.T) {
+	rec, logger := newRecorder(t)
+	p := load(t, "start-fails", plugin.WithLogger(logger), plugin.WithBackoff(bus.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond}))
+	good, err := startBus(t, p, "good")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Stop(context.Background())
+	if _, err := startBus(t, p, scenarios.RefusedBus); err == nil || !strings.Contains(err.Error(), "refusing to start") {
+		t.Fatalf("Start of the refused bus: %v, want the hook's error", err)
+	}
+	if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if r := rec.await(t, msgRestarted, "restoring plugin instances after restart failed; retrying"); r.Message != msgRestarted {
+		t.Fatalf("got %q: %v, want %q", r.Message, attr(r, "error"), msgRestarted)
+	}
+	if err := good.Deliver(context.Background(), delivery(t, Ping{}, nil)); err != nil {
+		t.Fatalf("Deliver on the started bus after the restart: %v", err)
+	}
+}
+
+// TestStartHookPanicIsReportedAndTheProcessSurvives: a plugin's Start hook
+// that panics fails the bus's Start with a *plugin.Error naming the
+// plugin and matching bus.ErrPanic, as a panicking stage does; the
+// process goes on serving the other buses.
+func TestStartHookPanicIsReportedAndTheProcessSurvives(t *testing.T) {
+	p := load(t, "start-panics")
+	pid := p.PID()
+	good, err := startBus(t, p, "good")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Stop(context.Background())
+	_, err = startBus(t, p, scenarios.RefusedBus)
+	var pe *plugin.Error
+	if !errors.As(err, &pe) || pe.Plugin != scenarios.Name || !errors.Is(err, bus.ErrPanic) || !strings.Contains(err.Error(), "start hook boom") ||
+		strings.Contains(err.Error(), "unknown stage") {
+		t.Fatalf("Start: %v (%T), want a *plugin.Error naming %q and matching bus.ErrPanic", err, err, scenarios.Name)
+	}
+	if err := good.Deliver(context.Background(), delivery(t, Ping{}, nil)); err != nil {
+		t.Fatalf("Deliver on the started bus: %v", err)
+	}
+	if got, s := p.PID(), p.Stats(); got != pid || s.Crashes != 0 {
+		t.Fatalf("pid %d, stats %+v; want the process %d still serving, no crash", got, s, pid)
+	}
+}
+
+// TestUnavailableOutsideAStageSaysNothingOfAMessage: a plugin that is
+// unavailable when a bus is built (it is restarting) fails bus.New with
+// an *plugin.UnavailableError that says so, without the fate of a message
+// (there is none) nor an "unknown stage".
+func TestUnavailableOutsideAStageSaysNothingOfAMessage(t *testing.T) {
+	rec, logger := newRecorder(t)
+	hold := holdFailure{logger.Handler(), make(chan struct{})}
+	release := sync.OnceFunc(func() { close(hold.release) })
+	p := load(t, "pass", plugin.WithLogger(slog.New(hold)))
+	t.Cleanup(release) // before the plugin closes: its watcher is held
+	if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	rec.await(t, msgFailed) // the restart is under way, held before its back-off
+	_, err := bus.New(bus.WithEndpoint("svc"), bus.WithMiddleware(p), bus.WithLogger(testLogger(t)))
+	if !errors.Is(err, plugin.ErrUnavailable) {
+		t.Fatalf("bus.New during the restart: %v, want an *plugin.UnavailableError", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "message") || strings.Contains(msg, "unknown stage") || !strings.Contains(msg, "restarting") {
+		t.Fatalf("bus.New during the restart: %q, want it to say the plugin is restarting, and nothing of a message or a stage", msg)
 	}
 }

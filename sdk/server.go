@@ -141,11 +141,11 @@ func (s *server) Lifecycle(ctx context.Context, req *pluginproto.LifecycleReques
 	switch req.Op {
 	case pluginproto.LifecycleRequest_OP_START:
 		if inst.mw.Start != nil {
-			err = inst.mw.Start(ctx)
+			err = inst.runHook(ctx, "start", inst.mw.Start)
 		}
 	case pluginproto.LifecycleRequest_OP_STOP:
 		if inst.mw.Stop != nil {
-			err = inst.mw.Stop(ctx)
+			err = inst.runHook(ctx, "stop", inst.mw.Stop)
 		}
 	case pluginproto.LifecycleRequest_OP_RELEASE:
 		s.mu.Lock()
@@ -153,6 +153,20 @@ func (s *server) Lifecycle(ctx context.Context, req *pluginproto.LifecycleReques
 		s.mu.Unlock()
 	}
 	return &pluginproto.LifecycleResponse{Error: pluginproto.EncodeError(err)}, nil
+}
+
+// runHook runs the middleware's Start or Stop hook. A panic is its error,
+// as a stage's is: the host gets a *plugin.Error matching bus.ErrPanic,
+// and the process, which serves other buses too, goes on.
+func (inst *instance) runHook(ctx context.Context, hook string, f func(context.Context) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			stack := debug.Stack()
+			err = &bus.PanicError{Value: p, Stack: stack}
+			inst.logger.Error("middleware panicked", slog.String("hook", hook), slog.String("middleware", inst.mw.Name), slog.Any("panic", p), slog.String("stack", string(stack)))
+		}
+	}()
+	return f(ctx)
 }
 
 // session is one Invoke stream.

@@ -44,12 +44,36 @@ func (p *Plugin) Configure(raw json.RawMessage) error {
 	return nil
 }
 
+// RefusedBus is the name of the bus whose Start hook the "start-fails"
+// scenario fails.
+const RefusedBus = "refused"
+
 // Instantiate returns the scenario's middleware.
-func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
+func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	m := bus.Middleware{Name: Name}
 	switch p.scenario {
 	case "pass":
 		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) }
+	case "start-fails":
+		// Passes messages on; its Start hook fails for the bus named
+		// RefusedBus.
+		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) }
+		m.Start = func(context.Context) error {
+			if info.Name == RefusedBus {
+				return errors.New("scenario: refusing to start for " + info.Name)
+			}
+			return nil
+		}
+	case "start-panics":
+		// Passes messages on; its Start hook panics for the bus named
+		// RefusedBus.
+		m.Incoming = func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) }
+		m.Start = func(context.Context) error {
+			if info.Name == RefusedBus {
+				panic("scenario: start hook boom")
+			}
+			return nil
+		}
 	case "short":
 		m.Incoming = func(context.Context, *bus.Incoming, bus.Next) error { return nil }
 	case "error":
