@@ -35,8 +35,12 @@ func (s Stage) String() string {
 // the one you received to hand values downstream.
 //
 // Next may be called at most once, and only while the middleware that
-// received it is running; otherwise it returns a [*NextMisuseError].
-// It is never nil.
+// received it is running; otherwise it returns a [*NextMisuseError] —
+// after the middleware returned, as long as the bus has not reused the
+// invocation's pooled state for another message, which it never does
+// after a next that failed or has not returned. A next kept after a
+// successful call and called during a later message may run that
+// message's chain: do not keep it. It is never nil.
 type Next func(ctx context.Context) error
 
 // IncomingFunc is the incoming stage of a middleware. It runs once per
