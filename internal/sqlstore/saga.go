@@ -40,8 +40,8 @@ func buildSagaQueries(d Dialect, st Table) (stmts []ddl, q sagaQueries) {
 	q = sagaQueries{
 		load:   `SELECT instance_id, version, state, completed_at IS NOT NULL FROM ` + t + ` WHERE saga = ? AND correlation = ?`,
 		insert: `INSERT INTO ` + t + ` (saga, correlation, instance_id, version, state, created_at, updated_at, completed_at) VALUES (?, ?, ?, 1, ?, ?, ?, ?) ON CONFLICT DO NOTHING`,
-		update: `UPDATE ` + t + ` SET version = version + 1, state = ?, updated_at = ?, completed_at = ? WHERE saga = ? AND correlation = ? AND version = ?`,
-		delete: `DELETE FROM ` + t + ` WHERE saga = ? AND correlation = ? AND version = ?`,
+		update: `UPDATE ` + t + ` SET version = version + 1, state = ?, updated_at = ?, completed_at = ? WHERE saga = ? AND correlation = ? AND instance_id = ? AND version = ?`,
+		delete: `DELETE FROM ` + t + ` WHERE saga = ? AND correlation = ? AND instance_id = ? AND version = ?`,
 		purge:  `DELETE FROM ` + t + ` WHERE saga = ? AND completed_at IS NOT NULL AND completed_at < ?`,
 		active: `SELECT count(*) FROM ` + t + ` WHERE saga = ? AND completed_at IS NULL`,
 	}
@@ -70,11 +70,13 @@ func (s *Store) LoadSaga(ctx context.Context, tx *Tx, saga, key string) (row Sag
 }
 
 // SaveSaga writes, within tx, the instance of saga whose correlation value
-// is key: it inserts it when prev is nil, otherwise it updates it if its
-// version is still prev.Version; with remove set it deletes it instead.
-// It returns false when another transaction inserted or updated the
-// instance first (an optimistic concurrency conflict): tx must not commit
-// what it did for this instance, and the message is handled again.
+// is key: it inserts it when prev is nil, otherwise it updates it if it is
+// still the instance prev (its instance id) at prev.Version; with remove
+// set it deletes it instead. It returns false when another transaction
+// inserted, updated or replaced the instance first (an optimistic
+// concurrency conflict): tx must not commit what it did for this
+// instance, and the message is handled again. A version alone does not
+// tell instances apart: every instance starts at 1.
 func (s *Store) SaveSaga(ctx context.Context, tx *Tx, saga, key string, prev *SagaRow, next SagaRow, remove bool) (bool, error) {
 	now := time.Now().UnixNano()
 	var completedAt any
@@ -88,14 +90,24 @@ func (s *Store) SaveSaga(ctx context.Context, tx *Tx, saga, key string, prev *Sa
 	tx.mu.Lock()
 	switch {
 	case prev == nil && remove:
-		tx.mu.Unlock()
-		return true, nil // started and completed by one message: nothing to keep
+		// Started and completed by one message: nothing to keep, but
+		// another transaction may have created the instance since tx
+		// looked. Inserting it (and deleting it at once) finds that out
+		// as for any new instance: on PostgreSQL the insert waits for
+		// the other transaction and then conflicts.
+		res, err = tx.sqlTx.ExecContext(ctx, s.sagaQ.insert, saga, key, next.InstanceID, next.State, now, now, completedAt)
+		if err == nil {
+			var n int64
+			if n, err = res.RowsAffected(); err == nil && n == 1 {
+				res, err = tx.sqlTx.ExecContext(ctx, s.sagaQ.delete, saga, key, next.InstanceID, int64(1))
+			}
+		}
 	case prev == nil:
 		res, err = tx.sqlTx.ExecContext(ctx, s.sagaQ.insert, saga, key, next.InstanceID, next.State, now, now, completedAt)
 	case remove:
-		res, err = tx.sqlTx.ExecContext(ctx, s.sagaQ.delete, saga, key, prev.Version)
+		res, err = tx.sqlTx.ExecContext(ctx, s.sagaQ.delete, saga, key, prev.InstanceID, prev.Version)
 	default:
-		res, err = tx.sqlTx.ExecContext(ctx, s.sagaQ.update, next.State, now, completedAt, saga, key, prev.Version)
+		res, err = tx.sqlTx.ExecContext(ctx, s.sagaQ.update, next.State, now, completedAt, saga, key, prev.InstanceID, prev.Version)
 	}
 	tx.mu.Unlock()
 	if err != nil {

@@ -1,11 +1,13 @@
 package saga_test
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/plugins/saga"
 	"github.com/plugbus/plugbus/store/storetest"
 	"github.com/plugbus/plugbus/transports/memory"
@@ -74,4 +76,159 @@ func TestConflictIsRetried(t *testing.T) {
 		t.Fatalf("handler calls %v; want the loser to run twice", calls)
 	}
 
+}
+
+// TestStartAndCompleteInOneMessageConflicts: a starting message that
+// completes the instance it creates saves nothing, but another message may
+// have created the instance since it looked (a version it did not see):
+// that is a conflict like any other, and its handler runs again on the
+// winner's state. PostgreSQL only: SQLite's writers take turns.
+func TestStartAndCompleteInOneMessageConflicts(t *testing.T) {
+	db := storetest.New(t, storetest.Postgres)
+	st := db.Open(t)
+	broker := memory.NewBroker()
+	sk := newSink(t, memTransport(broker))
+	var (
+		mu      sync.Mutex
+		calls   = map[string]int{}
+		both    = make(chan struct{})
+		arrived int
+	)
+	// first returns whether this is name's first run, after both handlers
+	// have looked for the instance and found none.
+	first := func(name string) bool {
+		mu.Lock()
+		calls[name]++
+		first := calls[name] == 1
+		if first {
+			arrived++
+			if arrived == 2 {
+				close(both)
+			}
+		}
+		mu.Unlock()
+		if first {
+			select {
+			case <-both:
+			case <-time.After(10 * time.Second):
+				t.Error("the two handlers never ran at once")
+			}
+		}
+		return first
+	}
+	s := saga.New[Triple]("startstop", st)
+	saga.StartedBy(s, saga.By(func(m StepA) string { return m.ID }), func(c *saga.Context[Triple], _ StepA) error {
+		first("a")
+		c.State.Steps = append(c.State.Steps, "a")
+		return nil
+	})
+	saga.StartedBy(s, saga.By(func(m StepB) string { return m.ID }), func(c *saga.Context[Triple], m StepB) error {
+		if first("b") {
+			// Once a's instance is committed, b's "none" is stale.
+			q := db.Rebind("SELECT count(*) FROM " + st.SagaTable() + " WHERE saga = ? AND correlation = ?")
+			tick := time.NewTicker(5 * time.Millisecond)
+			defer tick.Stop()
+			deadline := time.After(10 * time.Second)
+			for n := 0; n == 0; {
+				if err := st.DB().QueryRowContext(c, q, "startstop", m.ID).Scan(&n); err != nil {
+					return err
+				}
+				select {
+				case <-tick.C:
+				case <-deadline:
+					t.Error("a's instance never committed")
+					return nil
+				}
+			}
+		}
+		c.State.Steps = append(c.State.Steps, "b")
+		c.Complete()
+		return c.Send(Fulfilled{OrderID: m.ID}, bus.To("sink"))
+	})
+	b, _ := orderBus(t, st, memTransport(broker), nil, nil, false, s.Option())
+	send(t, b, StepA{ID: "x"})
+	send(t, b, StepB{ID: "x"})
+	waitFor(t, 10*time.Second, "b's send", func() bool { f, _ := sk.counts("x"); return f == 1 })
+	if state, _, ok := row(t, st, "startstop", "x"); ok {
+		t.Fatalf("instance x still stored with state %s after b completed it; want b to lose the conflict and complete a's instance", state)
+	}
+	if n := s.Conflicts(); n != 1 {
+		t.Fatalf("Conflicts() = %d; want 1", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls["b"] != 2 {
+		t.Fatalf("handler calls %v; want b to run twice", calls)
+	}
+}
+
+// TestVersionOfAnEarlierInstanceIsAConflict: a handler read an instance at
+// version 1; before it saves, that instance completes (deleted) and a new
+// one with the same correlation value starts, at version 1 too. The
+// handler's save must not land on the new instance as if it were the one
+// it read: it is a conflict, and the handler runs again on the new
+// instance's state. PostgreSQL only: SQLite's writers take turns.
+func TestVersionOfAnEarlierInstanceIsAConflict(t *testing.T) {
+	db := storetest.New(t, storetest.Postgres)
+	st := db.Open(t)
+	broker := memory.NewBroker()
+	var (
+		mu      sync.Mutex
+		started int
+		bRuns   int
+		loaded  = make(chan struct{})
+		proceed = make(chan struct{})
+	)
+	s := saga.New[Triple]("aba", st)
+	saga.StartedBy(s, saga.By(func(m StepA) string { return m.ID }), func(c *saga.Context[Triple], _ StepA) error {
+		mu.Lock()
+		started++
+		n := started
+		mu.Unlock()
+		c.State.Steps = append(c.State.Steps, fmt.Sprintf("a%d", n))
+		return nil
+	})
+	saga.Handles(s, saga.By(func(m StepB) string { return m.ID }), func(c *saga.Context[Triple], _ StepB) error {
+		mu.Lock()
+		bRuns++
+		first := bRuns == 1
+		mu.Unlock()
+		if first {
+			close(loaded)
+			select {
+			case <-proceed:
+			case <-time.After(10 * time.Second):
+				t.Error("never told to proceed")
+			}
+		}
+		c.State.Steps = append(c.State.Steps, "b")
+		return nil
+	})
+	saga.Handles(s, saga.By(func(m StepC) string { return m.ID }), func(c *saga.Context[Triple], _ StepC) error {
+		c.Complete()
+		return nil
+	})
+	b, _ := orderBus(t, st, memTransport(broker), nil, nil, false, s.Option())
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(proceed) }) }) // before the bus stops
+	send(t, b, StepA{ID: "x"})
+	waitFor(t, 10*time.Second, "first instance", func() bool { _, _, ok := row(t, st, "aba", "x"); return ok })
+	send(t, b, StepB{ID: "x"})
+	select {
+	case <-loaded: // b read the first instance, at version 1
+	case <-time.After(10 * time.Second):
+		t.Fatal("b never ran")
+	}
+	send(t, b, StepC{ID: "x"})
+	waitFor(t, 10*time.Second, "first instance completed", func() bool { _, _, ok := row(t, st, "aba", "x"); return !ok })
+	send(t, b, StepA{ID: "x"})
+	waitFor(t, 10*time.Second, "second instance", func() bool { _, _, ok := row(t, st, "aba", "x"); return ok })
+	release.Do(func() { close(proceed) })
+	waitFor(t, 10*time.Second, "b saved", func() bool { state, _, _ := row(t, st, "aba", "x"); return strings.Contains(state, `"b"`) })
+	if state, _, _ := row(t, st, "aba", "x"); state != `{"Steps":["a2","b"]}` {
+		t.Fatalf("state %s; want {\"Steps\":[\"a2\",\"b\"]}: b read the first instance, and must run again on the second", state)
+	}
+	if n := s.Conflicts(); n != 1 {
+		t.Fatalf("Conflicts() = %d; want 1", n)
+	}
 }

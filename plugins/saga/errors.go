@@ -26,14 +26,19 @@ func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 var ErrCorrelation = errors.New("saga: no correlation value")
 
 // CorrelationError is the permanent failure of a message whose
-// correlation value is empty: it cannot be matched to an instance.
+// correlation value is empty, or holds a NUL byte or invalid UTF-8 (which
+// PostgreSQL's TEXT refuses): it cannot be matched to an instance.
 type CorrelationError struct {
 	Saga, Message string
 	Attribute     string // the attribute of ByAttribute; empty for By
+	Value         string // the value refused; empty when there was none
 }
 
 // Error implements error.
 func (e *CorrelationError) Error() string {
+	if e.Value != "" {
+		return fmt.Sprintf("saga %s: the correlation value %q of message %s contains a NUL byte or invalid UTF-8, which a store cannot keep", e.Saga, e.Value, e.Message)
+	}
 	if e.Attribute != "" {
 		return fmt.Sprintf("saga %s: message %s has no attribute %q to find its instance by", e.Saga, e.Message, e.Attribute)
 	}

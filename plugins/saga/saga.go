@@ -69,9 +69,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/sqlstore"
@@ -301,6 +303,9 @@ func newRoute[S any, M bus.Message](s *Saga[S], c Correlation[M], fn func(*Conte
 		}
 		if key == "" {
 			return "", &CorrelationError{Saga: s.name, Message: name, Attribute: c.attr}
+		}
+		if strings.IndexByte(key, 0) >= 0 || !utf8.ValidString(key) {
+			return "", &CorrelationError{Saga: s.name, Message: name, Attribute: c.attr, Value: key}
 		}
 		return key, nil
 	}
