@@ -167,6 +167,7 @@ type endpointPage struct {
 	Filter      filterForm
 	DeadLetters []dlview.DeadLetter
 	Total       int
+	TotalErr    string // why Total could not be read; the list itself was
 }
 
 func (c *Console) endpoint(w http.ResponseWriter, r *http.Request) {
@@ -185,7 +186,9 @@ func (c *Console) endpoint(w http.ResponseWriter, r *http.Request) {
 	for i, dl := range dls {
 		p.DeadLetters[i] = dlview.Of(dl)
 	}
-	p.Total, _ = c.m.CountDeadLetters(r.Context(), ep)
+	if p.Total, err = c.m.CountDeadLetters(r.Context(), ep); err != nil {
+		p.TotalErr = err.Error()
+	}
 	c.render(w, r, "endpoint.html", http.StatusOK, p)
 }
 

@@ -281,3 +281,16 @@ func TestIndexShowsTheRate(t *testing.T) {
 		t.Errorf("the index shows the rate as %.80s; want 1.5 (3 messages in 2 s)", page[max(i, 0):])
 	}
 }
+
+// An endpoint's page whose dead letters could be listed but not counted
+// says so, rather than "N shown of 0".
+func TestEndpointPageSaysWhenTheCountFailed(t *testing.T) {
+	tr := memoryWith(t, "shop", dltest.Message{Name: "shop.order", Body: `{}`, Reason: "a"})
+	m := &flaky{Transport: tr}
+	_, srv := server(t, m, console.WithEndpoints("shop"))
+	m.counts.Store(true)
+	code, body := get(t, srv.URL+"/endpoints/shop")
+	if code != http.StatusOK || strings.Contains(body, "shown of 0") || !strings.Contains(body, "could not be read") || !strings.Contains(body, "connection refused") {
+		t.Fatalf("%d, page:\n%s\nwant the list and the count's error, not a count of 0", code, body)
+	}
+}
