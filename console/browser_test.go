@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
 	"github.com/plugbus/plugbus/bus"
@@ -311,5 +313,78 @@ func TestBrowserHugeHeaderAndBodyAreShownWholeAndWrapped(t *testing.T) {
 	n, err := chromedp.Run(tab, chromedp.Evaluate[int](`document.getElementById("body").textContent.length`))
 	if err != nil || n < len(body) {
 		t.Errorf("the body shows %d characters (%v), want at least %d", n, err, len(body))
+	}
+}
+
+// In a real browser: a delete asks first, naming how many dead letters it
+// removes; dismissed, nothing is posted and nothing removed; accepted,
+// the selection is deleted.
+func TestBrowserDeleteAsksFirst(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	tab := browser(t, ctx)
+	tr := memoryWith(t, "shop",
+		dltest.Message{Name: "shop.order", Body: `{"n":1}`, Reason: "card declined"},
+		dltest.Message{Name: "shop.order", Body: `{"n":2}`, Reason: "timeout"})
+	c, err := console.New(tr, console.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var posts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+		}
+		c.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+
+	var accept atomic.Bool
+	asked := make(chan string, 4)
+	dialogs := chromedp.Events(tab, page.JavascriptDialogOpening)
+	go func() {
+		for ev, err := range dialogs {
+			if err != nil {
+				return
+			}
+			asked <- ev.Message
+			go func() {
+				_, _ = chromedp.Call(tab, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: accept.Load()})
+			}()
+		}
+	}()
+
+	// The page and the Click wait for the dialog to be closed.
+	if err := chromedp.Do(tab, chromedp.Navigate(srv.URL+"/endpoints/shop"), chromedp.WaitVisible(`#dead-letters`),
+		chromedp.Click(`#dead-letters tr[data-id] button.delete-one`)); err != nil {
+		t.Fatalf("deleting one, dismissed: %v", err)
+	}
+	if q := awaitDialog(t, asked); !strings.Contains(q, "Delete this dead letter?") {
+		t.Errorf("asked %q, want it to name the one dead letter", q)
+	}
+	accept.Store(true)
+	if err := chromedp.Do(tab, chromedp.Click(`#select-all`), chromedp.Click(`#delete-selected`), chromedp.WaitVisible(`#flash`)); err != nil {
+		t.Fatalf("deleting the selection, accepted: %v", err)
+	}
+	if q := awaitDialog(t, asked); !strings.Contains(q, "Delete 2 dead letters?") {
+		t.Errorf("asked %q, want it to name the 2 selected", q)
+	}
+	if n := posts.Load(); n != 1 {
+		t.Errorf("%d deletes posted, want 1: the dismissed one must not be", n)
+	}
+	if n, err := tr.CountDeadLetters(ctx, "shop"); err != nil || n != 0 {
+		t.Errorf("%d dead letters left (%v), want none", n, err)
+	}
+}
+
+// awaitDialog returns the message of the next dialog the page opened.
+func awaitDialog(t *testing.T, asked <-chan string) string {
+	t.Helper()
+	select {
+	case q := <-asked:
+		return q
+	case <-time.After(10 * time.Second):
+		t.Fatal("the page asked nothing")
+		return ""
 	}
 }

@@ -1,7 +1,8 @@
 // The console's one script: it refreshes the endpoints table every two
 // seconds from /api/stats (writing text only, never HTML), showing the
-// broker's errors and a failed refresh, and ticks every box of the
-// dead-letter list when the header's box is ticked.
+// broker's errors and a failed refresh, ticks every box of the
+// dead-letter list when the header's box is ticked, and asks before a
+// delete.
 "use strict";
 (function () {
   // known shows a count, or "?" when the broker could not be read (null).
@@ -61,6 +62,17 @@
       refresh();
       setInterval(refresh, 2000);
     }
+    // A delete cannot be undone: the browser asks first, naming how
+    // many dead letters it would remove.
+    document.addEventListener("submit", function (e) {
+      var b = e.submitter;
+      if (!b || !b.classList.contains("danger")) { return; }
+      var n = b.value !== "" || b.id === "delete" ? 1 : document.querySelectorAll('#dead-letters input[name="id"]:checked').length;
+      var what = n === 1 ? "this dead letter" : n + " dead letters";
+      if (!window.confirm("Delete " + what + "? The message" + (n === 1 ? "" : "s") + " will be gone for good.")) {
+        e.preventDefault();
+      }
+    });
     var all = document.getElementById("select-all");
     if (all) {
       all.addEventListener("change", function () {
