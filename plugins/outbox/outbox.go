@@ -256,7 +256,7 @@ func (r *relay) loop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		refusedRows, t := refusals(err)
+		refusedRows, firstTries, t := refusals(err)
 		if !t.IsZero() && (retryAt.IsZero() || t.Before(retryAt)) {
 			retryAt = t
 		}
@@ -264,12 +264,17 @@ func (r *relay) loop(ctx context.Context) {
 			// Refused rows wait for their own retry time (or are parked)
 			// and the others go on; the relay itself backs off only when
 			// nothing got through: the database or the transport is down.
-			// A full round the transport refused whole may have rows
-			// behind it that go through (a burst to an endpoint not
-			// deployed yet): they are not held up.
+			// A full round refused whole, every row on its first
+			// attempt, goes on at once too: the rows behind it may go
+			// through (a burst to an endpoint not deployed yet), and a
+			// back-off longer than the rows' own would let them come
+			// round again first and hold the others up until parked. In
+			// an outage that tries each row of the backlog once; the
+			// rounds of retried rows then back off, so that the backlog
+			// is not brought to parking at the speed of the errors.
 			var de *sqlstore.DispatchError
 			refused := errors.As(err, &de)
-			if refused && (n > 0 || n+refusedRows >= r.cfg.batch) {
+			if refused && (n > 0 || firstTries && refusedRows >= r.cfg.batch) {
 				retries = 0
 				r.logger.WarnContext(ctx, "outbox relay: the transport refused messages; each is retried after its backoff", slog.Any("error", err), slog.Int("dispatched", n), slog.Int("refused", refusedRows))
 				continue
@@ -304,9 +309,11 @@ func (r *relay) loop(ctx context.Context) {
 }
 
 // refusals returns how many rows err reports refused (a
-// *sqlstore.DispatchError, or several joined), parked ones included, and
-// the earliest RetryAt among them, zero when there is none.
-func refusals(err error) (n int, t time.Time) {
+// *sqlstore.DispatchError, or several joined), parked ones included,
+// whether each was on its first attempt, and the earliest RetryAt among
+// them, zero when there is none.
+func refusals(err error) (n int, first bool, t time.Time) {
+	first = true
 	var visit func(error)
 	visit = func(err error) {
 		var de *sqlstore.DispatchError
@@ -321,13 +328,14 @@ func refusals(err error) (n int, t time.Time) {
 				return
 			}
 			n++
+			first = first && de.Attempts == 1
 			if !de.RetryAt.IsZero() && (t.IsZero() || de.RetryAt.Before(t)) {
 				t = de.RetryAt
 			}
 		}
 	}
 	visit(err)
-	return n, t
+	return n, first && n > 0, t
 }
 
 func (r *relay) cleanupLoop(ctx context.Context) {

@@ -4,11 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/plugins/outbox"
 	"github.com/plugbus/plugbus/store"
 	"github.com/plugbus/plugbus/store/storetest"
@@ -156,6 +160,82 @@ func TestRefusedFullBatchDoesNotHoldUpTheOthers(t *testing.T) {
 		}
 		if n := tr.refused.Load(); n != 4 {
 			t.Fatalf("poison tried %d times, want 4 (each once: its own backoff is an hour)", n)
+		}
+	})
+}
+
+// refusingAll refuses every message, as a transport in an outage that
+// fails fast does.
+type refusingAll struct {
+	bus.Transport
+	refused atomic.Int64
+	mu      sync.Mutex
+	tries   map[string]int // by message id
+}
+
+func (r *refusingAll) Send(_ context.Context, e *bus.Envelope, _ string) error {
+	r.refused.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tries[e.Attributes.MessageID]++
+	return errors.New("connection refused")
+}
+
+// In an outage the relay tries rows of the backlog once, going on at once
+// after each full round refused whole, and backs off as soon as refused
+// rows come round again (here at once: their own backoff is a
+// nanosecond, so the second round takes the first two rows again): it
+// does not bring the backlog to parking at the speed of the transport's
+// errors.
+func TestOutageTriesEachRowOnceThenBacksOff(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db storetest.DB) {
+		st := db.Open(t, store.WithBackoff(bus.Backoff{Initial: time.Nanosecond, Max: time.Nanosecond})) // rows due again at once
+		tr := &refusingAll{Transport: memory.New(), tries: map[string]int{}}
+		logs := &testenv.LogBuffer{}
+		b, err := bus.New(bus.WithTransport(tr), bus.WithLogger(slog.New(slog.NewTextHandler(logs, nil))),
+			bus.WithMiddleware(outbox.New(st, outbox.WithBatchSize(2), outbox.WithPollInterval(time.Hour),
+				outbox.WithBackoff(bus.Backoff{Initial: time.Hour, Max: time.Hour}))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Stored before the relay starts: its first rounds take them.
+		if err := st.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := outbox.Within(context.Background(), b, st, func(ctx context.Context, _ *sql.Tx) error {
+			for i := range 6 {
+				if err := b.Send(ctx, Done{N: i}, bus.To("sink")); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		start(t, b)
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(logs.String(), "outbox relay: dispatch failed; retrying") { // no signal to wait for: poll the log
+			if time.Now().After(deadline) {
+				t.Fatalf("the relay never backed off; %d sends refused:\n%s", tr.refused.Load(), logs)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		tr.mu.Lock()
+		twice := 0
+		for id, n := range tr.tries {
+			if n > 2 {
+				t.Errorf("row of %s tried %d times before the relay backed off, want at most 2", id, n)
+			}
+			if n == 2 {
+				twice++
+			}
+		}
+		tr.mu.Unlock()
+		if twice != 2 || tr.refused.Load() != 4 {
+			t.Errorf("%d rows tried twice, %d sends, want the first round's 2 rows tried again and no more (4 sends): the relay backs off after a round of retried rows", twice, tr.refused.Load())
+		}
+		if n, err := st.ParkedCount(context.Background()); err != nil || n != 0 {
+			t.Fatalf("%d rows parked (%v), want none", n, err)
 		}
 	})
 }
