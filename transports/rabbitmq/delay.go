@@ -120,7 +120,7 @@ func (t *Transport) ReturnAfter(ctx context.Context, d *bus.Delivery, cause erro
 	writeRetries(h, d.Retries)
 	forgetDeaths(h)
 	msg.Expiration = ""
-	if err := checkFrame(&msg, s.conn.Config.FrameSize-deathsSize(r)); err != nil {
+	if err := checkFrame(&msg, delayedFrameSize(s.conn.Config.FrameSize, r)); err != nil {
 		// The copy, or the x-death headers each delay queue adds to it,
 		// would not fit a frame: retry it at once, or dead-letter it.
 		t.log.Warn("cannot delay a message; returning it at once", slog.String("queue", queue), slog.String("message_id", d.Attributes.MessageID), slog.Any("error", err))
@@ -172,6 +172,14 @@ func (t *Transport) emitAfter(ctx context.Context, env *bus.Envelope, destinatio
 	}
 	if err := s.ensureDelays(); err != nil {
 		return fmt.Errorf("rabbitmq: %s: %w", op, err)
+	}
+	// Delivered with the x-death headers the delay queues add to it, a
+	// message that fits a frame now may not: the consumer's connection
+	// would close on it at every delivery.
+	if msg, perr := t.publishing(env); perr == nil {
+		if err := checkFrame(&msg, delayedFrameSize(s.conn.Config.FrameSize, r)); err != nil {
+			return fmt.Errorf("rabbitmq: %s: %w (with room for the x-death headers of the delay queues, %d bytes)", op, err, deathsSize(r))
+		}
 	}
 	err = t.emit(ctx, env, r.exchange, r.key, true)
 	if delaysMissing(err) {

@@ -121,3 +121,65 @@ func TestForeignHeadersFillingTheFrameAreDeadLettered(t *testing.T) {
 		t.Errorf("the connection was lost %d times", n)
 	}
 }
+
+// A delayed send whose headers fit a frame when sent but not with the
+// x-death headers the delay queues add to it on the way is refused before
+// sending, as a delayed retry's copy is made at once instead: delivered,
+// its content header frame would exceed the consumer's frame size, and
+// the client, closing the connection on it (frame too large), would get
+// it again, unacknowledged, at every reconnection.
+func TestDelayedSendWithHeadersFillingTheFrameIsRefused(t *testing.T) {
+	e := newEnv(t)
+	logs := &testenv.LogBuffer{}
+	tr := e.transport(t, rabbitmq.WithLogger(textLogger(logs)))
+	ctx := testContext(t, 30*time.Second)
+	setUp(ctx, t, tr, e.endpoint, "test.order")
+	env := message("test.order", "delayed-full")
+	env.Headers = bus.Headers{"x-big": strings.Repeat("h", frameMax(t, e.url)-160)}
+	env.Due = time.Now().Add(50 * time.Millisecond)
+	err := tr.Send(ctx, env, e.endpoint)
+	if err == nil {
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		d, rerr := tr.Receive(rctx)
+		if rerr == nil {
+			_ = tr.Delete(ctx, d)
+		}
+		t.Fatalf("delayed Send of headers filling a frame accepted; then Receive: %v; connection lost %d times", rerr, reconnections(logs))
+	}
+	if !errors.Is(err, rabbitmq.ErrHeadersTooLarge) {
+		t.Fatalf("delayed Send of headers filling a frame: %v, want rabbitmq.ErrHeadersTooLarge", err)
+	}
+	if n := reconnections(logs); n != 0 {
+		t.Errorf("the connection was lost %d times", n)
+	}
+}
+
+// On a connection whose frame size the x-death headers of a long delay
+// alone exceed (frame_max 4096, the least AMQP allows, and a delay
+// through twenty delay queues), a delayed retry is returned at once, as
+// one whose own headers leave no room for them is: computed as the frame
+// size minus that room, the limit came out negative, which checkFrame
+// reads as no limit at all, and the copy went into the delay queues, to
+// close the consumer's connection when delivered, hours later.
+func TestDelayedRetryOnASmallFrameIsReturnedAtOnce(t *testing.T) {
+	e := newEnv(t)
+	tr := e.transport(t, rabbitmq.WithConfig(amqp.Config{FrameSize: 4096}))
+	ctx := testContext(t, 30*time.Second)
+	setUp(ctx, t, tr, e.endpoint, "test.order")
+	env := message("test.order", "small-frame")
+	env.Headers = bus.Headers{"x-tenant": strings.Repeat("t", 2000)}
+	sendTo(ctx, t, tr, e.endpoint, env)
+	d := receive(ctx, t, tr, 5*time.Second)
+	const delay = (1<<20-1)*10*time.Millisecond - time.Millisecond // twenty delay levels (a unit of 10 ms, a clock margin of 1 ms)
+	if err := tr.ReturnAfter(ctx, d, errors.New("handler failed"), delay); err != nil {
+		t.Fatalf("ReturnAfter: %v", err)
+	}
+	got := receive(ctx, t, tr, 5*time.Second)
+	if got.Attributes.MessageID != "small-frame" || got.Attempt != 2 {
+		t.Errorf("received %s at attempt %d, want small-frame at attempt 2", got.Attributes.MessageID, got.Attempt)
+	}
+	if err := tr.Delete(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+}

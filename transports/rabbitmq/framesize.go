@@ -190,3 +190,14 @@ func deathsSize(r route) int {
 	bits := r.key[:min(len(r.key), 2*delayLevels-1)]
 	return 512 + strings.Count(bits, "1")*(200+len(r.key))
 }
+
+// delayedFrameSize is the frame size left to a message delayed along r on
+// a connection of frame size frameMax (0 or less: no limit, 0 returned):
+// what deathsSize leaves of it, at least 1 (a frame the x-death headers
+// alone fill holds no delayed message, rather than any).
+func delayedFrameSize(frameMax int, r route) int {
+	if frameMax <= 0 {
+		return 0
+	}
+	return max(frameMax-deathsSize(r), 1)
+}
