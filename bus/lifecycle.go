@@ -16,9 +16,9 @@ import (
 // without it. A stopped bus cannot start again: build a new one.
 //
 // When a Start hook fails, Start runs the Stop hooks of the middleware it
-// started, in reverse, each bounded by [StopGrace] rather than by ctx, and
-// returns the error. The transport stays set up (connected): Start may be
-// called again, and Stop closes it.
+// started, in reverse, as Stop runs them: all of them within [StopGrace]
+// rather than ctx, and returns the error. The transport stays set up
+// (connected): Start may be called again, and Stop closes it.
 func (b *Bus) Start(ctx context.Context) error {
 	b.startStop.Lock()
 	defer b.startStop.Unlock()

@@ -267,15 +267,14 @@ func publishToError(to string) error {
 	return fmt.Errorf("%w: bus.To(%q) given to a publish, which goes to every subscriber of the message; use Send for one endpoint", ErrInvalidOption, to)
 }
 
-// isNil reports whether msg is nil, or a nil pointer (map, slice…) in a
-// Message: its MessageName may panic, and it would encode as JSON null.
+// isNil reports whether msg is nil, or a nil pointer in a Message: its
+// MessageName may panic, and it would encode as JSON null, decoded as a
+// zero message. A nil map or slice is a value of its message type, named
+// and decoded as sent: it is sent.
 func isNil(msg Message) bool {
 	if msg == nil {
 		return true
 	}
-	switch v := reflect.ValueOf(msg); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
+	v := reflect.ValueOf(msg)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }

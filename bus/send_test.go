@@ -195,3 +195,27 @@ func TestPublishRefusesTo(t *testing.T) {
 		t.Errorf("sent %d messages, want none", len(sent))
 	}
 }
+
+// tagsSet is a message whose type is a map: its nil value has a name and
+// comes back as sent (JSON null decodes to a nil map).
+type tagsSet map[string]string
+
+func (tagsSet) MessageName() string { return "shop.tags_set" }
+
+// Only a nil pointer is refused: a nil map or slice is a value of its
+// message type, named without a panic and decoded as it was sent, as
+// before Send refused nil pointers.
+func TestSendTakesANilMapMessage(t *testing.T) {
+	handled := make(chan tagsSet, 1)
+	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m tagsSet, a bus.Attributes) error {
+		handled <- m
+		return nil
+	}))
+	if err := e.bus.Send(t.Context(), tagsSet(nil)); err != nil {
+		t.Fatalf("Send of a nil map message: %v", err)
+	}
+	e.expect(bustest.Deleted)
+	if m := <-handled; m != nil {
+		t.Errorf("handled %v, want the nil map sent", m)
+	}
+}

@@ -35,7 +35,7 @@ func (b *broker) flags(fs *flag.FlagSet) {
 	fs.StringVar(&b.sqsEndpoint, "sqs-endpoint", os.Getenv("PLUGBUS_SQS_ENDPOINT"), "SQS: the endpoint URL, for an emulator (default $PLUGBUS_SQS_ENDPOINT)")
 	fs.StringVar(&b.prefix, "sqs-prefix", "", "SQS: the bus's queue name prefix (sqs.WithPrefix)")
 	fs.StringVar(&b.region, "sqs-region", "", "SQS: the AWS region, when not configured otherwise")
-	fs.DurationVar(&b.connectTimeout, "connect-timeout", 15*time.Second, "RabbitMQ: give up when the broker does not answer within this time")
+	fs.DurationVar(&b.connectTimeout, "connect-timeout", 15*time.Second, "RabbitMQ: give up when the broker does not answer within this time (0: wait for it, until interrupted)")
 }
 
 // managed is an open transport that manages dead letters.
@@ -48,6 +48,9 @@ type managed interface {
 // warnings only.
 func (b *broker) open(ctx context.Context, stderr io.Writer) (managed, error) {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if b.connectTimeout < 0 {
+		return nil, fmt.Errorf("-connect-timeout %v: want a duration, or 0 to wait for the broker", b.connectTimeout)
+	}
 	switch {
 	case b.rabbitURL != "" && b.sqs:
 		return nil, errors.New("give either -rabbitmq or -sqs, not both")
@@ -56,8 +59,12 @@ func (b *broker) open(ctx context.Context, stderr io.Writer) (managed, error) {
 		if err != nil {
 			return nil, err
 		}
-		// The transport retries for ever, as a bus should; a command gives up.
-		cctx, cancel := context.WithTimeout(ctx, b.connectTimeout)
+		// The transport retries for ever, as a bus should; a command gives
+		// up, unless told to wait (0).
+		cctx, cancel := context.WithCancel(ctx)
+		if b.connectTimeout > 0 {
+			cctx, cancel = context.WithTimeout(ctx, b.connectTimeout)
+		}
 		defer cancel()
 		if err := t.Connect(cctx); err != nil {
 			_ = t.Close(context.WithoutCancel(ctx))

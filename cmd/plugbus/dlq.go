@@ -167,22 +167,41 @@ func parseDLQ(cmd string, args []string, w io.Writer) (*dlqFlags, error) {
 // the positional arguments (the dead letters' IDs), which it returns; after
 // "--" every argument is positional. flag.FlagSet.Parse alone stops at the
 // first ID, and a flag after it (`purge ID -dry-run`) was taken for an ID.
+// It tells flags from IDs as Parse does, so that a flag's value ("-error
+// --", "-name ID") is the flag's.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
 		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
+		if len(a) < 2 || a[0] != '-' {
+			pos = append(pos, a)
+			continue
 		}
-		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
-			return append(pos, rest...), nil
+		flags = append(flags, a)
+		name := strings.TrimPrefix(a[1:], "-")
+		if strings.Contains(name, "=") {
+			continue
 		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // Parse reports it
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if i+1 < len(args) {
+			i++
+			flags = append(flags, args[i]) // the flag's value, whatever it looks like
+		}
 	}
+	if err := fs.Parse(flags); err != nil {
+		return nil, err
+	}
+	return pos, nil
 }
 
 // selectsAll reports whether the filter selects every dead letter.

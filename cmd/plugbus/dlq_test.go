@@ -51,6 +51,14 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 	if err != nil {
 		t.Fatalf("list: %v", err)
 	}
+	// -connect-timeout 0 waits for the broker, which answers: it is no
+	// deadline already past.
+	if _, err := cli(t, cmd("list", "-connect-timeout", "0")...); err != nil {
+		t.Fatalf("list -connect-timeout 0: %v", err)
+	}
+	if _, err := cli(t, cmd("list", "-connect-timeout", "-1s")...); err == nil || !strings.Contains(err.Error(), "-connect-timeout -1s") {
+		t.Fatalf("list -connect-timeout -1s: %v, want it refused", err)
+	}
 	var listed []dlview.DeadLetter
 	if err := json.Unmarshal([]byte(out), &listed); err != nil {
 		t.Fatalf("list -o json: %v\n%s", err, out)
@@ -273,5 +281,25 @@ func TestConsoleRefusesAddressWithoutToken(t *testing.T) {
 	out, err := cli(t, "console", "-addr", "0.0.0.0:0", "-rabbitmq", "amqp://guest:guest@127.0.0.1:1/", "-connect-timeout", "100ms")
 	if !errors.Is(err, console.ErrTokenRequired) || strings.Contains(out, "console on") {
 		t.Errorf("console -addr 0.0.0.0:0 without a token: %v, stdout %q; want console.ErrTokenRequired and nothing said", err, out)
+	}
+}
+
+// A flag's value may be "--" (an error text to look for): it does not end
+// the flags, so a flag after the IDs is still read as one.
+func TestDLQFlagValueOfTwoDashes(t *testing.T) {
+	d, err := parseDLQ("purge", []string{"-endpoint", "orders", "-error", "--", "id-1", "-dry-run"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.f.Reason != "--" || !d.dryRun || !slices.Equal(d.f.IDs, []string{"id-1"}) {
+		t.Errorf("error filter %q, dry run %v, IDs %q; want --, true, [id-1]", d.f.Reason, d.dryRun, d.f.IDs)
+	}
+	d, err = parseDLQ("list", []string{"-endpoint", "orders", "-dry-run-is-no-flag-of-list", "x"}, io.Discard)
+	if err == nil {
+		t.Errorf("an unknown flag: IDs %q, want an error", d.f.IDs)
+	}
+	d, err = parseDLQ("purge", []string{"-endpoint", "orders", "-dry-run", "--", "-x", "id-2", "--"}, io.Discard)
+	if err != nil || !d.dryRun || !slices.Equal(d.f.IDs, []string{"-x", "id-2", "--"}) {
+		t.Errorf("after --: %v, dry run %v, IDs %q; want true and [-x id-2 --]", err, d.dryRun, d.f.IDs)
 	}
 }

@@ -73,6 +73,10 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 	if b == nil || req == nil {
 		return resp, errors.New("requestreply: Request needs a bus and a request message")
 	}
+	if v := reflect.ValueOf(req); v.Kind() == reflect.Pointer && v.IsNil() {
+		// As bus.Send refuses it; its MessageName may panic.
+		return resp, fmt.Errorf("%w: request of a nil %T", bus.ErrInvalidMessage, req)
+	}
 	name := req.MessageName()
 	if !b.Running() {
 		return resp, fmt.Errorf("requestreply: request %s: %w: start the bus before sending requests", name, bus.ErrNotStarted)

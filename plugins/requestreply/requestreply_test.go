@@ -3,6 +3,7 @@ package requestreply_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -286,5 +287,25 @@ func TestStopReleasesAHandlerWaitingForAReply(t *testing.T) {
 	}
 	if err := <-waiting; !errors.Is(err, bus.ErrClosed) {
 		t.Fatalf("Request when its bus stopped: %v, want bus.ErrClosed", err)
+	}
+}
+
+// A nil pointer as the request is refused as bus.Send refuses it
+// (bus.ErrInvalidMessage), rather than panic in the caller when its
+// type's MessageName has a value receiver.
+func TestRequestRefusesANilPointer(t *testing.T) {
+	_, rb, _, _ := pair(t)
+	var req *add
+	err := func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("panicked: %v", p)
+			}
+		}()
+		_, err = requestreply.Request[sum](t.Context(), rb, req)
+		return err
+	}()
+	if !errors.Is(err, bus.ErrInvalidMessage) {
+		t.Fatalf("Request of a nil *add: %v, want bus.ErrInvalidMessage", err)
 	}
 }
