@@ -3,10 +3,7 @@ package requestreply_test
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -71,8 +68,8 @@ func TestRabbitMQReconnect(t *testing.T) {
 	w := newWorld(t, newT)
 	keep(w.endpoint)
 	// The requester reaches the broker through a proxy that can cut its connection.
-	px := newProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
-	tr, err := rabbitmq.New("amqp://guest:guest@"+px.addr()+"/", rabbitmq.WithLogger(slog.New(slog.DiscardHandler)),
+	px := testenv.StartProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
+	tr, err := rabbitmq.New("amqp://guest:guest@"+px.Addr()+"/", rabbitmq.WithLogger(slog.New(slog.DiscardHandler)),
 		rabbitmq.WithBackoff(bus.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +92,7 @@ func TestRabbitMQReconnect(t *testing.T) {
 		done <- err
 	}()
 	w.waitStarted(t, seq)
-	px.cut()
+	px.Cut()
 	w.open(seq) // the reply is dropped, or received after the reconnection
 	if err := <-done; err != nil && !errors.Is(err, requestreply.ErrTimeout) {
 		t.Fatalf("request across the reconnection: %v, want its reply or a clean timeout", err)
@@ -122,82 +119,22 @@ func TestRabbitMQReconnect(t *testing.T) {
 	}
 }
 
-// proxy forwards TCP connections to a server until cut closes them all.
-type proxy struct {
-	ln    net.Listener
-	to    string
-	mu    sync.Mutex
-	conns []net.Conn
-	wg    sync.WaitGroup
-}
-
-func newProxy(t *testing.T, to string) *proxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, to: to}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.cut()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *proxy) addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.to)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
-			_ = dst.Close()
-			_ = src.Close()
-		}
-		p.wg.Go(func() { pipe(s, c) })
-		p.wg.Go(func() { pipe(c, s) })
-	}
-}
-
-// cut closes every connection made so far.
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-}
-
 // TestRabbitMQDefaultTimeoutBoundsTheSend: a request whose context has no
 // deadline is bounded by the plugin's default timeout also while its
 // send waits for a connection to the broker, as one with WithTimeout is:
 // it fails once the timeout passed rather than wait for the broker to
 // come back.
 func TestRabbitMQDefaultTimeoutBoundsTheSend(t *testing.T) {
-	px := newProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
-	tr, err := rabbitmq.New("amqp://guest:guest@"+px.addr()+"/", rabbitmq.WithLogger(slog.New(slog.DiscardHandler)),
+	px := testenv.StartProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
+	tr, err := rabbitmq.New("amqp://guest:guest@"+px.Addr()+"/", rabbitmq.WithLogger(slog.New(slog.DiscardHandler)),
 		rabbitmq.WithBackoff(bus.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rb := start(t, requestreply.New(requestreply.WithDefaultTimeout(300*time.Millisecond)), bus.WithTransport(tr),
 		bus.WithLogger(slog.New(slog.DiscardHandler)))
-	_ = px.ln.Close() // no new connection gets through
-	px.cut()
+	px.Refuse() // no new connection gets through
+	px.Cut()
 	done := make(chan error, 1)
 	go func() {
 		_, err := requestreply.Request[sum](context.Background(), rb, add{A: 1}, requestreply.To("nobody"))

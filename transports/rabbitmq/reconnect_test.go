@@ -3,10 +3,6 @@ package rabbitmq_test
 import (
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,105 +10,6 @@ import (
 	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/transports/rabbitmq"
 )
-
-// proxy forwards TCP connections to the broker until cut closes them all.
-// While held, what the broker sends waits in the proxy (the client sees
-// a silent connection; what it sends still reaches the broker).
-type proxy struct {
-	ln    net.Listener
-	to    string
-	mu    sync.Mutex
-	conns []net.Conn
-	hold  chan struct{} // closed: forward; open: hold what the broker sends
-	wg    sync.WaitGroup
-}
-
-func newProxy(t *testing.T, to string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, to: to, hold: make(chan struct{})}
-	close(p.hold)
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.cut()
-		p.wg.Wait()
-	})
-	return p
-}
-
-// url returns the broker URL of url through the proxy.
-func (p *proxy) url(t *testing.T, broker string) string {
-	t.Helper()
-	u, err := url.Parse(broker)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Host = p.ln.Addr().String()
-	return u.String()
-}
-
-func (p *proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.to)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		p.wg.Go(func() { _, _ = io.Copy(s, c); _ = s.Close(); _ = c.Close() })
-		p.wg.Go(func() {
-			defer func() { _ = s.Close(); _ = c.Close() }()
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := s.Read(buf)
-				if n > 0 {
-					p.mu.Lock()
-					hold := p.hold
-					p.mu.Unlock()
-					<-hold
-					if _, werr := c.Write(buf[:n]); werr != nil {
-						return
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		})
-	}
-}
-
-// stall holds what the broker sends from now on, until cut.
-func (p *proxy) stall() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.hold = make(chan struct{})
-}
-
-// cut closes every connection made so far and forwards again.
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-	select {
-	case <-p.hold:
-	default:
-		close(p.hold)
-	}
-}
 
 // A delivery received on a connection that has since dropped cannot be
 // settled: its delivery tag would name another message on the new
@@ -122,9 +19,9 @@ func (p *proxy) cut() {
 func TestSettlingADeliveryOfALostConnectionAcksNothingOnTheNewOne(t *testing.T) {
 	broker := testenv.RabbitMQ(t)
 	e := newEnv(t)
-	px := newProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
+	px := testenv.StartProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
 	// A prefetch of 1: the old connection holds "first" alone.
-	tr := open(t, px.url(t, broker), e.adm, rabbitmq.WithExchange(e.exchange), rabbitmq.WithPrefetch(1))
+	tr := open(t, px.URL(t, broker), e.adm, rabbitmq.WithExchange(e.exchange), rabbitmq.WithPrefetch(1))
 	ctx := testContext(t, 30*time.Second)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: e.endpoint, Handles: []string{"test.order"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
 		t.Fatal(err)
@@ -139,7 +36,7 @@ func TestSettlingADeliveryOfALostConnectionAcksNothingOnTheNewOne(t *testing.T) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	px.cut()
+	px.Cut()
 	// The new connection's consumer gets "first" again, with tag 1.
 	again, err := tr.Receive(ctx)
 	if err != nil {
@@ -181,16 +78,16 @@ func TestSendWhoseConfirmationIsLostIsPublishedAgain(t *testing.T) {
 func sendAcrossALostConfirmation(t *testing.T, n int) {
 	broker := testenv.RabbitMQ(t)
 	e := newEnv(t)
-	px := newProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
+	px := testenv.StartProxy(t, testenv.Getenv("PLUGBUS_AMQP_ADDR", "127.0.0.1:5672"))
 	// A send-only transport to a queue nobody consumes: the queue's depth
 	// tells when the broker stored the messages.
 	e.adm.declareQueue(t, e.endpoint)
-	tr := open(t, px.url(t, broker), e.adm, rabbitmq.WithExchange(e.exchange))
+	tr := open(t, px.URL(t, broker), e.adm, rabbitmq.WithExchange(e.exchange))
 	ctx := testContext(t, 30*time.Second)
 	if err := tr.Connect(ctx); err != nil {
 		t.Fatal(err)
 	}
-	px.stall()
+	px.Stall()
 	sent := make(chan error, 1)
 	go func() {
 		var batch []bus.Outbound
@@ -215,7 +112,7 @@ func sendAcrossALostConfirmation(t *testing.T, n int) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	px.cut()
+	px.Cut()
 	select {
 	case err := <-sent:
 		if err != nil {
