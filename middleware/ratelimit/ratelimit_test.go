@@ -220,32 +220,7 @@ func TestOnABusTheEndpointIsLimited(t *testing.T) {
 // not wait for the limit.
 func TestStopEndsTheWait(t *testing.T) {
 	tr := bustest.NewTransport()
-	waiting := make(chan struct{})
-	var runs int
-	b, err := bus.New(bus.WithEndpoint("partner"), bus.WithTransport(tr), bus.WithConcurrency(1),
-		bus.WithMiddleware(bus.Middleware{Name: "spy", Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error {
-			if runs++; runs == 2 {
-				close(waiting) // the second run is about to wait for its token
-			}
-			return next(ctx)
-		}}, ratelimit.New(rate.Every(time.Hour), 1)),
-		bus.WithHandler(func(context.Context, callPartner, bus.Attributes) error { return nil }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Start(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if err := b.Send(t.Context(), callPartner{}, bus.To("partner")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-waiting:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the second message never reached the limit")
-	}
+	b := secondRunWaiting(t, tr, ratelimit.New(rate.Every(time.Hour), 1))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if err := b.Stop(ctx); err != nil {
@@ -306,6 +281,22 @@ func TestOutOfProcess(t *testing.T) {
 func TestOutOfProcessStopWaitsUntilItsContextEnds(t *testing.T) {
 	p := servedtest.Load(t, `{"middleware": "ratelimit", "rate": 0.0002, "burst": 1}`) // a token every ~83 minutes
 	tr := bustest.NewTransport()
+	b := secondRunWaiting(t, tr, p)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want its ctx's end reported: the second run waited for its token", err)
+	}
+	if settled := tr.Settled(); len(settled) != 2 || settled[1].Outcome != bustest.Returned {
+		t.Fatalf("settled %+v, want the second message returned for retry", settled)
+	}
+}
+
+// secondRunWaiting starts a bus on tr whose handler stage runs limit, one
+// worker, sends it two messages, and returns once the second has reached
+// limit (at an hour a token, it waits there). The test stops the bus.
+func secondRunWaiting(t *testing.T, tr *bustest.Transport, limit bus.Plugin) *bus.Bus {
+	t.Helper()
 	waiting := make(chan struct{})
 	var runs int
 	b, err := bus.New(bus.WithEndpoint("partner"), bus.WithTransport(tr), bus.WithConcurrency(1),
@@ -314,7 +305,8 @@ func TestOutOfProcessStopWaitsUntilItsContextEnds(t *testing.T) {
 				close(waiting) // the second run is about to wait for its token
 			}
 			return next(ctx)
-		}}, p), bus.WithHandler(func(context.Context, callPartner, bus.Attributes) error { return nil }))
+		}}, limit),
+		bus.WithHandler(func(context.Context, callPartner, bus.Attributes) error { return nil }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,12 +323,5 @@ func TestOutOfProcessStopWaitsUntilItsContextEnds(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the second message never reached the limit")
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-	defer cancel()
-	if err := b.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Stop: %v, want its ctx's end reported: the second run waited for its token", err)
-	}
-	if settled := tr.Settled(); len(settled) != 2 || settled[1].Outcome != bustest.Returned {
-		t.Fatalf("settled %+v, want the second message returned for retry", settled)
-	}
+	return b
 }
