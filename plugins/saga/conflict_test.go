@@ -22,31 +22,13 @@ func TestConflictIsRetried(t *testing.T) {
 	db := storetest.New(t, storetest.Postgres)
 	st := db.Open(t)
 	broker := memory.NewBroker()
-	var (
-		mu      sync.Mutex
-		calls   = map[string]int{}
-		both    = make(chan struct{})
-		arrived int
-	)
+	meet := newMeeting(t)
 	s := saga.New[Triple]("conflict", st)
 	step := func(c *saga.Context[Triple], name string) error {
-		mu.Lock()
-		calls[name]++
-		first := calls[name] == 1 && name != "c"
-		if first {
-			arrived++
-			if arrived == 2 {
-				close(both)
-			}
-		}
-		mu.Unlock()
-		if first {
-			// Both handlers have read the same version before either saves.
-			select {
-			case <-both:
-			case <-time.After(10 * time.Second):
-				t.Error("the two handlers never ran at once")
-			}
+		if name == "c" {
+			meet.count(name)
+		} else {
+			meet.first(name) // a and b have read the same version before either saves
 		}
 		c.State.Steps = append(c.State.Steps, name)
 		return nil
@@ -70,12 +52,9 @@ func TestConflictIsRetried(t *testing.T) {
 	if n := s.Conflicts(); n != 1 {
 		t.Fatalf("Conflicts() = %d; want 1", n)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if calls["a"]+calls["b"] != 3 {
-		t.Fatalf("handler calls %v; want the loser to run twice", calls)
+	if a, b := meet.calls("a"), meet.calls("b"); a+b != 3 {
+		t.Fatalf("handler calls a %d, b %d; want the loser to run twice", a, b)
 	}
-
 }
 
 // TestStartAndCompleteInOneMessageConflicts: a starting message that
@@ -88,34 +67,8 @@ func TestStartAndCompleteInOneMessageConflicts(t *testing.T) {
 	st := db.Open(t)
 	broker := memory.NewBroker()
 	sk := newSink(t, memTransport(broker))
-	var (
-		mu      sync.Mutex
-		calls   = map[string]int{}
-		both    = make(chan struct{})
-		arrived int
-	)
-	// first returns whether this is name's first run, after both handlers
-	// have looked for the instance and found none.
-	first := func(name string) bool {
-		mu.Lock()
-		calls[name]++
-		first := calls[name] == 1
-		if first {
-			arrived++
-			if arrived == 2 {
-				close(both)
-			}
-		}
-		mu.Unlock()
-		if first {
-			select {
-			case <-both:
-			case <-time.After(10 * time.Second):
-				t.Error("the two handlers never ran at once")
-			}
-		}
-		return first
-	}
+	meet := newMeeting(t)
+	first := meet.first
 	s := saga.New[Triple]("startstop", st)
 	saga.StartedBy(s, saga.By(func(m StepA) string { return m.ID }), func(c *saga.Context[Triple], _ StepA) error {
 		first("a")
@@ -155,10 +108,8 @@ func TestStartAndCompleteInOneMessageConflicts(t *testing.T) {
 	if n := s.Conflicts(); n != 1 {
 		t.Fatalf("Conflicts() = %d; want 1", n)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if calls["b"] != 2 {
-		t.Fatalf("handler calls %v; want b to run twice", calls)
+	if n := meet.calls("b"); n != 2 {
+		t.Fatalf("b ran %d times; want twice", n)
 	}
 }
 
@@ -231,4 +182,52 @@ func TestVersionOfAnEarlierInstanceIsAConflict(t *testing.T) {
 	if n := s.Conflicts(); n != 1 {
 		t.Fatalf("Conflicts() = %d; want 1", n)
 	}
+}
+
+// meeting makes the first runs of two handlers meet: each waits for the
+// other's, so that both have read the saga instance before either saves.
+type meeting struct {
+	t       *testing.T
+	mu      sync.Mutex
+	runs    map[string]int
+	arrived int
+	both    chan struct{}
+}
+
+func newMeeting(t *testing.T) *meeting {
+	return &meeting{t: t, runs: map[string]int{}, both: make(chan struct{})}
+}
+
+// count counts a run of name.
+func (m *meeting) count(name string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.runs[name]++
+	return m.runs[name]
+}
+
+// first counts a run of name and returns whether it is its first, which
+// returns once the other handler's first run has come too.
+func (m *meeting) first(name string) bool {
+	if m.count(name) != 1 {
+		return false
+	}
+	m.mu.Lock()
+	if m.arrived++; m.arrived == 2 {
+		close(m.both)
+	}
+	m.mu.Unlock()
+	select {
+	case <-m.both:
+	case <-time.After(10 * time.Second):
+		m.t.Error("the two handlers never ran at once")
+	}
+	return true
+}
+
+// calls returns how many times name ran.
+func (m *meeting) calls(name string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.runs[name]
 }
