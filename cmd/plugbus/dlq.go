@@ -294,7 +294,7 @@ func show(ctx context.Context, io stdio, m bus.DeadLetterManager, f bus.DeadLett
 		fmt.Fprintf(tw, "Failed at\t%s\nEndpoint\t%s\nAttempts\t%d\nDelayed rounds\t%d\nError\t%s\n",
 			fl.Time.UTC().Format(time.RFC3339Nano), fl.Endpoint, fl.Attempts, fl.Delayed, fl.Reason)
 		for _, e := range fl.Errors {
-			fmt.Fprintf(tw, "Earlier error\t%s\n", e)
+			fmt.Fprintf(tw, "Failed with\t%s\n", e) // the history's distinct errors, the last one included
 		}
 		if r := v.Replay; r != nil {
 			fmt.Fprintf(tw, "Replayed\t%d times, last at %s by %s\n", r.Count, r.At.UTC().Format(time.RFC3339), r.By)

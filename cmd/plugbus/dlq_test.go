@@ -303,3 +303,36 @@ func TestDLQFlagValueOfTwoDashes(t *testing.T) {
 		t.Errorf("after --: %v, dry run %v, IDs %q; want true and [-x id-2 --]", err, d.dryRun, d.f.IDs)
 	}
 }
+
+// A dead letter's history lists every distinct error it failed with, the
+// last one included: show labelled each "Earlier error", so a message
+// that failed once, permanently, seemed to have failed before as well.
+func TestDLQShowLabelsHistoryErrors(t *testing.T) {
+	ctx := t.Context()
+	tr := memory.New()
+	defer func() { _ = tr.Close(ctx) }()
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "hist", MaxAttempts: 1, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	env := &bus.Envelope{Name: "hist.job", ContentType: "application/json", Body: []byte(`{}`),
+		Attributes: bus.NewAttributes("hist-1", "corr", time.Now().UTC(), nil, nil)}
+	if err := tr.Send(ctx, env, "hist"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := tr.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := bus.Failure{Reason: "declined (permanent failure: dead-lettered at once, not retried)", Attempts: 1, Endpoint: "hist",
+		Time: time.Now(), History: bus.RetryHistory{Errors: []string{"declined"}}}
+	if err := tr.Fail(ctx, d, f); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := show(ctx, stdio{out: &out, err: io.Discard}, tr, bus.DeadLetterFilter{Endpoint: "hist"}, "table"); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "Earlier error") || !strings.Contains(out.String(), "Failed with") {
+		t.Errorf("show labels the errors of the history as earlier ones, though the last is the failure itself:\n%s", out.String())
+	}
+}
