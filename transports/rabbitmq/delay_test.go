@@ -187,7 +187,12 @@ func TestDelayedMessagesArriveInOrderOfDueTime(t *testing.T) {
 	seed := rand.Uint64()
 	rnd := rand.New(rand.NewPCG(seed, seed))
 	const n = 60
-	const precision = 250 * time.Millisecond // tolerance in order; the measured lateness is logged
+	// Tolerance in order: the broker expires a delay queue's head only,
+	// so a short delay stuck behind a long one (the design's failure)
+	// arrives up to 3s out of order; a loaded machine delays arrivals by
+	// up to about half a second (CI saw 490ms with two test runs beside
+	// it). The measured lateness is logged.
+	const precision = time.Second
 	name := transporttest.Name(delayTestName)
 	// Received as they come while the others are sent: a message due
 	// before the last is sent must not wait for it.
