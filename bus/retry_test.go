@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/transports/memory"
@@ -352,4 +353,56 @@ func TestPanickingClassifierCountsAsTransient(t *testing.T) {
 	if runs.Load() != 2 || f.Attempts != 2 {
 		t.Errorf("handled %d times, dead-lettered after %d attempts; want 2 and 2 (retried, not permanent)", runs.Load(), f.Attempts)
 	}
+}
+
+// FuzzRetryHistory feeds UnmarshalText what a foreign producer may put in
+// the header or attribute that carries a retry history (RabbitMQ's
+// plugbus-retries, the "hist" of an SQS delayed copy): no panic; a history
+// it accepts is within the bounds the bus promises (Delayed and the round
+// start not negative, at most MaxRetryErrors errors of at most
+// MaxRetryErrorLen bytes of valid UTF-8), encodes again, and reads back
+// unchanged, so that the next copy carries it on.
+func FuzzRetryHistory(f *testing.F) {
+	for _, s := range []string{
+		`{"d":2,"r":5,"f":"2026-12-01T00:00:00Z","l":"2026-12-01T00:01:00Z","e":["a","b"]}`,
+		`{}`, `null`, `[]`, `""`, `{"d":-1}`, `{"r":-1}`, `{"e":["1","2","3","4","5","6"]}`,
+		`{"D":1,"R":2,"E":["x"],"d":3}`,
+		`{"e":["` + strings.Repeat("é", 200) + `","\xff\xfe"]}`,
+		`{"f":"0000-01-01T00:00:00+01:00","l":"9999-12-31T23:59:59-23:59"}`,
+		`{"f":"2026-01-01T00:00:00.123456789123Z","l":null,"e":null}`,
+		`{"d":9223372036854775807,"r":9223372036854775807}`,
+		`{"d":1e3,"e":[1]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, text []byte) {
+		var h bus.RetryHistory
+		if h.UnmarshalText(text) != nil {
+			if !h.IsZero() {
+				t.Fatalf("refused %q but kept %+v", text, h)
+			}
+			return
+		}
+		if h.Delayed < 0 || len(h.Errors) > bus.MaxRetryErrors {
+			t.Fatalf("%q read as %+v: out of range", text, h)
+		}
+		for _, e := range h.Errors {
+			if len(e) > bus.MaxRetryErrorLen || !utf8.ValidString(e) {
+				t.Fatalf("%q read an error of %d bytes, valid UTF-8 %v", text, len(e), utf8.ValidString(e))
+			}
+		}
+		again, err := h.MarshalText()
+		if err != nil {
+			t.Fatalf("%q read as %+v, which does not encode: %v", text, h, err)
+		}
+		var back bus.RetryHistory
+		if err := back.UnmarshalText(again); err != nil {
+			t.Fatalf("%q read as %+v, encoded as %q, which does not read back: %v", text, h, again, err)
+		}
+		twice, _ := back.MarshalText()
+		if back.Delayed != h.Delayed || !back.FirstFailure.Equal(h.FirstFailure) || !back.LastFailure.Equal(h.LastFailure) ||
+			!slices.Equal(back.Errors, h.Errors) || string(twice) != string(again) {
+			t.Fatalf("%q read as %+v, read back as %+v", text, h, back)
+		}
+	})
 }

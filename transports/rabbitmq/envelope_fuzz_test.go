@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/plugbus/plugbus/bus"
 )
 
 // FuzzEnvelope decodes received messages of any shape — properties and a
@@ -18,7 +20,9 @@ import (
 // panic; an attempt of at least 1 that a foreign header never raises past
 // the endpoint's maximum; no reserved name among the ordinary headers; no
 // sent time in the future; the copies made for Return and Fail without
-// CC and BCC. `go test` runs the seeds; `go test -fuzz FuzzEnvelope`
+// CC and BCC; a retry history (plugbus-retries) read within the bus's
+// bounds or ignored whole; a dead letter whose failure and history are
+// what the headers hold. `go test` runs the seeds; `go test -fuzz FuzzEnvelope`
 // explores.
 func FuzzEnvelope(f *testing.F) {
 	uuid7 := "0190a6d2-3c4e-7f00-8000-000000000001"
@@ -41,6 +45,12 @@ func FuzzEnvelope(f *testing.F) {
 		{"test.order", "m-9", 0, false, 0, amqp.Table{HeaderAttributePrefix + "k": int32(1), "x-death": []any{amqp.Table{"count": int64(1), "queue": "q"}}}},
 		{"", "m-10", 0, false, 3, amqp.Table{"cc": "lower", "x-bytes": []byte{0xff, 0xfe}, "x-dec": amqp.Decimal{Scale: 2, Value: 12345}, "x-nil": nil, "x-time": time.Unix(5, 0)}},
 		{"\xff\xfe", "0190a6d2-3c4e-7f00-8000", -1, true, 255, amqp.Table{HeaderAttempt: int64(math.MaxInt64), "x-delivery-count": int32(math.MaxInt32)}},
+		{"test.order", "m-11", 0, true, 3, amqp.Table{HeaderRetries: `{"d":1,"r":2,"f":"2026-01-01T00:00:00Z","e":["boom"]}`, HeaderFailureReason: "r",
+			HeaderFailureAttempts: int8(2), HeaderFailureEndpoint: "ep", HeaderFailureTime: "2026-01-01T00:00:00Z"}},
+		{"test.order", "m-12", 0, false, 3, amqp.Table{HeaderRetries: []byte(`{"e":["1","2","3","4","5","6"]}`), HeaderFailureReason: []byte("r"), HeaderFailureTime: "yesterday"}},
+		{"test.order", "m-13", 0, false, 3, amqp.Table{HeaderRetries: int32(1), HeaderFailureReason: "", HeaderFailureAttempts: "x", HeaderFailureEndpoint: int32(1)}},
+		{"test.order", "m-14", 0, false, 3, amqp.Table{HeaderRetries: amqp.Table{"d": int32(1)}, "x-first-death-queue": "q", "x-death": []any{amqp.Table{"count": int64(2),
+			"reason": "expired", "queue": "q.delay", "time": time.Unix(1700000000, 0), "exchange": "", "routing-keys": []any{"q"}, "original-expiration": "1000"}}}},
 	} {
 		f.Add(s.name, s.id, s.timestamp, s.redelivered, s.maxAttempts, encodeFuzzTable(s.headers))
 	}
@@ -95,7 +105,21 @@ func FuzzEnvelope(f *testing.F) {
 		if v, ok := h[headerCC]; ok && !reflect.DeepEqual(copied[HeaderOriginalCC], v) {
 			t.Errorf("the copy keeps CC as %v, want %v", copied[HeaderOriginalCC], v)
 		}
-		_, _ = DecodeDeadLetter(*m)
+		history, bad := readRetries(m)
+		if v, ok := h[HeaderRetries]; !ok && (bad != nil || !history.IsZero()) {
+			t.Errorf("a retry history %+v (ignored: %v) read from no header", history, bad)
+		} else if ok && bad == nil && (history.Delayed < 0 || len(history.Errors) > bus.MaxRetryErrors) {
+			t.Errorf("retry history %v read as %+v, out of range", v, history)
+		} else if bad != nil && !history.IsZero() {
+			t.Errorf("retry history ignored (%s) but read as %+v", bad.why, history)
+		}
+		dl, _ := DecodeDeadLetter(*m)
+		if r, ok := h[HeaderFailureReason].(string); ok && (dl.Failure.Reason != r || !reflect.DeepEqual(dl.Failure.History, history)) {
+			t.Errorf("dead letter reason %q, history %+v, want %q, %+v", dl.Failure.Reason, dl.Failure.History, r, history)
+		}
+		if dl.Envelope.Name != env.Name || dl.Envelope.Attributes.MessageID != env.Attributes.MessageID {
+			t.Errorf("dead letter envelope %q %q, want %q %q", dl.Envelope.Name, dl.Envelope.Attributes.MessageID, env.Name, env.Attributes.MessageID)
+		}
 	})
 }
 

@@ -1,9 +1,11 @@
 package sqs_test
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"log/slog"
 	"maps"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -151,6 +153,9 @@ func FuzzLambdaEvent(f *testing.F) {
 	f.Add([]byte(`{"Records":[{"messageId":"m-2","body":"x","messageAttributes":{"plugbus":{"binaryValue":"eyJ2IjoxfQ==","dataType":"Binary"}}}]}`))
 	f.Add([]byte(`{"Records":[{"messageId":"m-3","body":"x","attributes":{"ApproximateReceiveCount":"0"},"messageAttributes":{"plugbus":{"stringValue":"{\"v\":1,\"name\":\"n\",\"sent\":\"3000-01-01T00:00:00Z\"}"}}}]}`))
 	f.Add([]byte(`{"Records":[{},{"messageAttributes":{"a":{}}}]}`))
+	f.Add([]byte(`{"Records":[{"messageId":"m-4","body":"x","messageAttributes":{"plugbus":{"stringValue":"{\"v\":1,\"name\":\"n\"}","dataType":"String"},` +
+		`"n":{"stringValue":"-1.5e3","dataType":"Number.float"},"b":{"binaryValue":"AP8=","dataType":"Binary"},"s":{"stringListValues":["a"],"binaryListValues":["AA=="],"dataType":"String"},` +
+		`"nb":{"dataType":"Number","binaryValue":"AA=="},"e":{"dataType":"Binary.gz"}}}]}`))
 	f.Add([]byte(`{"Records":null}`))
 	f.Fuzz(func(t *testing.T, event []byte) {
 		var ev sqslambda.Event
@@ -177,6 +182,10 @@ func FuzzSNSNotification(f *testing.F) {
 	f.Add(`{"Type":"Notification","TopicArn":""}`)
 	f.Add(`{"Type":"Notification","TopicArn":7}`)
 	f.Add(`[]`)
+	f.Add(`{"Type":"Notification","MessageId":"m","TopicArn":"arn:aws:sns:us-east-1:0:t","Subject":null,"Message":"{\"id\":1}","Timestamp":"2026-01-02T03:04:05.000Z",` +
+		`"SignatureVersion":"1","Signature":"x","SigningCertURL":"https://x","UnsubscribeURL":"https://x","MessageAttributes":{` +
+		`"plugbus":{"Type":"String","Value":"{\"v\":1,\"name\":\"n\"}"},"n":{"Type":"Number","Value":"1.5"},"b":{"Type":"Binary","Value":"AAE="},` +
+		`"l":{"Type":"String.Array","Value":"[\"a\",1,true,null]"}}}`)
 	f.Fuzz(func(t *testing.T, body string) {
 		topic, ok := sqs.SNSNotification(body)
 		if ok != (topic != "") {
@@ -225,6 +234,116 @@ func FuzzRoundTrip(f *testing.F) {
 			!maps.Equal(maps.Collect(got.Attributes.StickyValues()), maps.Collect(env.Attributes.StickyValues())) ||
 			!maps.Equal(got.Headers, env.Headers) {
 			t.Fatalf("round trip of %+v gave %+v", env, got)
+		}
+	})
+}
+
+// fuzzDataTypes are the data types an attribute of FuzzMessageAttributes
+// gets: the three of SQS, with custom labels, and ones SQS never
+// delivers but a hand-made Lambda event may hold.
+var fuzzDataTypes = [...]string{"String", "Number", "Binary", "String.json", "Number.float", "Binary.gzip", "", "string", "StringList"}
+
+// decodeFuzzAttributes reads the message attributes of
+// FuzzMessageAttributes from b: entries of a name (length byte, bytes), a
+// data type byte (an index into fuzzDataTypes), a value byte (which of the
+// string, binary and list values are set) and a value (length byte,
+// bytes). Decoding stops at the end of the input.
+func decodeFuzzAttributes(b []byte) map[string]sqstypes.MessageAttributeValue {
+	attrs := map[string]sqstypes.MessageAttributeValue{}
+	short := func() (string, bool) {
+		if len(b) < 1 || len(b) < 1+int(b[0]) {
+			return "", false
+		}
+		s := string(b[1 : 1+b[0]])
+		b = b[1+b[0]:]
+		return s, true
+	}
+	for {
+		name, ok := short()
+		if !ok || len(b) < 2 {
+			return attrs
+		}
+		typ, form := fuzzDataTypes[int(b[0])%len(fuzzDataTypes)], b[1]
+		b = b[2:]
+		value, ok := short()
+		if !ok {
+			return attrs
+		}
+		v := sqstypes.MessageAttributeValue{DataType: aws.String(typ)}
+		if form&1 != 0 {
+			v.StringValue = aws.String(value)
+		}
+		if form&2 != 0 {
+			v.BinaryValue = []byte(value)
+		}
+		if form&4 != 0 {
+			v.StringListValues = []string{value}
+		}
+		if form&8 != 0 {
+			v.BinaryListValues = [][]byte{[]byte(value)}
+		}
+		attrs[name] = v
+	}
+}
+
+// encodeFuzzAttribute is one entry of decodeFuzzAttributes' encoding, for
+// the seeds.
+func encodeFuzzAttribute(b []byte, name string, typ, form byte, value string) []byte {
+	b = append(append(b, byte(len(name))), name...)
+	return append(append(append(b, typ, form), byte(len(value))), value...)
+}
+
+// FuzzMessageAttributes fuzzes the message attributes of a received
+// message beyond FuzzDecodeMessage's one extra string: any number of them
+// (up to more than SQS's ten), of each data type, with a string value, a
+// binary value, list values, several or none, among them a "plugbus" one
+// of any shape, or none. Besides what every decoded message is checked
+// for, each ordinary attribute is a header holding its string value, or
+// else the base64 of its binary value.
+func FuzzMessageAttributes(f *testing.F) {
+	pack := `{"v":1,"name":"orders.order-placed","id":"i","attrs":{"k":"v"}}`
+	const (
+		tString, tNumber, tBinary, tLabel = 0, 1, 2, 3
+		sval, bval, both, none            = 1, 2, 3, 0
+	)
+	f.Add(pack, encodeFuzzAttribute(nil, "traceparent", tString, sval, "00-4bf9-01"), "1")
+	f.Add(pack, encodeFuzzAttribute(encodeFuzzAttribute(nil, "n", tNumber, sval, "1.5e3"), "b", tBinary, bval, "\x00\xff"), "2")
+	f.Add(pack, encodeFuzzAttribute(encodeFuzzAttribute(nil, "x", tString, none, ""), "y", tLabel, both, "v"), "1")
+	f.Add("", encodeFuzzAttribute(nil, "plugbus", tBinary, bval, pack), "1")
+	f.Add("", encodeFuzzAttribute(nil, "plugbus", tString, sval|4, `{"v":1,"name":"n"}`), "1")
+	f.Add("", encodeFuzzAttribute(nil, "Plugbus", tString, sval, pack), "1")
+	f.Add(pack, encodeFuzzAttribute(nil, "plugbus.failure", tString, sval, "x"), "1")
+	var ten []byte
+	for i := range 10 {
+		ten = encodeFuzzAttribute(ten, "a"+strconv.Itoa(i), byte(i%3), byte(1+i%2), "v")
+	}
+	f.Add(pack, ten, "3")
+	f.Add("", ten, "3")
+	f.Fuzz(func(t *testing.T, pack string, attrs []byte, count string) {
+		msg := sqstypes.Message{MessageId: aws.String("m"), Body: aws.String(`{"id":1}`), Attributes: map[string]string{"ApproximateReceiveCount": count},
+			MessageAttributes: decodeFuzzAttributes(attrs)}
+		if pack != "" {
+			msg.MessageAttributes[sqs.AttributeName] = str(pack)
+		}
+		d := sqs.Decode(msg, fuzzLog)
+		checkDecoded(t, msg, d)
+		for k, v := range msg.MessageAttributes {
+			if reservedName(k) {
+				continue
+			}
+			want := aws.ToString(v.StringValue)
+			if v.StringValue == nil && v.BinaryValue != nil {
+				want = base64.StdEncoding.EncodeToString(v.BinaryValue)
+			}
+			if got := d.Headers[k]; got != want {
+				t.Errorf("header %q = %q, want %q", k, got, want)
+			}
+		}
+		// The attempt is SQS's receive count (which a crashed consumer
+		// raises past the maximum), plus at most the maximum less one
+		// prior attempts a delayed copy carries.
+		if c, _ := sqs.Carry(msg, 5, fuzzLog); c.Attempt < d.Attempt || c.Attempt > d.Attempt+4 {
+			t.Errorf("carried attempt %d: SQS counted %d, a copy carries at most 4 prior attempts", c.Attempt, d.Attempt)
 		}
 	})
 }
