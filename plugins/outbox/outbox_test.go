@@ -152,9 +152,7 @@ func TestHandlerTransaction(t *testing.T) {
 func TestWithin(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
 		ctx := context.Background()
-		st := db.Open(t)
-		orders := db.Table("orders")
-		storetest.Exec(t, st.DB(), "CREATE TABLE "+orders+" (id INTEGER NOT NULL)")
+		st, orders := withOrders(t, db)
 		broker := memory.NewBroker()
 		got := sink(t, broker)
 		b, err := bus.New(bus.WithName("api"), bus.WithTransport(memory.New(memory.WithBroker(broker))),
@@ -205,12 +203,10 @@ func TestWithin(t *testing.T) {
 // handler's buffer, which a later failure of the handler discards.
 func TestWithinInsideAHandler(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
-		st := db.Open(t)
+		st, orders := withOrders(t, db)
 		if err := st.Migrate(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		orders := db.Table("orders")
-		storetest.Exec(t, st.DB(), "CREATE TABLE "+orders+" (id INTEGER NOT NULL)")
 		var b *bus.Bus
 		b, err := bus.New(bus.WithEndpoint("worker"), bus.WithTransport(memory.New()), bus.WithLogger(slog.New(slog.DiscardHandler)),
 			bus.WithRoute("sink", Done{}),
@@ -389,12 +385,10 @@ func TestInvalidConfig(t *testing.T) {
 // savepoint), the handler's own are kept.
 func TestWithinJoinedRollsBackWhenFnFails(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db storetest.DB) {
-		st := db.Open(t)
+		st, orders := withOrders(t, db)
 		if err := st.Migrate(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		orders := db.Table("orders")
-		storetest.Exec(t, st.DB(), "CREATE TABLE "+orders+" (id INTEGER NOT NULL)")
 		rejected := errors.New("order rejected")
 		var within error
 		var b *bus.Bus
@@ -436,4 +430,14 @@ func TestWithinJoinedRollsBackWhenFnFails(t *testing.T) {
 			t.Fatalf("outbox rows = %d, want the handler's message alone (1)", n)
 		}
 	})
+}
+
+// withOrders opens a store on db beside an orders table of the
+// application's (one id column), whose name it returns.
+func withOrders(t *testing.T, db storetest.DB) (*store.Store, string) {
+	t.Helper()
+	st := db.Open(t)
+	orders := db.Table("orders")
+	storetest.Exec(t, st.DB(), "CREATE TABLE "+orders+" (id INTEGER NOT NULL)")
+	return st, orders
 }
