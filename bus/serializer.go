@@ -3,6 +3,7 @@ package bus
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"mime"
 	"strings"
 	"sync"
@@ -47,15 +48,7 @@ func ContentTypeMatches(got, want string) bool {
 	}
 	delete(gotParams, "charset")
 	delete(wantParams, "charset")
-	if len(gotParams) != len(wantParams) {
-		return false
-	}
-	for k, v := range gotParams {
-		if w, ok := wantParams[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
+	return maps.Equal(gotParams, wantParams)
 }
 
 // JSON is the default serializer: encoding/json.

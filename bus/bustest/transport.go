@@ -26,14 +26,11 @@ type Transport struct {
 	memory *memory.Transport
 	broker *memory.Broker
 
-	// settling is held from a settlement's act on the memory transport
-	// until it is recorded, so that a message the act gives back is not
-	// settled again, by another worker, and recorded first.
-	settling sync.Mutex
-	// sending is held from a send or publish on the memory transport until
-	// it is recorded, so that a message it put on a queue is not received
-	// by another worker, whose handler's sends are recorded first.
-	sending sync.Mutex
+	// acting is held from a send, publish or settlement on the memory
+	// transport until it is recorded, so that what the act puts on a queue
+	// is not received, handled and settled (or its handler's sends made)
+	// by another worker, and recorded first.
+	acting sync.Mutex
 
 	mu       sync.Mutex
 	sent     []Sent
@@ -249,8 +246,8 @@ func (t *Transport) Setup(ctx context.Context, topo bus.Topology) error {
 
 // Send hands env to the memory transport and records it.
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
-	t.sending.Lock()
-	defer t.sending.Unlock()
+	t.acting.Lock()
+	defer t.acting.Unlock()
 	if err := t.memory.Send(ctx, env, to); err != nil {
 		return err
 	}
@@ -260,8 +257,8 @@ func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) erro
 
 // Publish hands env to the memory transport and records it.
 func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
-	t.sending.Lock()
-	defer t.sending.Unlock()
+	t.acting.Lock()
+	defer t.acting.Unlock()
 	if err := t.memory.Publish(ctx, env); err != nil {
 		return err
 	}
@@ -356,8 +353,8 @@ func (t *Transport) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure) er
 // settle makes the settlement with act and records s, in the order of the
 // acts.
 func (t *Transport) settle(act func() error, s Settlement) error {
-	t.settling.Lock()
-	defer t.settling.Unlock()
+	t.acting.Lock()
+	defer t.acting.Unlock()
 	err := act()
 	t.mu.Lock()
 	defer t.mu.Unlock()
