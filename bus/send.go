@@ -36,19 +36,9 @@ func (b *Bus) emitInto(ctx context.Context, kind Kind, msg Message, opts []SendO
 	if b.state.Load() == stateClosed {
 		return ErrClosed
 	}
-	if isNil(msg) {
-		return fmt.Errorf("%w: %s of a nil %T", ErrInvalidMessage, kind, msg)
-	}
-	var cfg sendConfig
-	if len(opts) > 0 {
-		cfg = applySendOptions(opts)
-		if kind == KindPublish && cfg.to != "" {
-			return publishToError(cfg.to)
-		}
-	}
-	name, err := messageName(msg)
+	cfg, name, err := checkSend(kind, msg, opts)
 	if err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrInvalidMessage, kind, err)
+		return err
 	}
 	scope := scopeFrom(ctx, b)
 	dest := ""
@@ -246,6 +236,38 @@ func (b *Bus) transmit(ctx context.Context, m Outbound) error {
 // Dispatch hands a finished message to the transport without running any
 // middleware. An outbox relay uses it to send what a handler stored.
 func (b *Bus) Dispatch(ctx context.Context, m Outbound) error { return b.transmit(ctx, m) }
+
+// ValidateSend returns the error that [Bus.Send] (kind [KindSend]) or
+// [Bus.Publish] ([KindPublish]) of a running bus returns for msg and opts
+// whatever the bus's configuration, before any middleware runs:
+// [ErrInvalidMessage] for a nil message, a nil pointer, or a MessageName
+// that panics or is empty, and [ErrInvalidOption] for [To] given to a
+// publish. Nil does not promise that a bus sends msg: its routes,
+// middleware, delay limit and transport may still refuse it. A stand-in
+// for a bus (a test harness that records what a handler sends) calls it
+// to refuse what a bus refuses, with the same errors.
+func ValidateSend(kind Kind, msg Message, opts ...SendOption) error {
+	_, _, err := checkSend(kind, msg, opts)
+	return err
+}
+
+// checkSend is what [ValidateSend] checks; it returns the options applied
+// and msg's name for the send to go on with.
+func checkSend(kind Kind, msg Message, opts []SendOption) (cfg sendConfig, name string, err error) {
+	if isNil(msg) {
+		return cfg, "", fmt.Errorf("%w: %s of a nil %T", ErrInvalidMessage, kind, msg)
+	}
+	if len(opts) > 0 {
+		cfg = applySendOptions(opts)
+		if kind == KindPublish && cfg.to != "" {
+			return cfg, "", publishToError(cfg.to)
+		}
+	}
+	if name, err = messageName(msg); err != nil {
+		return cfg, "", fmt.Errorf("%w: %s: %v", ErrInvalidMessage, kind, err)
+	}
+	return cfg, name, nil
+}
 
 // applySendOptions is apart from emit so that a send without options does
 // not move its config to the heap. A nil option is skipped, as New skips

@@ -196,6 +196,39 @@ func TestPublishRefusesTo(t *testing.T) {
 	}
 }
 
+// bus.ValidateSend returns the error Send or Publish returns for what
+// every bus refuses (a nil message, a name that is empty or panics, To on
+// a publish), the same text and sentinel, and nil for what a bus takes.
+func TestValidateSendRefusesWhatSendRefuses(t *testing.T) {
+	e := newEnv(t, nil, bus.WithHandler(func(ctx context.Context, m chargeCard, a bus.Attributes) error { return nil }))
+	for _, tc := range []struct {
+		name     string
+		kind     bus.Kind
+		msg      bus.Message
+		opts     []bus.SendOption
+		sentinel error
+	}{
+		{"publish to an endpoint", bus.KindPublish, chargeCard{OrderID: "1"}, []bus.SendOption{bus.To("billing")}, bus.ErrInvalidOption},
+		{"send of nil", bus.KindSend, nil, []bus.SendOption{bus.To("billing")}, bus.ErrInvalidMessage},
+		{"publish of a nil pointer", bus.KindPublish, (*shipmentNoted)(nil), nil, bus.ErrInvalidMessage},
+		{"send of an unnamed message", bus.KindSend, unnamed{}, []bus.SendOption{bus.To("billing")}, bus.ErrInvalidMessage},
+		{"publish of a message whose name panics", bus.KindPublish, panicky{}, nil, bus.ErrInvalidMessage},
+		{"send to an endpoint", bus.KindSend, chargeCard{OrderID: "2"}, []bus.SendOption{bus.To("billing"), nil}, nil},
+		{"publish", bus.KindPublish, chargeCard{OrderID: "3"}, []bus.SendOption{bus.WithAttribute("k", "v")}, nil},
+	} {
+		got := bus.ValidateSend(tc.kind, tc.msg, tc.opts...)
+		var sent error
+		if tc.kind == bus.KindPublish {
+			sent = e.bus.Publish(t.Context(), tc.msg, tc.opts...)
+		} else {
+			sent = e.bus.Send(t.Context(), tc.msg, tc.opts...)
+		}
+		if !errors.Is(got, tc.sentinel) || fmt.Sprint(got) != fmt.Sprint(sent) {
+			t.Errorf("%s: ValidateSend = %v, %s = %v; want both %v", tc.name, got, tc.kind, sent, tc.sentinel)
+		}
+	}
+}
+
 // tagsSet is a message whose type is a map: its nil value has a name and
 // comes back as sent (JSON null decodes to a nil map).
 type tagsSet map[string]string

@@ -39,8 +39,9 @@ import (
 //go:embed templates static
 var assets embed.FS
 
-// ErrTokenRequired is returned (wrapped) by [Console.ListenAndServe] for
-// an address that is not a loopback address when the console has no token.
+// ErrTokenRequired is returned (wrapped) by [Console.ListenAndServe],
+// [Console.Serve] and [CheckAddr] for an address that is not a loopback
+// address when the console has no token.
 var ErrTokenRequired = errors.New("console: listening beyond 127.0.0.1 needs a token (console.WithToken, plugbus console -token)")
 
 // DefaultAddr is where the console listens unless told otherwise.
@@ -184,12 +185,19 @@ func (c *Console) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 // checkAddr refuses a non-loopback address without a token.
-func (c *Console) checkAddr(addr string) error {
+func (c *Console) checkAddr(addr string) error { return CheckAddr(addr, c.o.token) }
+
+// CheckAddr returns the error with which [Console.ListenAndServe] and
+// [Console.Serve] refuse addr for a console whose token ([WithToken]) is
+// token: one wrapping [ErrTokenRequired] for an address that is not a
+// loopback address when token is empty. A command calls it to fail before
+// it dials the broker the console needs.
+func CheckAddr(addr, token string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("console: address %q: %w", addr, err)
 	}
-	if c.o.token == "" && !loopback(host) {
+	if token == "" && !loopback(host) {
 		return fmt.Errorf("console: address %s: %w", addr, ErrTokenRequired)
 	}
 	return nil

@@ -111,6 +111,19 @@ func TestBeyondLoopbackNeedsAToken(t *testing.T) {
 			t.Errorf("ListenAndServe(%s) without a token: %v, want ErrTokenRequired", addr, err)
 		}
 	}
+	for _, addr := range []string{"0.0.0.0:8089", "[::]:80"} {
+		if err := console.CheckAddr(addr, ""); !errors.Is(err, console.ErrTokenRequired) {
+			t.Errorf("CheckAddr(%s) without a token: %v, want ErrTokenRequired", addr, err)
+		}
+		if err := console.CheckAddr(addr, "s3cret"); err != nil {
+			t.Errorf("CheckAddr(%s) with a token: %v", addr, err)
+		}
+	}
+	for _, addr := range []string{"127.0.0.1:8089", "[::1]:80", "localhost:80"} {
+		if err := console.CheckAddr(addr, ""); err != nil {
+			t.Errorf("CheckAddr(%s) without a token: %v, want nil on loopback", addr, err)
+		}
+	}
 	// On loopback it serves, until its context ends.
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()

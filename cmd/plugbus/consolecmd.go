@@ -32,16 +32,17 @@ func runConsole(ctx context.Context, io stdio, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("console: unexpected argument %q (endpoints are given with -endpoints a,b)", fs.Arg(0))
 	}
-	// Listen first, so that a busy port or an address that needs a token
-	// (console.Serve checks it) fails before the broker is dialled and
-	// before the console says where it serves.
+	// Listen and check the address first (console.Serve checks it too,
+	// later), so that a busy port or an address that needs a token fails
+	// before the broker is dialled and before the console says where it
+	// serves.
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("console: %w", err)
 	}
 	defer func() { _ = ln.Close() }()
-	if host, _, _ := net.SplitHostPort(ln.Addr().String()); *token == "" && !net.ParseIP(host).IsLoopback() {
-		return fmt.Errorf("console: address %s: %w", *addr, console.ErrTokenRequired)
+	if err := console.CheckAddr(ln.Addr().String(), *token); err != nil {
+		return err
 	}
 	t, err := b.open(ctx, io.err)
 	if err != nil {

@@ -139,7 +139,8 @@ type Store struct {
 	retry    retryPolicy
 	timeout  time.Duration // of each statement the store runs on its own
 	// purgeChunk is how many rows a purge deletes per statement, so that
-	// none runs long or holds SQLite's write lock long after a backlog.
+	// none runs long or holds SQLite's write lock long after a backlog:
+	// 5,000, less in tests (export_test.go).
 	purgeChunk int
 	queries    queries
 	sagaQ      sagaQueries
@@ -168,10 +169,6 @@ func New(db *sql.DB, c Config) *Store {
 	s.queries.ddl = append(s.queries.ddl, sagaDDL...)
 	return s
 }
-
-// SetPurgeChunk sets how many rows PurgeDispatched and PurgeProcessed
-// delete per statement (5,000 unless set): for tests.
-func (s *Store) SetPurgeChunk(n int) { s.purgeChunk = n }
 
 // DB returns the database.
 func (s *Store) DB() *sql.DB { return s.db }

@@ -70,12 +70,14 @@ func WithSendOptions(opts ...bus.SendOption) RequestOption {
 // once (bus.Bus.Stopping), so it never holds up Stop.
 func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message, opts ...RequestOption) (Resp, error) {
 	var resp Resp
-	if b == nil || req == nil {
-		return resp, errors.New("requestreply: Request needs a bus and a request message")
+	if b == nil {
+		return resp, errors.New("requestreply: Request needs a bus")
 	}
-	if v := reflect.ValueOf(req); v.Kind() == reflect.Pointer && v.IsNil() {
-		// As bus.Send refuses it; its MessageName may panic.
-		return resp, fmt.Errorf("%w: request of a nil %T", bus.ErrInvalidMessage, req)
+	// The check of bus.Send, made before req's name is read (the
+	// MessageName of a nil pointer may panic) and before the bus is
+	// asked anything, so that the request fails as Send would.
+	if err := bus.ValidateSend(bus.KindSend, req); err != nil {
+		return resp, err
 	}
 	name := req.MessageName()
 	if !b.Running() {

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/bus/bustest"
 	"github.com/plugbus/plugbus/plugins/requestreply"
 	"github.com/plugbus/plugbus/transports/memory"
 )
@@ -290,22 +291,43 @@ func TestStopReleasesAHandlerWaitingForAReply(t *testing.T) {
 	}
 }
 
-// A nil pointer as the request is refused as bus.Send refuses it
-// (bus.ErrInvalidMessage), rather than panic in the caller when its
-// type's MessageName has a value receiver.
-func TestRequestRefusesANilPointer(t *testing.T) {
-	_, rb, _, _ := pair(t)
-	var req *add
-	err := func() (err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				err = fmt.Errorf("panicked: %v", p)
+// misnamed's MessageName reads a field its zero value lacks.
+type misnamed struct{ names []string }
+
+func (m misnamed) MessageName() string { return m.names[0] }
+
+// A request bus.Send would refuse — nil, a nil pointer whose type's
+// MessageName has a value receiver, a MessageName that panics — fails
+// with bus.ErrInvalidMessage, as bus.Send fails, before anything is sent
+// or waited for, on a running bus or not, rather than panic in the caller.
+func TestRequestRefusesAnInvalidMessageBeforeSending(t *testing.T) {
+	rec := bustest.NewTransport()
+	p := requestreply.New()
+	rb := start(t, p, bus.WithTransport(rec), bus.WithLogger(slog.New(slog.DiscardHandler)), bus.WithRoute("calc", add{}, misnamed{names: []string{"rrtest.misnamed"}}))
+	stopped, err := bus.New(bus.WithMiddleware(requestreply.New()), bus.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, req := range map[string]bus.Message{"nil": nil, "a nil *add": (*add)(nil), "a MessageName that panics": misnamed{}} {
+		for bname, b := range map[string]*bus.Bus{"running": rb, "not started": stopped} {
+			err := func() (err error) {
+				defer func() {
+					if p := recover(); p != nil {
+						err = fmt.Errorf("panicked: %v", p)
+					}
+				}()
+				_, err = requestreply.Request[sum](t.Context(), b, req, requestreply.WithTimeout(time.Minute))
+				return err
+			}()
+			if !errors.Is(err, bus.ErrInvalidMessage) {
+				t.Errorf("Request of %s on a bus %s: %v, want bus.ErrInvalidMessage", name, bname, err)
 			}
-		}()
-		_, err = requestreply.Request[sum](t.Context(), rb, req)
-		return err
-	}()
-	if !errors.Is(err, bus.ErrInvalidMessage) {
-		t.Fatalf("Request of a nil *add: %v, want bus.ErrInvalidMessage", err)
+		}
+	}
+	if sent := rec.Sent(); len(sent) != 0 {
+		t.Errorf("sent %d messages, want none", len(sent))
+	}
+	if st := p.Stats(rb); st.Pending != 0 {
+		t.Errorf("%d requests pending, want none", st.Pending)
 	}
 }

@@ -3,6 +3,8 @@ package saga
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"unicode/utf8"
 )
 
 // ErrNotFound is matched by [*NotFoundError].
@@ -26,16 +28,21 @@ func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 var ErrCorrelation = errors.New("saga: no correlation value")
 
 // CorrelationError is the permanent failure of a message whose
-// correlation value is empty, or holds a NUL byte or invalid UTF-8 (which
-// PostgreSQL's TEXT refuses): it cannot be matched to an instance.
+// correlation value is empty, longer than [MaxKeyLength], or holds a NUL
+// byte or invalid UTF-8 (which PostgreSQL's TEXT refuses): it cannot be
+// matched to an instance.
 type CorrelationError struct {
 	Saga, Message string
-	Attribute     string // the attribute of ByAttribute; empty for By
+	Attribute     string // the attribute of ByAttribute (AttrKey for a timeout); empty for By
 	Value         string // the value refused; empty when there was none
+	Limit         int    // the limit in bytes that Value is longer than; 0 when it is not too long
 }
 
 // Error implements error.
 func (e *CorrelationError) Error() string {
+	if e.Limit > 0 && len(e.Value) > e.Limit {
+		return fmt.Sprintf("saga %s: the correlation value %s of message %s is %d bytes long, longer than the limit of %d bytes (saga.MaxKeyLength) that every store can index: correlate by a shorter value, such as a hash of it", e.Saga, quoteStart(e.Value), e.Message, len(e.Value), e.Limit)
+	}
 	if e.Value != "" {
 		return fmt.Sprintf("saga %s: the correlation value %q of message %s contains a NUL byte or invalid UTF-8, which a store cannot keep", e.Saga, e.Value, e.Message)
 	}
@@ -43,6 +50,20 @@ func (e *CorrelationError) Error() string {
 		return fmt.Sprintf("saga %s: message %s has no attribute %q to find its instance by", e.Saga, e.Message, e.Attribute)
 	}
 	return fmt.Sprintf("saga %s: the correlation of message %s returned an empty value", e.Saga, e.Message)
+}
+
+// quoteStart quotes the first 32 bytes of v, cut at a rune boundary and
+// followed by an ellipsis when v is longer: a value too long to quote whole.
+func quoteStart(v string) string {
+	const n = 32
+	if len(v) <= n {
+		return strconv.Quote(v)
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(v[i]) {
+		i--
+	}
+	return strconv.Quote(v[:i]) + "…"
 }
 
 // Is reports whether target is ErrCorrelation.

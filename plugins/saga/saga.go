@@ -24,10 +24,12 @@
 //
 // Each message type maps to an instance through a declared correlation: a
 // field of the message ([By]) or an attribute ([ByAttribute]); no
-// reflection runs per message. A saga's handlers are ordinary handlers of
-// the bus, named after the saga: the bus's handler-stage middleware (the
-// inbox, the outbox, tracing) sees them as such, and what a saga sends
-// is what its handler sends.
+// reflection runs per message. A value that no store can keep alike
+// (empty, longer than [MaxKeyLength], with a NUL byte or invalid UTF-8)
+// fails its message permanently with a [*CorrelationError]. A saga's
+// handlers are ordinary handlers of the bus, named after the saga: the
+// bus's handler-stage middleware (the inbox, the outbox, tracing) sees
+// them as such, and what a saga sends is what its handler sends.
 //
 // # Exactly-once effects
 //
@@ -86,6 +88,14 @@ const (
 	AttrKey      = "plugbus-saga-key"      // the instance's correlation value
 	AttrInstance = "plugbus-saga-instance" // the instance's id
 )
+
+// MaxKeyLength is the longest correlation value, in bytes, that a saga
+// accepts, and the longest saga name. PostgreSQL's B-tree index refuses a
+// row longer than about 2.7 KB (the saga's name and the value together),
+// which SQLite keeps: a longer value fails its message permanently with a
+// [*CorrelationError] on every store, before the store is touched, and
+// [New] refuses a longer name.
+const MaxKeyLength = 1024
 
 // Defaults of the options.
 const (
@@ -213,8 +223,11 @@ func New[S any](name string, st *store.Store, opts ...Option) *Saga[S] {
 		}
 	}
 	s := &Saga[S]{name: name, store: (*sqlstore.Store)(st), cfg: c, byName: map[string]*route{}}
-	if name == "" {
+	switch {
+	case name == "":
 		s.errs = append(s.errs, errors.New("saga: New: empty name; give the saga a stable name"))
+	case len(name) > MaxKeyLength:
+		s.errs = append(s.errs, fmt.Errorf("saga: New: the name is %d bytes long, longer than saga.MaxKeyLength (%d): give the saga a shorter name", len(name), MaxKeyLength))
 	}
 	return s
 }
@@ -301,11 +314,9 @@ func newRoute[S any, M bus.Message](s *Saga[S], c Correlation[M], fn func(*Conte
 				key, _ = a.StickyValue(c.attr)
 			}
 		}
-		if key == "" {
-			return "", &CorrelationError{Saga: s.name, Message: name, Attribute: c.attr}
-		}
-		if strings.IndexByte(key, 0) >= 0 || !utf8.ValidString(key) {
-			return "", &CorrelationError{Saga: s.name, Message: name, Attribute: c.attr, Value: key}
+		if err := checkKey(key); err != nil {
+			err.Saga, err.Message, err.Attribute = s.name, name, c.attr
+			return "", err
 		}
 		return key, nil
 	}
@@ -315,6 +326,23 @@ func newRoute[S any, M bus.Message](s *Saga[S], c Correlation[M], fn func(*Conte
 		}, bus.HandlerName(s.name))
 	}
 	return r, nil
+}
+
+// checkKey returns the error of a correlation value no store can keep
+// alike, with its Saga, Message and Attribute to fill in; nil when every
+// store can. It is the one check of every value that finds an instance:
+// a message's field or attribute, a timeout's AttrKey, in a bus or in the
+// simulator.
+func checkKey(key string) *CorrelationError {
+	switch {
+	case key == "":
+		return &CorrelationError{}
+	case len(key) > MaxKeyLength:
+		return &CorrelationError{Value: key, Limit: MaxKeyLength}
+	case strings.IndexByte(key, 0) >= 0 || !utf8.ValidString(key):
+		return &CorrelationError{Value: key}
+	}
+	return nil
 }
 
 // messageName returns m's name, turning a panic into an error.

@@ -50,8 +50,9 @@ type Effect struct {
 // Simulator runs a saga in memory, with no bus and no store, on a clock
 // of the caller's: package sagatest builds its harness on it. Instances
 // are kept encoded as the store keeps them, so what a state loses in
-// encoding is lost here too. It is safe for concurrent use, one message
-// at a time.
+// encoding is lost here too, and a send that every bus refuses
+// ([bus.ValidateSend]) is refused with the bus's error. It is safe for
+// concurrent use, one message at a time.
 type Simulator[S any] struct {
 	s         *Saga[S]
 	now       func() time.Time
@@ -149,7 +150,11 @@ type simEffects struct {
 
 func (e *simEffects) now() time.Time { return e.clock() }
 
+// emit and timeout refuse, with the bus's errors, what every bus refuses.
 func (e *simEffects) emit(_ context.Context, kind bus.Kind, msg bus.Message, opts []bus.SendOption) error {
+	if err := bus.ValidateSend(kind, msg, opts...); err != nil {
+		return err
+	}
 	k := EffectSend
 	if kind == bus.KindPublish {
 		k = EffectPublish
@@ -159,6 +164,9 @@ func (e *simEffects) emit(_ context.Context, kind bus.Kind, msg bus.Message, opt
 }
 
 func (e *simEffects) timeout(_ context.Context, d time.Duration, msg bus.Message, attrs map[string]string) error {
+	if err := bus.ValidateSend(bus.KindSend, msg); err != nil {
+		return err
+	}
 	e.done = append(e.done, Effect{Kind: EffectTimeout, Message: msg, Delay: d,
 		Attributes: bus.NewAttributes("", "", e.clock(), attrs, nil)})
 	return nil

@@ -2,6 +2,8 @@ package sagatest_test
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,6 +134,61 @@ func TestAttributeCorrelation(t *testing.T) {
 	}
 	if err := h.Deliver(Placed{OrderID: "x"}); !errors.Is(err, saga.ErrCorrelation) {
 		t.Fatalf("Deliver without the attribute = %v; want saga.ErrCorrelation", err)
+	}
+}
+
+// TestKeyLongerThanTheLimitIsRefused: as on a bus, a correlation value
+// longer than saga.MaxKeyLength fails permanently with a
+// *saga.CorrelationError, from a field, an attribute or a timeout's
+// AttrKey, and one of saga.MaxKeyLength bytes starts an instance.
+func TestKeyLongerThanTheLimitIsRefused(t *testing.T) {
+	s := orders()
+	saga.Handles(s, saga.ByAttribute[Cancelled]("order-id"), func(*saga.Context[Order], Cancelled) error { return nil })
+	h := sagatest.New(s, epoch)
+	longest, tooLong := strings.Repeat("k", saga.MaxKeyLength), strings.Repeat("k", saga.MaxKeyLength+1)
+	for what, deliver := range map[string]func() error{
+		"field":     func() error { return h.Deliver(Placed{OrderID: tooLong}) },
+		"attribute": func() error { return h.Deliver(Cancelled{}, sagatest.WithAttribute("order-id", tooLong)) },
+		"timeout": func() error {
+			return h.Deliver(PaymentOverdue{}, sagatest.WithAttribute(saga.AttrSaga, "order"), sagatest.WithAttribute(saga.AttrKey, tooLong))
+		},
+	} {
+		err := deliver()
+		var ce *saga.CorrelationError
+		if !errors.As(err, &ce) || ce.Value != tooLong || ce.Limit != saga.MaxKeyLength || !bus.IsPermanent(err) {
+			t.Errorf("%s: Deliver = %.200v; want a permanent *saga.CorrelationError with the value and the limit", what, err)
+		} else if want := fmt.Sprintf("is %d bytes long, longer than the limit of %d bytes", len(tooLong), saga.MaxKeyLength); !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %q; want it to say %q", what, err, want)
+		}
+	}
+	if err := h.Deliver(Placed{OrderID: longest}); err != nil {
+		t.Fatal(err)
+	}
+	if !h.Running(longest) || h.Running(tooLong) {
+		t.Fatalf("running: the longest key %v, the key too long %v; want only the longest", h.Running(longest), h.Running(tooLong))
+	}
+}
+
+// TestHarnessRefusesWhatABusRefuses: a publish with bus.To and a nil
+// message fail the handler with the bus's errors, as on a bus, and the
+// harness records nothing of them.
+func TestHarnessRefusesWhatABusRefuses(t *testing.T) {
+	s := saga.New[Order]("refusing", nil)
+	saga.StartedBy(s, saga.By(func(m Placed) string { return m.OrderID }), func(c *saga.Context[Order], m Placed) error {
+		return c.Publish(Cancelled(m), bus.To("billing"))
+	})
+	saga.StartedBy(s, saga.By(func(m Paid) string { return m.OrderID }), func(c *saga.Context[Order], m Paid) error {
+		return c.RequestTimeout(time.Minute, (*PaymentOverdue)(nil))
+	})
+	h := sagatest.New(s, epoch)
+	if err := h.Deliver(Placed{OrderID: "o-1"}); !errors.Is(err, bus.ErrInvalidOption) {
+		t.Errorf("Publish with bus.To: Deliver = %v; want bus.ErrInvalidOption", err)
+	}
+	if err := h.Deliver(Paid{OrderID: "o-1"}); !errors.Is(err, bus.ErrInvalidMessage) {
+		t.Errorf("RequestTimeout of a nil message: Deliver = %v; want bus.ErrInvalidMessage", err)
+	}
+	if len(h.Sent()) != 0 || len(h.Timeouts()) != 0 || h.Running("o-1") {
+		t.Fatalf("sent %v, timeouts %v, running %v; want nothing", h.Sent(), h.Timeouts(), h.Running("o-1"))
 	}
 }
 
