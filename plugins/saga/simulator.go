@@ -75,6 +75,9 @@ func (s *Saga[S]) Simulator(now func() time.Time, logger *slog.Logger) *Simulato
 // instance is then unchanged). A message type the saga does not declare
 // returns an error.
 func (sim *Simulator[S]) Deliver(ctx context.Context, m bus.Message, a bus.Attributes) ([]Effect, error) {
+	if err := bus.ValidateSend(bus.KindSend, m); err != nil {
+		return nil, err // no bus delivers what its Send refuses
+	}
 	s := sim.s
 	s.mu.Lock()
 	errs := s.errs

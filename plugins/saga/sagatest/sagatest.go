@@ -70,6 +70,9 @@ func WithAttribute(key, value string) DeliverOption {
 // error (or the saga's: an undeclared message, a missing instance declared
 // with WhenMissing(DeadLetter)); a failed handler changes nothing.
 func (h *Harness[S]) Deliver(m bus.Message, opts ...DeliverOption) error {
+	if err := bus.ValidateSend(bus.KindSend, m); err != nil {
+		return err // what a bus's Send of m would have refused never arrives
+	}
 	values := map[string]string{}
 	for _, o := range opts {
 		if o != nil {

@@ -190,6 +190,13 @@ func TestHarnessRefusesWhatABusRefuses(t *testing.T) {
 	if len(h.Sent()) != 0 || len(h.Timeouts()) != 0 || h.Running("o-1") {
 		t.Fatalf("sent %v, timeouts %v, running %v; want nothing", h.Sent(), h.Timeouts(), h.Running("o-1"))
 	}
+	// Nor does it deliver what a bus's Send refuses: a nil message, a nil
+	// pointer (whose MessageName would panic).
+	for _, m := range []bus.Message{nil, (*PaymentOverdue)(nil)} {
+		if err := h.Deliver(m); !errors.Is(err, bus.ErrInvalidMessage) {
+			t.Errorf("Deliver(%#v) = %v; want bus.ErrInvalidMessage", m, err)
+		}
+	}
 }
 
 func TestFailedHandlerChangesNothing(t *testing.T) {
