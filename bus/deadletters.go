@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -30,6 +31,12 @@ import (
 // A process killed between the confirmation and the removal leaves the
 // dead letter beside its copy: both carry the same message id, which an
 // inbox deduplicates.
+//
+// An endpoint of which the transport has neither the queue nor the
+// dead-letter queue is an error, [*UnknownEndpointError], for every
+// method: a mistyped name is never "no dead letters". So is a replay's
+// destination without a queue, before the dead letter it would copy is
+// removed.
 type DeadLetterManager interface {
 	// ListDeadLetters returns the dead letters f selects, oldest first.
 	ListDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
@@ -47,7 +54,8 @@ type DeadLetterManager interface {
 }
 
 // EndpointLister is implemented by a [DeadLetterManager] that can name the
-// endpoints it knows (those with a queue or a dead-letter queue), sorted.
+// endpoints it knows (those with a queue or a dead-letter queue), sorted:
+// the console shows them, and an [*UnknownEndpointError] names them.
 type EndpointLister interface {
 	Endpoints(ctx context.Context) ([]string, error)
 }
@@ -62,6 +70,99 @@ type DeliveryCounter interface {
 // ErrNoEndpoint is returned (wrapped) by a [DeadLetterManager] for a filter
 // without an endpoint.
 var ErrNoEndpoint = errors.New("bus: the dead-letter filter names no endpoint")
+
+// ErrUnknownEndpoint is matched by [*UnknownEndpointError].
+var ErrUnknownEndpoint = errors.New("bus: unknown endpoint")
+
+// UnknownEndpointError is returned (wrapped) by every method of a
+// [DeadLetterManager] for an endpoint of which the transport has neither
+// the queue nor the dead-letter queue: a mistyped name, or an endpoint
+// whose bus never started (its Setup declares both). An endpoint with a
+// queue and no dead-letter queue has no dead letters, and one with a
+// dead-letter queue alone still has its dead letters: neither is unknown.
+//
+// ReplayDeadLetters returns it too for a destination without a queue
+// ([Replay.To], or the endpoint a dead letter failed on), where the copy
+// could not be received, before it removes that dead letter: replaying to
+// a mistyped endpoint leaves the dead letters where they were.
+type UnknownEndpointError struct {
+	// Endpoint is the endpoint as it was given.
+	Endpoint string
+	// Known names the endpoints the transport knows, sorted, when it can
+	// list them ([EndpointLister]); nil when it cannot.
+	Known []string
+}
+
+// Error implements error. It suggests the known endpoint nearest to the
+// one given, when one is near enough to be a typo of it.
+func (e *UnknownEndpointError) Error() string {
+	if slices.Contains(e.Known, e.Endpoint) {
+		// Known by its dead letters alone: a replay's destination.
+		return fmt.Sprintf("bus: endpoint %q has no queue on this transport, only dead letters: start its bus (which declares its queue) or replay elsewhere", e.Endpoint)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "bus: endpoint %q does not exist on this transport", e.Endpoint)
+	switch {
+	case e.Known == nil:
+		b.WriteString(": check the name (an endpoint's queues exist once its bus has started)")
+	case len(e.Known) == 0:
+		b.WriteString("; it knows no endpoint yet")
+	default:
+		if near := nearest(e.Endpoint, e.Known); near != "" {
+			fmt.Fprintf(&b, "; did you mean %q? Known endpoints: ", near)
+		} else {
+			b.WriteString("; known endpoints: ")
+		}
+		const shown = 20
+		b.WriteString(strings.Join(e.Known[:min(len(e.Known), shown)], ", "))
+		if len(e.Known) > shown {
+			fmt.Fprintf(&b, " and %d more", len(e.Known)-shown)
+		}
+	}
+	return b.String()
+}
+
+// Is reports whether target is ErrUnknownEndpoint.
+func (e *UnknownEndpointError) Is(target error) bool { return target == ErrUnknownEndpoint }
+
+// nearest returns the name of known nearest to name by edit distance
+// (ignoring case), when it is within a third of name's length (at least 1,
+// at most 3 edits); "" otherwise.
+func nearest(name string, known []string) string {
+	best, bestDist := "", min(max(len(name)/3, 1), 3)+1
+	for _, k := range known {
+		if d := editDistance(strings.ToLower(name), strings.ToLower(k)); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// editDistance is the number of edits, in bytes, that turn a into b: an
+// insertion, a deletion, a substitution or a swap of two neighbours (the
+// optimal string alignment distance).
+func editDistance(a, b string) int {
+	// Rows i-2, i-1 and i of the table of the distances between prefixes.
+	before, prev, cur := make([]int, len(b)+1), make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], before[j-2]+1)
+			}
+		}
+		before, prev, cur = prev, cur, before
+	}
+	return prev[len(b)]
+}
 
 // DeadLetterFilter selects dead letters of one endpoint. A zero field
 // selects all.

@@ -161,7 +161,7 @@
 //	InstanceReceiver      receives from the instance queue alone               the bus, for replies while handlers wait
 //	MessagingSystemNamer  names its messaging system                           plugins/otel (messaging.system)
 //	DeadLetterManager     lists, counts, replays and deletes dead letters      plugbus dlq, the console (package console)
-//	EndpointLister        names the endpoints it knows                         the console
+//	EndpointLister        names the endpoints it knows                         the console, UnknownEndpointError.Known
 //	DeliveryCounter       counts the messages delivered from a queue           the console (messages per second)
 //
 // Package transports/transporttest is the conformance suite every

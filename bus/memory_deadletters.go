@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 )
@@ -14,12 +15,55 @@ func (br *memBroker) deadLetterID() string {
 	return strconv.FormatUint(br.deadSeq, 10)
 }
 
+// known reports whether the broker has endpoint's queue or its dead
+// letters (a key of dead, even emptied): a queue is made by Setup, by a
+// send to it and by a publish it subscribes to; dead letters by Fail.
+func (br *memBroker) known(endpoint string) bool {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	_, queue := br.queues[endpoint]
+	_, dead := br.dead[endpoint]
+	return queue || dead
+}
+
+// checkKnown returns a [*UnknownEndpointError] for an endpoint the broker
+// does not know, naming those it does.
+func (t *memTransport) checkKnown(ctx context.Context, endpoint string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if t.broker.known(endpoint) {
+		return nil
+	}
+	return t.unknownEndpoint(ctx, endpoint)
+}
+
+func (t *memTransport) unknownEndpoint(ctx context.Context, endpoint string) error {
+	known, err := t.Endpoints(ctx)
+	if err != nil {
+		return err
+	}
+	return &UnknownEndpointError{Endpoint: endpoint, Known: known}
+}
+
+// checkDestination returns a [*UnknownEndpointError] for a replay to an
+// endpoint without a queue: a send would make one that no bus reads.
+func (t *memTransport) checkDestination(ctx context.Context, to string) error {
+	t.broker.mu.Lock()
+	_, queue := t.broker.queues[to]
+	t.broker.mu.Unlock()
+	if queue {
+		return nil
+	}
+	return t.unknownEndpoint(ctx, to)
+}
+
 // ListDeadLetters returns the dead letters f selects, oldest first.
 func (t *memTransport) ListDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
 	if err := f.Check(); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := t.checkKnown(ctx, f.Endpoint); err != nil {
 		return nil, err
 	}
 	return t.selectDead(f), nil
@@ -43,7 +87,7 @@ func (t *memTransport) selectDead(f DeadLetterFilter) []DeadLetter {
 
 // CountDeadLetters returns how many dead letters endpoint has.
 func (t *memTransport) CountDeadLetters(ctx context.Context, endpoint string) (int, error) {
-	if err := ctx.Err(); err != nil {
+	if err := t.checkKnown(ctx, endpoint); err != nil {
 		return 0, err
 	}
 	t.broker.mu.Lock()
@@ -53,7 +97,7 @@ func (t *memTransport) CountDeadLetters(ctx context.Context, endpoint string) (i
 
 // QueueDepth returns how many messages wait in endpoint's queue.
 func (t *memTransport) QueueDepth(ctx context.Context, endpoint string) (int, error) {
-	if err := ctx.Err(); err != nil {
+	if err := t.checkKnown(ctx, endpoint); err != nil {
 		return 0, err
 	}
 	return t.broker.Depth(endpoint), nil
@@ -99,12 +143,27 @@ func (t *memTransport) Endpoints(ctx context.Context) ([]string, error) {
 }
 
 // ReplayDeadLetters sends a copy of each dead letter f selects, then
-// removes it.
+// removes it. A destination without a queue is refused before the dead
+// letter is taken.
 func (t *memTransport) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, r Replay, done func(DeadLetter)) (int, error) {
+	if err := f.Check(); err != nil {
+		return 0, err
+	}
+	if err := t.checkKnown(ctx, f.Endpoint); err != nil {
+		return 0, err
+	}
+	if r.To != "" {
+		if err := t.checkDestination(ctx, r.To); err != nil {
+			return 0, fmt.Errorf("memory: replay to %s: %w; nothing was replayed", r.To, err)
+		}
+	}
 	return t.eachDead(ctx, f, done, func(dl DeadLetter) error {
 		env, to, err := ReplayEnvelope(dl, f.Endpoint, r)
 		if err != nil {
 			return err
+		}
+		if err := t.checkDestination(ctx, to); err != nil {
+			return fmt.Errorf("memory: replaying dead letter %s to %s: %w; it stays a dead letter of %s", dl.ID, to, err, f.Endpoint)
 		}
 		return t.Send(ctx, env, to)
 	})
@@ -119,6 +178,9 @@ func (t *memTransport) DeleteDeadLetters(ctx context.Context, f DeadLetterFilter
 // succeeded, stopping between two when ctx ends.
 func (t *memTransport) eachDead(ctx context.Context, f DeadLetterFilter, done func(DeadLetter), act func(DeadLetter) error) (int, error) {
 	if err := f.Check(); err != nil {
+		return 0, err
+	}
+	if err := t.checkKnown(ctx, f.Endpoint); err != nil {
 		return 0, err
 	}
 	n := 0

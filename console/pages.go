@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -52,6 +53,16 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, st
 
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
 	c.render(w, r, "error.html", status, err.Error())
+}
+
+// readFailed is the status of a page whose endpoint could not be read: 404
+// when it does not exist (a mistyped address, an endpoint removed), 502
+// when the broker did not answer.
+func readFailed(err error) int {
+	if errors.Is(err, bus.ErrUnknownEndpoint) {
+		return http.StatusNotFound
+	}
+	return http.StatusBadGateway
 }
 
 // endpointRow is one endpoint of the index page and of /api/stats. Depth
@@ -179,7 +190,7 @@ func (c *Console) endpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	dls, err := c.m.ListDeadLetters(r.Context(), f)
 	if err != nil {
-		c.fail(w, r, http.StatusBadGateway, err)
+		c.fail(w, r, readFailed(err), err)
 		return
 	}
 	p := endpointPage{Endpoint: ep, Filter: ff, DeadLetters: make([]dlview.DeadLetter, len(dls))}
@@ -201,7 +212,7 @@ func (c *Console) message(w http.ResponseWriter, r *http.Request) {
 	ep, id := r.PathValue("endpoint"), r.PathValue("id")
 	dls, err := c.m.ListDeadLetters(r.Context(), bus.DeadLetterFilter{Endpoint: ep, IDs: []string{id}, Limit: 1})
 	if err != nil {
-		c.fail(w, r, http.StatusBadGateway, err)
+		c.fail(w, r, readFailed(err), err)
 		return
 	}
 	if len(dls) == 0 {
@@ -246,7 +257,17 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 		n, err = c.m.DeleteDeadLetters(r.Context(), f, nil)
 	}
 	c.o.log.InfoContext(r.Context(), "console: dead letters "+verb, "endpoint", ep, "count", n, "remote", r.RemoteAddr)
-	if err != nil {
+	var unknown *bus.UnknownEndpointError
+	switch {
+	case n == 0 && errors.As(err, &unknown) && unknown.Endpoint == ep:
+		c.fail(w, r, http.StatusNotFound, fmt.Errorf("nothing %s: %w", verb, err))
+		return
+	case n == 0 && errors.As(err, &unknown):
+		// The form's "Replay to" names no endpoint: the dead letters
+		// stay where they were.
+		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("nothing %s: %w", verb, err))
+		return
+	case err != nil:
 		c.fail(w, r, http.StatusBadGateway, fmt.Errorf("%s %d, then: %w", verb, n, err))
 		return
 	}

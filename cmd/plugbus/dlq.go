@@ -350,6 +350,15 @@ func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f 
 	// operation took: do nothing, and say which.
 	missing := missingIDs(f, selected)
 	if dryRun {
+		if cmd == "replay" && r.To != "" && !strings.Contains(r.To, "://") {
+			// The replay itself refuses a destination that does not exist
+			// before it takes a dead letter; a dry run asks the transport
+			// nothing else, so it asks about the destination here. A
+			// queue URL (an SQS instance address) names no endpoint.
+			if _, err := m.QueueDepth(ctx, r.To); errors.Is(err, bus.ErrUnknownEndpoint) {
+				return fmt.Errorf("-to %s: %w", r.To, err)
+			}
+		}
 		if output == "json" {
 			if err := writeJSON(io.out, selected); err != nil {
 				return err
@@ -401,6 +410,9 @@ func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f 
 	to := ""
 	if cmd == "replay" && r.To != "" {
 		to = " to " + r.To
+	}
+	if n == 0 && errors.Is(err, bus.ErrUnknownEndpoint) {
+		return err // says which endpoint, and that nothing was replayed
 	}
 	if err != nil {
 		fmt.Fprintf(io.out, "%s %d of %d dead letters of %s%s in %v, then stopped: %d left\n", did, n, len(selected), f.Endpoint, to, elapsed, len(selected)-n)

@@ -9,6 +9,11 @@ import (
 // ListDeadLetters implements bus.DeadLetterManager: the dead letters of
 // f.Endpoint that f selects, oldest first. Their IDs are numbers the
 // broker gives them in the order they were dead-lettered.
+//
+// Every method of bus.DeadLetterManager returns a *bus.UnknownEndpointError,
+// naming the broker's endpoints ([Transport.Endpoints]), for an endpoint
+// with neither a queue (made by Setup, or by a send to it) nor dead
+// letters.
 func (t *Transport) ListDeadLetters(ctx context.Context, f bus.DeadLetterFilter) ([]bus.DeadLetter, error) {
 	return t.impl.ListDeadLetters(ctx, f)
 }
@@ -31,7 +36,10 @@ func (t *Transport) Endpoints(ctx context.Context) ([]string, error) {
 
 // ReplayDeadLetters implements bus.DeadLetterManager: it sends
 // bus.ReplayEnvelope's copy of each dead letter f selects, then removes
-// the dead letter.
+// the dead letter. A destination without a queue (never set up, or the
+// instance queue of a closed transport) is a *bus.UnknownEndpointError and
+// leaves the dead letter: Send would make a queue that no bus reads, or
+// drop the copy.
 func (t *Transport) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilter, r bus.Replay, done func(bus.DeadLetter)) (int, error) {
 	return t.impl.ReplayDeadLetters(ctx, f, r, done)
 }

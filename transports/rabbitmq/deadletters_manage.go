@@ -42,54 +42,136 @@ func (t *Transport) ListDeadLetters(ctx context.Context, f bus.DeadLetterFilter)
 }
 
 // CountDeadLetters implements bus.DeadLetterManager: the messages ready in
-// the dead-letter queue (0 when it does not exist).
+// the dead-letter queue (0 when only the endpoint's queue exists).
 func (t *Transport) CountDeadLetters(ctx context.Context, endpoint string) (int, error) {
-	return t.queueMessages(ctx, DeadLetterQueue(endpoint))
+	return t.queueMessages(ctx, endpoint, DeadLetterQueue(endpoint), endpoint)
 }
 
 // QueueDepth implements bus.DeadLetterManager: the messages ready in the
-// endpoint's queue (0 when it does not exist).
+// endpoint's queue (0 when only its dead-letter queue exists).
 func (t *Transport) QueueDepth(ctx context.Context, endpoint string) (int, error) {
-	return t.queueMessages(ctx, endpoint)
+	return t.queueMessages(ctx, endpoint, endpoint, DeadLetterQueue(endpoint))
 }
 
-func (t *Transport) queueMessages(ctx context.Context, queue string) (int, error) {
-	ch, err := t.manageChannel(ctx, queue)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = ch.Close() }()
-	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
-	var amqpErr *amqp.Error
-	if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
-		return 0, nil
-	}
+// queueMessages returns the messages ready in queue, one of endpoint's two
+// queues: 0 when it does not exist but the other one does, a
+// [*bus.UnknownEndpointError] when neither does.
+func (t *Transport) queueMessages(ctx context.Context, endpoint, queue, other string) (int, error) {
+	q, found, err := t.lookupQueue(ctx, queue)
 	if err != nil {
 		return 0, fmt.Errorf("rabbitmq: reading the depth of queue %s: %w", queue, err)
 	}
-	return q.Messages, nil
+	if found {
+		return q.Messages, nil
+	}
+	if _, found, err = t.lookupQueue(ctx, other); err != nil {
+		return 0, fmt.Errorf("rabbitmq: looking up queue %s: %w", other, err)
+	}
+	if !found {
+		return 0, unknownEndpoint(endpoint)
+	}
+	return 0, nil
+}
+
+// lookupQueue reads queue with a passive queue.declare on a channel of its
+// own (a queue that does not exist closes the channel); found is false
+// when it does not exist. An exclusive queue of another connection (an
+// instance queue) exists, but its figures cannot be read: they are zero.
+func (t *Transport) lookupQueue(ctx context.Context, queue string) (q amqp.Queue, found bool, err error) {
+	ch, err := t.manageChannel(ctx, queue)
+	if err != nil {
+		return q, false, err
+	}
+	defer func() { _ = ch.Close() }()
+	q, err = ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	var amqpErr *amqp.Error
+	switch {
+	case err == nil:
+		return q, true, nil
+	case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
+		return q, false, nil
+	case errors.As(err, &amqpErr) && amqpErr.Code == amqp.ResourceLocked:
+		return amqp.Queue{Name: queue}, true, nil
+	}
+	return q, false, err
+}
+
+// unknownEndpoint is the error for an endpoint without either queue.
+func unknownEndpoint(endpoint string) error {
+	return fmt.Errorf("rabbitmq: neither queue %s nor %s exists: %w", endpoint, DeadLetterQueue(endpoint), &bus.UnknownEndpointError{Endpoint: endpoint})
+}
+
+// checkDestination returns a [*bus.UnknownEndpointError] for a replay to
+// an endpoint without a queue, whose copy would be unroutable (or, for an
+// instance queue's name, dropped), and nil when the queue exists.
+func (t *Transport) checkDestination(ctx context.Context, to string) error {
+	if len(to) > maxShortString {
+		return fmt.Errorf("rabbitmq: replay destination %.40q is longer than %d bytes", to, maxShortString)
+	}
+	_, found, err := t.lookupQueue(ctx, to)
+	switch {
+	case err != nil:
+		return fmt.Errorf("rabbitmq: looking up queue %s, the replay's destination: %w", to, err)
+	case !found:
+		return fmt.Errorf("rabbitmq: queue %s does not exist: %w", to, &bus.UnknownEndpointError{Endpoint: to})
+	}
+	return nil
 }
 
 // ReplayDeadLetters implements bus.DeadLetterManager: each dead letter f
 // selects is sent (bus.ReplayEnvelope's copy, through the default
 // exchange, confirmed by the broker) to r.To or the endpoint that failed
 // it, then acknowledged in the dead-letter queue. Up to 16 copies wait for
-// their confirmation at once; when ctx ends, those are finished.
+// their confirmation at once; when ctx ends, those are finished. A
+// destination whose queue does not exist is a [*bus.UnknownEndpointError],
+// before any dead letter is taken for r.To, before the dead letter is
+// copied for its own endpoint: it stays in the dead-letter queue.
 func (t *Transport) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilter, r bus.Replay, done func(bus.DeadLetter)) (int, error) {
+	if err := f.Check(); err != nil {
+		return 0, err
+	}
+	dlq := DeadLetterQueue(f.Endpoint)
+	var (
+		mu      sync.Mutex
+		checked = map[string]error{} // destination → checkDestination's answer
+	)
+	if r.To != "" {
+		if err := t.checkDestination(ctx, r.To); err != nil {
+			return 0, fmt.Errorf("rabbitmq: replay to %s: %w; nothing was replayed", r.To, err)
+		}
+		checked[r.To] = nil
+	}
+	destination := func(ctx context.Context, to string) error {
+		mu.Lock()
+		err, ok := checked[to]
+		mu.Unlock()
+		if !ok {
+			err = t.checkDestination(ctx, to)
+			mu.Lock()
+			checked[to] = err
+			mu.Unlock()
+		}
+		return err
+	}
 	return t.eachDead(ctx, f, replayWindow, func(dl bus.DeadLetter) (bool, error) {
 		env, to, err := bus.ReplayEnvelope(dl, f.Endpoint, r)
 		if err != nil {
 			return false, err
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replayTimeout)
+		defer cancel()
+		if err := destination(sctx, to); err != nil {
+			return false, fmt.Errorf("rabbitmq: replaying dead letter %s to %s: %w (it stays in %s)", dl.ID, to, err, dlq)
 		}
 		for k := range env.Headers {
 			if brokerDeathHeader(k) {
 				delete(env.Headers, k) // RabbitMQ's own dead-lettering record: it adds a new one
 			}
 		}
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replayTimeout)
-		defer cancel()
-		if err := t.Send(sctx, env, to); err != nil {
-			return false, fmt.Errorf("rabbitmq: replaying dead letter %s to %s: %w (it stays in %s)", dl.ID, to, err, DeadLetterQueue(f.Endpoint))
+		// Not Send, which drops a message to a missing instance queue: a
+		// copy that reaches no queue leaves the dead letter in place.
+		if err := t.emit(sctx, env, "", to, true); err != nil {
+			return false, fmt.Errorf("rabbitmq: replaying dead letter %s to %s: %w (it stays in %s)", dl.ID, to, err, dlq)
 		}
 		return true, nil
 	}, done)
@@ -187,8 +269,17 @@ scan:
 		m, ok, err := ch.Get(queue, false)
 		var amqpErr *amqp.Error
 		switch {
+		case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound && held == 0:
+			// No dead-letter queue: no dead letters, if the endpoint
+			// exists at all.
+			if _, found, err := t.lookupQueue(ctx, f.Endpoint); err != nil {
+				scanErr = fmt.Errorf("rabbitmq: looking up queue %s: %w", f.Endpoint, err)
+			} else if !found {
+				scanErr = unknownEndpoint(f.Endpoint)
+			}
+			break scan
 		case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
-			break scan // no dead-letter queue: no dead letters
+			break scan // deleted meanwhile: what was held went with it
 		case err != nil:
 			scanErr = fmt.Errorf("rabbitmq: reading dead-letter queue %s: %w", queue, err)
 			break scan

@@ -52,16 +52,80 @@ func (t *Transport) ListDeadLetters(ctx context.Context, f bus.DeadLetterFilter)
 }
 
 // CountDeadLetters implements bus.DeadLetterManager: SQS's approximate
-// number of visible messages of the dead-letter queue (0 when it does not
-// exist).
+// number of visible messages of the dead-letter queue (0 when only the
+// endpoint's queue exists).
 func (t *Transport) CountDeadLetters(ctx context.Context, endpoint string) (int, error) {
-	return t.queueMessages(ctx, t.DeadLetterQueueName(endpoint))
+	return t.queueMessages(ctx, endpoint, t.DeadLetterQueueName(endpoint), t.QueueName(endpoint))
 }
 
 // QueueDepth implements bus.DeadLetterManager: SQS's approximate number of
-// visible messages of the endpoint's queue (0 when it does not exist).
+// visible messages of the endpoint's queue (0 when only its dead-letter
+// queue exists).
 func (t *Transport) QueueDepth(ctx context.Context, endpoint string) (int, error) {
-	return t.queueMessages(ctx, t.QueueName(endpoint))
+	return t.queueMessages(ctx, endpoint, t.QueueName(endpoint), t.DeadLetterQueueName(endpoint))
+}
+
+// unknownEndpoint is the error for an endpoint without either queue.
+func (t *Transport) unknownEndpoint(endpoint string) error {
+	return fmt.Errorf("sqs: neither queue %s nor %s exists%s: %w",
+		t.QueueName(endpoint), t.DeadLetterQueueName(endpoint), t.prefixNote(), &bus.UnknownEndpointError{Endpoint: endpoint})
+}
+
+// noDestination is the error for a replay to the endpoint (or queue URL)
+// to, whose queue does not exist.
+func (t *Transport) noDestination(to string) error {
+	if isQueueURL(to) {
+		return fmt.Errorf("sqs: queue %s does not exist: %w", to, &bus.UnknownEndpointError{Endpoint: to})
+	}
+	return fmt.Errorf("sqs: queue %s does not exist%s: %w", t.QueueName(to), t.prefixNote(), &bus.UnknownEndpointError{Endpoint: to})
+}
+
+// prefixNote names the transport's prefix, a part of every queue name,
+// for an error about a queue that does not exist.
+func (t *Transport) prefixNote() string {
+	if t.o.prefix == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (the transport's prefix is %q)", t.o.prefix)
+}
+
+// checkKnown is for an endpoint one of whose two queues does not exist:
+// it returns a [*bus.UnknownEndpointError] when the other one, other, does
+// not exist either, and nil when it does.
+func (t *Transport) checkKnown(ctx context.Context, endpoint, other string) error {
+	url, err := t.existingQueue(ctx, other)
+	if err != nil {
+		return err
+	}
+	if url == "" {
+		return t.unknownEndpoint(endpoint)
+	}
+	return nil
+}
+
+// checkDestination returns a [*bus.UnknownEndpointError] for a replay to
+// an endpoint (or a queue URL) without a queue, and nil when it exists.
+func (t *Transport) checkDestination(ctx context.Context, to string) error {
+	if !isQueueURL(to) {
+		url, err := t.existingQueue(ctx, t.QueueName(to))
+		switch {
+		case err != nil:
+			return err
+		case url == "":
+			return t.noDestination(to)
+		}
+		return nil
+	}
+	_, err := t.sqs.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: &to,
+		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn}})
+	var nq *sqstypes.QueueDoesNotExist
+	switch {
+	case errors.As(err, &nq):
+		return t.noDestination(to)
+	case err != nil:
+		return fmt.Errorf("sqs: looking up queue %s: %w", to, err)
+	}
+	return nil
 }
 
 // existingQueue returns the URL of the queue name; "" when it does not exist.
@@ -77,10 +141,16 @@ func (t *Transport) existingQueue(ctx context.Context, name string) (string, err
 	return url, nil
 }
 
-func (t *Transport) queueMessages(ctx context.Context, name string) (int, error) {
+// queueMessages returns the visible messages of the queue name, one of
+// endpoint's two queues: 0 when it does not exist but the other one,
+// other, does; a [*bus.UnknownEndpointError] when neither does.
+func (t *Transport) queueMessages(ctx context.Context, endpoint, name, other string) (int, error) {
 	url, err := t.existingQueue(ctx, name)
-	if err != nil || url == "" {
+	if err != nil {
 		return 0, err
+	}
+	if url == "" {
+		return 0, t.checkKnown(ctx, endpoint, other)
 	}
 	out, err := t.sqs.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: &url,
 		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameApproximateNumberOfMessages}})
@@ -97,18 +167,54 @@ func (t *Transport) queueMessages(ctx context.Context, name string) (int, error)
 // ReplayDeadLetters implements bus.DeadLetterManager: each dead letter f
 // selects is sent (bus.ReplayEnvelope's copy) to r.To or the endpoint that
 // failed it and, once SQS accepted the copy, deleted from the dead-letter
-// queue.
+// queue. A destination whose queue does not exist is a
+// [*bus.UnknownEndpointError], before the dead-letter queue is read for
+// r.To, before the dead letter is copied for its own endpoint: it stays in
+// the dead-letter queue.
 func (t *Transport) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilter, r bus.Replay, done func(bus.DeadLetter)) (int, error) {
+	if err := f.Check(); err != nil {
+		return 0, err
+	}
+	if r.To != "" {
+		if err := t.checkOpen(ctx); err != nil {
+			return 0, err
+		}
+		if err := t.checkDestination(ctx, r.To); err != nil {
+			return 0, fmt.Errorf("sqs: replay to %s: %w; nothing was replayed", r.To, err)
+		}
+	}
 	return t.eachDead(ctx, f, func(ctx context.Context, dl bus.DeadLetter) (bool, error) {
 		env, to, err := bus.ReplayEnvelope(dl, f.Endpoint, r)
 		if err != nil {
 			return false, err
 		}
-		if err := t.Send(ctx, env, to); err != nil {
+		if err := t.replaySend(ctx, env, to); err != nil {
 			return false, fmt.Errorf("sqs: replaying dead letter %s to %s: %w (it stays in the dead-letter queue)", dl.ID, to, err)
 		}
 		return true, nil
 	}, done)
+}
+
+// replaySend sends a replayed copy as Send does, except that a queue that
+// does not exist, an instance queue's included (which Send drops a
+// message to), is a [*bus.UnknownEndpointError]: the dead letter stays.
+func (t *Transport) replaySend(ctx context.Context, env *bus.Envelope, to string) error {
+	q, err := t.prepareSend(ctx, env, to, env.Due)
+	if errors.Is(err, ErrNoQueue) {
+		return t.noDestination(to)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = t.sqs.SendMessage(ctx, &awssqs.SendMessageInput{QueueUrl: &q.url, MessageBody: &q.e.body, MessageAttributes: q.e.sqsAttributes(), DelaySeconds: q.delaySeconds})
+	var nq *sqstypes.QueueDoesNotExist
+	if errors.As(err, &nq) {
+		if !q.byURL {
+			t.forgetQueue(to) // deleted since it was looked up
+		}
+		return t.noDestination(to)
+	}
+	return t.sendError(ctx, env, to, q, err)
 }
 
 // DeleteDeadLetters implements bus.DeadLetterManager: each dead letter f
@@ -131,8 +237,11 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, act fu
 		return 0, err
 	}
 	url, err := t.existingQueue(ctx, t.DeadLetterQueueName(f.Endpoint))
-	if err != nil || url == "" {
+	if err != nil {
 		return 0, err
+	}
+	if url == "" {
+		return 0, t.checkKnown(ctx, f.Endpoint, t.QueueName(f.Endpoint))
 	}
 	held, err := t.receiveAll(ctx, url)
 	defer func() {

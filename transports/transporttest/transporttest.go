@@ -61,7 +61,9 @@ type Features struct {
 	DurableDelays bool
 	// DeadLetterManager is true when the transport implements
 	// bus.DeadLetterManager: the suite then lists, filters, counts,
-	// replays (also interrupted midway) and deletes dead letters through it.
+	// replays (also interrupted midway) and deletes dead letters through
+	// it, and checks that each of those operations refuses an endpoint that
+	// does not exist (bus.ErrUnknownEndpoint), a replay to one included.
 	DeadLetterManager bool
 	// Batch is true when the transport implements bus.Batcher: the suite
 	// checks its SendBatch (and fails when the transport lacks it).
@@ -116,6 +118,8 @@ func Run(t *testing.T, newTransport Factory, f Features) {
 		t.Run("DeadLetterReplayKeepsIDAndHistory", s.deadLetterReplayed)
 		t.Run("DeadLetterReplayedToAnotherEndpoint", s.deadLetterReplayedElsewhere)
 		t.Run("InterruptedBulkReplayLosesAndDoublesNothing", s.interruptedReplay)
+		t.Run("DeadLetterOperationsOnUnknownEndpointRefused", s.unknownEndpointRefused)
+		t.Run("DeadLetterReplayToUnknownEndpointKeepsIt", s.replayToUnknownEndpoint)
 	}
 	probe := newTransport(t)
 	_, instances := probe.(bus.InstanceQueuer)

@@ -1,0 +1,98 @@
+package rabbitmq_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/transports/rabbitmq"
+	"github.com/plugbus/plugbus/transports/transporttest"
+)
+
+// An endpoint exists when either of its queues does: one whose
+// dead-letter queue is gone (deleted by an operator; Fail declares it
+// again) has no dead letters, and one whose queue is gone still has its
+// dead letters. Neither is an unknown endpoint.
+func TestDeadLettersOfAnEndpointWithOneOfItsQueues(t *testing.T) {
+	url := testenv.RabbitMQ(t)
+	adm := newAdmin(t, url)
+	exchange := transporttest.Name("plugbus-unknown")
+	t.Cleanup(func() { adm.deleteExchange(t, exchange) })
+	ctx := testContext(t, 60*time.Second)
+	noDLQ, noQueue := transporttest.Name("no-dlq"), transporttest.Name("no-queue")
+	for _, ep := range []string{noDLQ, noQueue} {
+		tr := open(t, url, adm, rabbitmq.WithExchange(exchange)) // deletes both queues at cleanup
+		if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{"unknown.msg"}, MaxAttempts: 1, Concurrency: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if ep == noQueue {
+			deadLetter(ctx, t, tr, ep, "unknown.msg", 2, "failed")
+		}
+		// Closed before its queue is deleted, so that the deletion does
+		// not cancel its consumer (it would declare the queue again).
+		if err := tr.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	adm.do(t, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(rabbitmq.DeadLetterQueue(noDLQ), false, false, false)
+		return err
+	})
+	adm.do(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(noQueue, false, false, false); return err })
+	m := open(t, url, adm, rabbitmq.WithExchange(exchange))
+
+	for ep, want := range map[string]int{noDLQ: 0, noQueue: 2} {
+		if n, err := m.CountDeadLetters(ctx, ep); err != nil || n != want {
+			t.Errorf("CountDeadLetters(%s) = %d, %v; want %d", ep, n, err, want)
+		}
+		if dls, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep}); err != nil || len(dls) != want {
+			t.Errorf("ListDeadLetters(%s) = %d dead letters, %v; want %d", ep, len(dls), err, want)
+		}
+		if n, err := m.QueueDepth(ctx, ep); err != nil || n != 0 {
+			t.Errorf("QueueDepth(%s) = %d, %v; want 0", ep, n, err)
+		}
+	}
+	// A replay to the endpoint whose queue is gone is refused, and leaves
+	// the dead letters: its dead-letter queue cannot receive the copy.
+	n, err := m.ReplayDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: noQueue}, bus.Replay{}, nil)
+	var ue *bus.UnknownEndpointError
+	if n != 0 || !errors.As(err, &ue) || ue.Endpoint != noQueue {
+		t.Errorf("replay of %s to itself = %d, %v; want 0 and a *bus.UnknownEndpointError naming it", noQueue, n, err)
+	}
+	if n, err := m.DeleteDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: noDLQ}, nil); err != nil || n != 0 {
+		t.Errorf("DeleteDeadLetters(%s) = %d, %v; want 0", noDLQ, n, err)
+	}
+	if n, err := m.DeleteDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: noQueue}, nil); err != nil || n != 2 {
+		t.Errorf("DeleteDeadLetters(%s) = %d, %v; want the 2 dead letters the replay left", noQueue, n, err)
+	}
+}
+
+// A replay to a queue named like an instance queue that does not exist
+// (its instance stopped) is refused and leaves the dead letter: Send
+// drops a message to such a queue with a warning, and the replay then
+// removed the dead letter of a copy that went nowhere.
+func TestReplayToAMissingInstanceQueueKeepsTheDeadLetter(t *testing.T) {
+	url := testenv.RabbitMQ(t)
+	adm := newAdmin(t, url)
+	exchange, ep := transporttest.Name("plugbus-unknown"), transporttest.Name("replay-instance")
+	t.Cleanup(func() { adm.deleteExchange(t, exchange) })
+	ctx := testContext(t, 60*time.Second)
+	tr := open(t, url, adm, rabbitmq.WithExchange(exchange))
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, Handles: []string{"unknown.msg"}, MaxAttempts: 1, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	deadLetter(ctx, t, tr, ep, "unknown.msg", 1, "failed")
+	gone := rabbitmq.InstanceQueuePrefix + transporttest.Name("stopped")
+	n, err := tr.ReplayDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep}, bus.Replay{To: gone}, nil)
+	var ue *bus.UnknownEndpointError
+	if n != 0 || !errors.As(err, &ue) || ue.Endpoint != gone {
+		t.Errorf("replay to %s = %d, %v; want 0 and a *bus.UnknownEndpointError naming it", gone, n, err)
+	}
+	if c, err := tr.CountDeadLetters(ctx, ep); err != nil || c != 1 {
+		t.Errorf("after the replay %d dead letters (%v), want the 1 as it was", c, err)
+	}
+}
