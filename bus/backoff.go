@@ -16,9 +16,9 @@ import (
 // It is the one back-off of plugbus: the bus's delayed retries
 // ([RetryPolicy]) and its receive loop, and every package that waits
 // before trying again, which takes it through an option spelled
-// WithBackoff (plugin.WithBackoff, store.WithBackoff, outbox.WithBackoff)
-// where a zero field means that package's default. A Backoff is a plain
-// value, safe for concurrent use.
+// WithBackoff (plugin.WithBackoff, store.WithBackoff, outbox.WithBackoff,
+// rabbitmq.WithBackoff) where a zero field means that package's default.
+// A Backoff is a plain value, safe for concurrent use.
 //
 //	plugin.WithBackoff(bus.Backoff{Initial: 100 * time.Millisecond, Max: 30 * time.Second})
 type Backoff struct {

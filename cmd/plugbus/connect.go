@@ -28,11 +28,14 @@ type broker struct {
 	connectTimeout      time.Duration
 }
 
+// flags defines the broker's flags on fs. The environment variables are
+// read by open, not made the flags' defaults: -h prints the defaults, and
+// $PLUGBUS_RABBITMQ_URL holds a password.
 func (b *broker) flags(fs *flag.FlagSet) {
-	fs.StringVar(&b.rabbitURL, "rabbitmq", os.Getenv("PLUGBUS_RABBITMQ_URL"), "RabbitMQ broker URL, amqp://user:password@host:5672/vhost (default $PLUGBUS_RABBITMQ_URL)")
+	fs.StringVar(&b.rabbitURL, "rabbitmq", "", "RabbitMQ broker URL, amqp://user:password@host:5672/vhost (default $PLUGBUS_RABBITMQ_URL)")
 	fs.StringVar(&b.exchange, "exchange", rabbitmq.DefaultExchange, "RabbitMQ: the bus's topic exchange")
 	fs.BoolVar(&b.sqs, "sqs", false, "use AWS SQS, configured as the AWS SDK is (AWS_REGION, credentials ...)")
-	fs.StringVar(&b.sqsEndpoint, "sqs-endpoint", os.Getenv("PLUGBUS_SQS_ENDPOINT"), "SQS: the endpoint URL, for an emulator (default $PLUGBUS_SQS_ENDPOINT)")
+	fs.StringVar(&b.sqsEndpoint, "sqs-endpoint", "", "SQS: the endpoint URL, for an emulator (default $PLUGBUS_SQS_ENDPOINT)")
 	fs.StringVar(&b.prefix, "sqs-prefix", "", "SQS: the bus's queue name prefix (sqs.WithPrefix)")
 	fs.StringVar(&b.region, "sqs-region", "", "SQS: the AWS region, when not configured otherwise")
 	fs.DurationVar(&b.connectTimeout, "connect-timeout", 15*time.Second, "RabbitMQ: give up when the broker does not answer within this time (0: wait for it, until interrupted)")
@@ -50,6 +53,14 @@ func (b *broker) open(ctx context.Context, stderr io.Writer) (managed, error) {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if b.connectTimeout < 0 {
 		return nil, fmt.Errorf("-connect-timeout %v: want a duration, or 0 to wait for the broker", b.connectTimeout)
+	}
+	// The environment fills what the flags leave empty; -sqs alone is
+	// not "both" because $PLUGBUS_RABBITMQ_URL is set.
+	if b.rabbitURL == "" && !b.sqs {
+		b.rabbitURL = os.Getenv("PLUGBUS_RABBITMQ_URL")
+	}
+	if b.sqsEndpoint == "" {
+		b.sqsEndpoint = os.Getenv("PLUGBUS_SQS_ENDPOINT")
 	}
 	switch {
 	case b.rabbitURL != "" && b.sqs:

@@ -20,7 +20,7 @@ func runConsole(ctx context.Context, io stdio, args []string) error {
 	fs.SetOutput(io.err)
 	b.flags(fs)
 	addr := fs.String("addr", console.DefaultAddr, "address to listen on; beyond 127.0.0.1 it needs -token")
-	token := fs.String("token", os.Getenv("PLUGBUS_CONSOLE_TOKEN"), "token every request must carry (default $PLUGBUS_CONSOLE_TOKEN)")
+	token := fs.String("token", "", "token every request must carry (default $PLUGBUS_CONSOLE_TOKEN)")
 	readOnly := fs.Bool("read-only", false, "show, but refuse every replay and delete")
 	endpoints := fs.String("endpoints", "", "comma-separated endpoints to show (RabbitMQ cannot list its queues)")
 	user := fs.String("user", userName(), "who replays, recorded with each replayed message")
@@ -31,6 +31,9 @@ func runConsole(ctx context.Context, io stdio, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("console: unexpected argument %q (endpoints are given with -endpoints a,b)", fs.Arg(0))
+	}
+	if *token == "" { // not the flag's default, which -h would print
+		*token = os.Getenv("PLUGBUS_CONSOLE_TOKEN")
 	}
 	// Listen and check the address first (console.Serve checks it too,
 	// later), so that a busy port or an address that needs a token fails

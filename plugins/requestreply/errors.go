@@ -18,6 +18,9 @@ var (
 	ErrNoPlugin = errors.New("requestreply: the bus has no requestreply plugin: add bus.WithMiddleware(requestreply.New()) to the requesting bus")
 	// ErrNotRequest is returned by [Reply] and [ReplyError] when the message
 	// being handled carries no reply address: it was not sent by [Request].
+	// It is returned marked permanent (bus.Permanent): no retry gives the
+	// message a reply address, so a handler that returns it dead-letters
+	// the message at once, with this reason.
 	ErrNotRequest = errors.New("requestreply: the message being handled is not a request (no reply address): it was sent with bus.Send, or by a bus without the requestreply plugin")
 	// ErrNoHandlerContext is returned by [Reply] and [ReplyError] called with
 	// a context that is not a handler's.

@@ -26,7 +26,8 @@ func To(endpoint string) RequestOption { return func(c *requestConfig) { c.to = 
 
 // WithTimeout bounds how long this request waits for its reply, in
 // addition to its context's deadline, instead of the plugin's default
-// timeout.
+// timeout. Zero keeps the default; a negative d is refused by [Request]
+// before anything is sent (it waited the default timeout instead).
 func WithTimeout(d time.Duration) RequestOption { return func(c *requestConfig) { c.timeout = d } }
 
 // WithSendOptions passes options to the bus.Send of the request (attributes,
@@ -88,6 +89,9 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 		if o != nil {
 			o(&rc)
 		}
+	}
+	if rc.timeout < 0 {
+		return resp, fmt.Errorf("requestreply: request %s: WithTimeout(%s): the timeout must be positive (0 keeps the plugin's default); nothing sent", name, rc.timeout)
 	}
 	var cancel context.CancelFunc
 	if rc.timeout > 0 {
@@ -182,7 +186,9 @@ func responseType[Resp bus.Message]() (string, func(bus.Serializer, []byte) (Res
 // request's handler with the handler's context: like every message a
 // handler sends, the reply is sent when the handler succeeds, and dropped
 // if it fails (the retried request is answered again). It works on a bus
-// without the plugin.
+// without the plugin. For a message that is no request it returns
+// [ErrNotRequest], marked permanent: returned by the handler, the message
+// is dead-lettered at once rather than retried.
 //
 // The first reply to reach the requester wins; later ones (a second
 // handler, a retry) are dropped by the requester as late replies.
@@ -223,7 +229,8 @@ func replyTarget(ctx context.Context) (*bus.Bus, string, string, error) {
 	to, ok1 := attrs.Value(AttrReplyTo)
 	id, ok2 := attrs.Value(AttrRequestID)
 	if !ok1 || !ok2 || to == "" {
-		return nil, "", "", ErrNotRequest
+		// No retry gives the message a reply address: permanent.
+		return nil, "", "", bus.Permanent(ErrNotRequest)
 	}
 	return b, to, id, nil
 }

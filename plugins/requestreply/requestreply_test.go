@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -329,5 +330,50 @@ func TestRequestRefusesAnInvalidMessageBeforeSending(t *testing.T) {
 	}
 	if st := p.Stats(rb); st.Pending != 0 {
 		t.Errorf("%d requests pending, want none", st.Pending)
+	}
+}
+
+// A handler that replies to a message sent without a reply address (a
+// bus.Send, or a Request from a bus without the plugin) and returns the
+// error: no retry can give the message a reply address, so it is
+// dead-lettered on its first attempt with ErrNotRequest's reason, rather
+// than retried through the whole policy (33 deliveries over 7 minutes by
+// default; 3 here).
+func TestReplyToANonRequestIsDeadLetteredAtOnce(t *testing.T) {
+	tr := bustest.NewTransport()
+	b := bustest.Start(t, bus.WithEndpoint("calc"), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)), bus.WithMaxAttempts(3),
+		bus.WithHandler(func(ctx context.Context, m add, _ bus.Attributes) error {
+			return requestreply.Reply(ctx, sum{Value: m.A + m.B})
+		}))
+	if err := b.Send(t.Context(), add{A: 1, B: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.WaitIdle(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	settled := tr.Settled()
+	if len(settled) != 1 || settled[0].Outcome != bustest.DeadLettered || settled[0].Attempt != 1 ||
+		!strings.Contains(settled[0].Failure.Reason, "not a request (no reply address)") {
+		var got []string
+		for _, s := range settled {
+			got = append(got, fmt.Sprintf("attempt %d %s %q", s.Attempt, s.Outcome, s.Failure.Reason))
+		}
+		t.Fatalf("settled %q; want the message dead-lettered on its first attempt, naming the missing reply address", got)
+	}
+}
+
+// A negative WithTimeout (a time.Until of a deadline already past) is
+// refused before anything is sent; it was ignored, and the request waited
+// the plugin's default timeout instead.
+func TestNegativeTimeoutIsRefused(t *testing.T) {
+	tr := bustest.NewTransport()
+	b := bustest.Start(t, bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)),
+		bus.WithMiddleware(requestreply.New(requestreply.WithDefaultTimeout(200*time.Millisecond))))
+	_, err := requestreply.Request[sum](t.Context(), b, add{A: 1}, requestreply.To("calc"), requestreply.WithTimeout(-time.Second))
+	if err == nil || !strings.Contains(err.Error(), "WithTimeout(-1s): the timeout must be positive") {
+		t.Fatalf("Request with WithTimeout(-1s): %v; want it refused", err)
+	}
+	if sent := tr.Sent(); len(sent) != 0 {
+		t.Fatalf("%d messages sent; want none", len(sent))
 	}
 }

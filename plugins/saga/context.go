@@ -29,6 +29,9 @@ type Context[S any] struct {
 	fx         effects
 	tx         *sql.Tx
 	logger     *slog.Logger
+	// declared returns how the saga declares a message name: its route,
+	// nil when it does not.
+	declared func(name string) *route
 }
 
 // ID returns the instance's correlation value.
@@ -67,10 +70,26 @@ func (c *Context[S]) Publish(msg bus.Message, opts ...bus.SendOption) error {
 // to the handler declared with [HandlesTimeout] for its type. It is sent
 // like the handler's other messages (so not at all if the handler fails)
 // to the saga's own endpoint, and it is dropped on arrival when the
-// instance completed in the meantime.
+// instance completed in the meantime. A message the saga does not declare
+// with HandlesTimeout is refused, nothing sent, with a permanent
+// [*UndeclaredTimeoutError].
 func (c *Context[S]) RequestTimeout(d time.Duration, msg bus.Message) error {
 	if d < 0 {
 		return fmt.Errorf("saga %s: RequestTimeout(%s): negative delay", c.saga, d)
+	}
+	// A nil message (or one whose MessageName panics) is left to the bus,
+	// which refuses it.
+	if name, err := messageName(msg); err == nil && c.declared != nil {
+		if r := c.declared(name); r == nil || !r.timeout {
+			e := &UndeclaredTimeoutError{Saga: c.saga, Message: name}
+			switch {
+			case r != nil && r.starts:
+				e.DeclaredAs = "StartedBy"
+			case r != nil:
+				e.DeclaredAs = "Handles"
+			}
+			return bus.Permanent(e)
+		}
 	}
 	return c.fx.timeout(c, d, msg, map[string]string{AttrSaga: c.saga, AttrKey: c.key, AttrInstance: c.instanceID})
 }

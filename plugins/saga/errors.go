@@ -103,3 +103,30 @@ func (e *StateError) Error() string {
 
 // Unwrap returns the decoding error.
 func (e *StateError) Unwrap() error { return e.Err }
+
+// ErrUndeclaredTimeout is matched by [*UndeclaredTimeoutError].
+var ErrUndeclaredTimeout = errors.New("saga: timeout message not declared with HandlesTimeout")
+
+// UndeclaredTimeoutError is returned by [Context.RequestTimeout] for a
+// message the saga does not declare with [HandlesTimeout]: nothing would
+// handle it when it falls due (the bus would dead-letter it then, after
+// the whole delay), so it is refused at the call, nothing sent. It is a
+// permanent failure (bus.Permanent): returned by the handler, the
+// message is dead-lettered at once with this reason.
+type UndeclaredTimeoutError struct {
+	Saga, Message string
+	// DeclaredAs is how the saga declares Message otherwise ("StartedBy"
+	// or "Handles"); empty when it does not declare it at all.
+	DeclaredAs string
+}
+
+// Error implements error.
+func (e *UndeclaredTimeoutError) Error() string {
+	if e.DeclaredAs != "" {
+		return fmt.Sprintf("saga %s: RequestTimeout(%s): the message is declared with %s, not as a timeout; declare a timeout message of its own with saga.HandlesTimeout", e.Saga, e.Message, e.DeclaredAs)
+	}
+	return fmt.Sprintf("saga %s: RequestTimeout(%s): no handler for it: declare it with saga.HandlesTimeout before adding the saga to the bus", e.Saga, e.Message)
+}
+
+// Is reports whether target is ErrUndeclaredTimeout.
+func (e *UndeclaredTimeoutError) Is(target error) bool { return target == ErrUndeclaredTimeout }

@@ -82,6 +82,13 @@ func (s *Saga[S]) handle(ctx context.Context, r *route, m bus.Message, a bus.Att
 	})
 }
 
+// route returns the route of the message name, nil when s does not declare it.
+func (s *Saga[S]) route(name string) *route {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byName[name]
+}
+
 // step runs r's handler on the instance cur (nil: none) and returns what to save.
 func (s *Saga[S]) step(ctx context.Context, r *route, m bus.Message, a bus.Attributes, key string, cur *sqlstore.SagaRow, fx effects, tx *sql.Tx, logger *slog.Logger) (outcome, error) {
 	switch {
@@ -112,7 +119,7 @@ func (s *Saga[S]) step(ctx context.Context, r *route, m bus.Message, a bus.Attri
 		instanceID = uuid.NewString()
 	}
 	c := &Context[S]{Context: ctx, State: state, saga: s.name, key: key, instanceID: instanceID,
-		attrs: a, fx: fx, tx: tx, logger: logger}
+		attrs: a, fx: fx, tx: tx, logger: logger, declared: s.route}
 	if err := r.call(c, m); err != nil {
 		return outcome{}, err
 	}

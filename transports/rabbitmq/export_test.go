@@ -32,3 +32,7 @@ func (t *Transport) ConnectionWrites(ctx context.Context) (int, error) {
 	defer s.wire.mu.Unlock()
 	return s.wire.writes, nil
 }
+
+// ReconnectBackoff returns the back-off between connection attempts
+// (WithBackoff).
+func (t *Transport) ReconnectBackoff() bus.Backoff { return t.o.backoff }

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,9 +68,20 @@ func WithPrefetch(n int) Option { return func(o *options) { o.prefetch = n } }
 func WithPublisherChannels(n int) Option { return func(o *options) { o.publishers = n } }
 
 // WithBackoff sets the wait between two connection attempts: after the
-// n-th failed attempt in a row, backoff.Delay(n). The default is
-// bus.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}.
-func WithBackoff(backoff bus.Backoff) Option { return func(o *options) { o.backoff = backoff } }
+// n-th failed attempt in a row, backoff.Delay(n). A zero field keeps its
+// default, as in every WithBackoff of plugbus: Initial
+// [DefaultBackoffInitial] (100ms), Max [DefaultBackoffMax] (5s).
+func WithBackoff(backoff bus.Backoff) Option {
+	return func(o *options) {
+		o.backoff = bus.Backoff{Initial: cmp.Or(backoff.Initial, DefaultBackoffInitial), Max: cmp.Or(backoff.Max, DefaultBackoffMax)}
+	}
+}
+
+// The defaults of [WithBackoff].
+const (
+	DefaultBackoffInitial = 100 * time.Millisecond
+	DefaultBackoffMax     = 5 * time.Second
+)
 
 // WithConfig sets the amqp091 connection configuration (TLS, heartbeat,
 // client properties, SASL). Its Dial function is replaced by the
@@ -166,7 +178,7 @@ func New(url string, opts ...Option) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: invalid broker URL: %w", err)
 	}
-	o := options{exchange: DefaultExchange, publishers: 2, backoff: bus.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}, dialTimeout: 10 * time.Second,
+	o := options{exchange: DefaultExchange, publishers: 2, backoff: bus.Backoff{Initial: DefaultBackoffInitial, Max: DefaultBackoffMax}, dialTimeout: 10 * time.Second,
 		maxMessageSize: DefaultMaxMessageSize}
 	for _, opt := range opts {
 		if opt != nil {
