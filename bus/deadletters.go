@@ -60,6 +60,17 @@ type EndpointLister interface {
 	Endpoints(ctx context.Context) ([]string, error)
 }
 
+// DestinationChecker is implemented by a [DeadLetterManager] that can tell,
+// without taking a dead letter, whether a replay to the endpoint (or
+// address) to would be refused: CheckDestination returns the error
+// ReplayDeadLetters would, a [*UnknownEndpointError] for a destination
+// without a queue, and nil for one with a queue. `plugbus dlq replay -to
+// -dry-run` asks it: an endpoint with a dead-letter queue alone exists
+// (QueueDepth answers 0) but cannot be replayed to.
+type DestinationChecker interface {
+	CheckDestination(ctx context.Context, to string) error
+}
+
 // DeliveryCounter is implemented by a [DeadLetterManager] whose broker
 // counts the messages delivered from an endpoint's queue since it started:
 // the web console shows messages per second from it.
@@ -91,14 +102,22 @@ type UnknownEndpointError struct {
 	// Known names the endpoints the transport knows, sorted, when it can
 	// list them ([EndpointLister]); nil when it cannot.
 	Known []string
+	// Destination is true for a replay's destination without a queue
+	// (the endpoint may still have a dead-letter queue), false for an
+	// endpoint with neither queue.
+	Destination bool
 }
 
 // Error implements error. It suggests the known endpoint nearest to the
 // one given, when one is near enough to be a typo of it.
 func (e *UnknownEndpointError) Error() string {
-	if slices.Contains(e.Known, e.Endpoint) {
+	switch {
+	case slices.Contains(e.Known, e.Endpoint):
 		// Known by its dead letters alone: a replay's destination.
 		return fmt.Sprintf("bus: endpoint %q has no queue on this transport, only dead letters: start its bus (which declares its queue) or replay elsewhere", e.Endpoint)
+	case e.Destination && e.Known == nil:
+		// Its dead-letter queue may exist: the transport did not look.
+		return fmt.Sprintf("bus: endpoint %q has no queue on this transport to replay to: check the name, or start its bus (which declares its queue)", e.Endpoint)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "bus: endpoint %q does not exist on this transport", e.Endpoint)
@@ -130,8 +149,16 @@ func (e *UnknownEndpointError) Is(target error) bool { return target == ErrUnkno
 // at most 3 edits); "" otherwise.
 func nearest(name string, known []string) string {
 	best, bestDist := "", min(max(len(name)/3, 1), 3)+1
+	lower := strings.ToLower(name)
 	for _, k := range known {
-		if d := editDistance(strings.ToLower(name), strings.ToLower(k)); d < bestDist {
+		lk := strings.ToLower(k)
+		// The distance is at least the difference in length: a name
+		// further than that is not near, and its distance, which takes
+		// the product of the lengths to compute, is not computed.
+		if max(len(lk)-len(lower), len(lower)-len(lk)) >= bestDist {
+			continue
+		}
+		if d := editDistance(lower, lk); d < bestDist {
 			best, bestDist = k, d
 		}
 	}

@@ -163,6 +163,7 @@
 //	DeadLetterManager     lists, counts, replays and deletes dead letters      plugbus dlq, the console (package console)
 //	EndpointLister        names the endpoints it knows                         the console, UnknownEndpointError.Known
 //	DeliveryCounter       counts the messages delivered from a queue           the console (messages per second)
+//	DestinationChecker    says whether a replay's destination has a queue      plugbus dlq replay -to -dry-run
 //
 // Package transports/transporttest is the conformance suite every
 // transport passes. The memory transport (transports/memory, implemented

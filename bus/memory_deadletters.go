@@ -46,8 +46,17 @@ func (t *memTransport) unknownEndpoint(ctx context.Context, endpoint string) err
 	return &UnknownEndpointError{Endpoint: endpoint, Known: known}
 }
 
-// checkDestination returns a [*UnknownEndpointError] for a replay to an
-// endpoint without a queue: a send would make one that no bus reads.
+// CheckDestination implements [DestinationChecker]: a
+// [*UnknownEndpointError] for a replay to an endpoint without a queue,
+// whose send would make one that no bus reads.
+func (t *memTransport) CheckDestination(ctx context.Context, to string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return t.checkDestination(ctx, to)
+}
+
+// checkDestination is CheckDestination.
 func (t *memTransport) checkDestination(ctx context.Context, to string) error {
 	t.broker.mu.Lock()
 	_, queue := t.broker.queues[to]
@@ -55,7 +64,11 @@ func (t *memTransport) checkDestination(ctx context.Context, to string) error {
 	if queue {
 		return nil
 	}
-	return t.unknownEndpoint(ctx, to)
+	known, err := t.Endpoints(ctx)
+	if err != nil {
+		return err
+	}
+	return &UnknownEndpointError{Endpoint: to, Known: known, Destination: true}
 }
 
 // ListDeadLetters returns the dead letters f selects, oldest first.
@@ -214,7 +227,8 @@ func (t *memTransport) eachDead(ctx context.Context, f DeadLetterFilter, done fu
 }
 
 var (
-	_ DeadLetterManager = (*memTransport)(nil)
-	_ EndpointLister    = (*memTransport)(nil)
-	_ DeliveryCounter   = (*memTransport)(nil)
+	_ DeadLetterManager  = (*memTransport)(nil)
+	_ EndpointLister     = (*memTransport)(nil)
+	_ DeliveryCounter    = (*memTransport)(nil)
+	_ DestinationChecker = (*memTransport)(nil)
 )

@@ -257,18 +257,23 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) {
 		n, err = c.m.DeleteDeadLetters(r.Context(), f, nil)
 	}
 	c.o.log.InfoContext(r.Context(), "console: dead letters "+verb, "endpoint", ep, "count", n, "remote", r.RemoteAddr)
-	var unknown *bus.UnknownEndpointError
-	switch {
-	case n == 0 && errors.As(err, &unknown) && unknown.Endpoint == ep:
-		c.fail(w, r, http.StatusNotFound, fmt.Errorf("nothing %s: %w", verb, err))
-		return
-	case n == 0 && errors.As(err, &unknown):
-		// The form's "Replay to" names no endpoint: the dead letters
-		// stay where they were.
-		c.fail(w, r, http.StatusBadRequest, fmt.Errorf("nothing %s: %w", verb, err))
-		return
-	case err != nil:
-		c.fail(w, r, http.StatusBadGateway, fmt.Errorf("%s %d, then: %w", verb, n, err))
+	if err != nil {
+		status, done := http.StatusBadGateway, fmt.Errorf("%s %d, then: %w", verb, n, err)
+		var unknown *bus.UnknownEndpointError
+		if errors.As(err, &unknown) {
+			// The endpoint of the address does not exist (404), or a
+			// destination has no queue (400): the form's "Replay to", or
+			// the endpoint a dead letter failed on, ep's own included.
+			// The dead letter it stopped at stays where it was.
+			status = http.StatusBadRequest
+			if !unknown.Destination {
+				status = http.StatusNotFound
+			}
+			if n == 0 {
+				done = fmt.Errorf("nothing %s: %w", verb, err)
+			}
+		}
+		c.fail(w, r, status, done)
 		return
 	}
 	// Back to the list the form came from: its filter (only the filter's

@@ -1,18 +1,26 @@
 package console_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"html"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/console"
 	"github.com/plugbus/plugbus/internal/dltest"
+	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/transports/rabbitmq"
+	"github.com/plugbus/plugbus/transports/transporttest"
 )
 
 // An endpoint that does not exist (a mistyped -endpoints, address or
@@ -70,5 +78,84 @@ func TestUnknownEndpointIsSaid(t *testing.T) {
 	}
 	if _, err := tr.QueueDepth(t.Context(), "shpo"); !errors.Is(err, bus.ErrUnknownEndpoint) {
 		t.Errorf("QueueDepth(shpo) after the console's pages: %v, want it still unknown", err)
+	}
+}
+
+// A replay of a dead letter to its own endpoint, whose queue is gone (an
+// operator deleted it; the dead-letter queue remains), answers 400 and
+// keeps the dead letter. It answered 404 saying that the endpoint "does
+// not exist", on the form of the endpoint's own page, which lists its
+// dead letters.
+func TestReplayToAnEndpointWithoutItsQueueOnRabbitMQ(t *testing.T) {
+	amqpURL := testenv.RabbitMQ(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	ep, exchange := transporttest.Name("console-noqueue"), transporttest.Name("console-noqueue-x")
+	maker := dltest.RabbitMQ(ctx, t, amqpURL, exchange, ep, "shop.order")
+	ids := dltest.Make(ctx, t, maker, ep, dltest.Message{Name: "shop.order", Body: `{}`, Reason: "failed"})
+	if err := maker.Close(ctx); err != nil { // before the deletion, which would cancel its consumer
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete(ep, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	m, err := rabbitmq.New(amqpURL, rabbitmq.WithExchange(exchange), rabbitmq.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close(context.Background()) })
+	_, srv := server(t, m)
+
+	code, page := get(t, srv.URL+"/endpoints/"+ep+"/messages/"+ids[0])
+	if code != http.StatusOK {
+		t.Fatalf("GET the dead letter's page: %d, want 200:\n%s", code, page)
+	}
+	resp, body := post(t, srv.URL+"/endpoints/"+ep+"/replay", url.Values{"one": {ids[0]}, "csrf": {csrf(t, page)}})
+	text := html.UnescapeString(body)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(text, "nothing replayed") || !strings.Contains(text, "no queue") || strings.Contains(text, "does not exist on this transport") {
+		t.Errorf("POST replay to an endpoint without its queue: %d, want 400 saying that it has no queue, not that it does not exist:\n%s", resp.StatusCode, body)
+	}
+	if n, err := m.CountDeadLetters(ctx, ep); err != nil || n != 1 {
+		t.Errorf("after the replay: %d dead letters (%v), want the 1 as it was", n, err)
+	}
+}
+
+// A replay of ticked dead letters that stops at one whose endpoint has no
+// queue answers 400, saying how many were replayed before: it answered
+// 502, as if the broker had failed.
+func TestReplayStoppedByAnUnknownDestinationIsABadRequest(t *testing.T) {
+	tr := memoryWith(t, "shop", dltest.Message{Name: "shop.order", Body: `{"n":1}`, Reason: "a"})
+	ctx := t.Context()
+	if err := tr.Send(ctx, &bus.Envelope{Name: "shop.order", Body: []byte(`{"n":2}`), Attributes: bus.NewAttributes("orphan", "", time.Now(), nil, nil)}, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := tr.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Fail(ctx, d, bus.Failure{Reason: "b", Endpoint: "gone", Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	dls, err := tr.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: "shop"})
+	if err != nil || len(dls) != 2 {
+		t.Fatalf("%d dead letters (%v), want 2", len(dls), err)
+	}
+	_, srv := server(t, tr)
+	_, page := get(t, srv.URL+"/endpoints/shop")
+	resp, body := post(t, srv.URL+"/endpoints/shop/replay", url.Values{"id": {dls[0].ID, dls[1].ID}, "csrf": {csrf(t, page)}})
+	if text := html.UnescapeString(body); resp.StatusCode != http.StatusBadRequest || !strings.Contains(text, "replayed 1, then") || !strings.Contains(text, `"gone" does not exist`) {
+		t.Errorf("POST replay of 2 dead letters, the second to an unknown endpoint: %d, want 400 saying that 1 was replayed and gone does not exist:\n%s", resp.StatusCode, body)
+	}
+	if left, err := tr.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: "shop"}); err != nil || len(left) != 1 || left[0].ID != dls[1].ID {
+		t.Errorf("after the replay: %d dead letters (%v), want the one to gone", len(left), err)
 	}
 }

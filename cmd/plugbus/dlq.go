@@ -350,12 +350,8 @@ func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f 
 	// operation took: do nothing, and say which.
 	missing := missingIDs(f, selected)
 	if dryRun {
-		if cmd == "replay" && r.To != "" && !strings.Contains(r.To, "://") {
-			// The replay itself refuses a destination that does not exist
-			// before it takes a dead letter; a dry run asks the transport
-			// nothing else, so it asks about the destination here. A
-			// queue URL (an SQS instance address) names no endpoint.
-			if _, err := m.QueueDepth(ctx, r.To); errors.Is(err, bus.ErrUnknownEndpoint) {
+		if cmd == "replay" && r.To != "" {
+			if err := checkDestination(ctx, m, r.To); err != nil {
 				return fmt.Errorf("-to %s: %w", r.To, err)
 			}
 		}
@@ -411,8 +407,12 @@ func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f 
 	if cmd == "replay" && r.To != "" {
 		to = " to " + r.To
 	}
-	if n == 0 && errors.Is(err, bus.ErrUnknownEndpoint) {
-		return err // says which endpoint, and that nothing was replayed
+	var unknown *bus.UnknownEndpointError
+	if n == 0 && errors.As(err, &unknown) && (!unknown.Destination || r.To != "") {
+		// The endpoint or -to does not exist: the error says which, and
+		// that nothing was done. A dead letter's own destination stops the
+		// replay at that dead letter, which the summary below counts.
+		return err
 	}
 	if err != nil {
 		fmt.Fprintf(io.out, "%s %d of %d dead letters of %s%s in %v, then stopped: %d left\n", did, n, len(selected), f.Endpoint, to, elapsed, len(selected)-n)
@@ -421,6 +421,25 @@ func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f 
 	fmt.Fprintf(io.out, "%s %d of %d dead letters of %s%s in %v\n", did, n, len(selected), f.Endpoint, to, elapsed)
 	if n < len(selected) {
 		return fmt.Errorf("%d of the %d dead letters selected were not %s (gone meanwhile, or one with the same ID was): list them again", len(selected)-n, len(selected), did)
+	}
+	return nil
+}
+
+// checkDestination returns the error a replay to to would fail with
+// before it takes a dead letter: the replay itself refuses a destination
+// without a queue, and a dry run asks the transport nothing else. A
+// transport that cannot say (no bus.DestinationChecker) is asked whether
+// to is an endpoint at all; a queue URL (an SQS instance address) then
+// names no endpoint, and is not asked about.
+func checkDestination(ctx context.Context, m bus.DeadLetterManager, to string) error {
+	if c, ok := m.(bus.DestinationChecker); ok {
+		return c.CheckDestination(ctx, to)
+	}
+	if strings.Contains(to, "://") {
+		return nil
+	}
+	if _, err := m.QueueDepth(ctx, to); errors.Is(err, bus.ErrUnknownEndpoint) {
+		return err
 	}
 	return nil
 }

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/dltest"
@@ -112,5 +115,109 @@ func TestDLQUnknownEndpointOnSQS(t *testing.T) {
 	unknownEndpoint(t, "list -endpoint ordrs", out.String(), err, "ordrs")
 	if err != nil && !strings.Contains(err.Error(), prefix+"ordrs-dlq") {
 		t.Errorf("list -endpoint ordrs: %v; want the dead-letter queue's name, with the prefix", err)
+	}
+}
+
+// A dry run of a replay to an endpoint without its queue (deleted by an
+// operator; its dead-letter queue remains) fails as the replay does. It
+// asked only whether the endpoint existed (QueueDepth, which answers 0 for
+// it), and said it would replay what the replay then refused.
+func TestDLQDryRunChecksTheDestinationQueue(t *testing.T) {
+	url := testenv.RabbitMQ(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	ep, exchange := transporttest.Name("cli-from"), transporttest.Name("cli-from-x")
+	tr := dltest.RabbitMQ(ctx, t, url, exchange, ep, "shop.order")
+	dltest.Make(ctx, t, tr, ep, dltest.Message{Name: "shop.order", Body: `{}`, Reason: "boom"})
+	gone := transporttest.Name("cli-noqueue")
+	other := dltest.RabbitMQ(ctx, t, url, transporttest.Name("cli-noqueue-x"), gone)
+	if err := other.Close(ctx); err != nil { // before the deletion, which would cancel its consumer
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete(gone, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"dlq", "replay", "-endpoint", ep, "-all", "-to", gone, "-rabbitmq", url, "-exchange", exchange}
+	for _, run := range [][]string{append(args, "-dry-run"), args} {
+		out, err := cli(t, run...)
+		unknownEndpoint(t, strings.Join(run[1:], " "), out, err, gone)
+		if n, err := tr.CountDeadLetters(ctx, ep); err != nil || n != 1 {
+			t.Fatalf("after %v: %d dead letters of %s (%v), want the 1 as it was", run, n, ep, err)
+		}
+	}
+}
+
+// A dry run of a replay to the address of a gone SQS instance queue fails
+// as the replay does; a queue URL was not looked up at all.
+func TestDLQDryRunChecksAQueueURL(t *testing.T) {
+	httpTransport := &http.Transport{}
+	t.Cleanup(httpTransport.CloseIdleConnections)
+	cfg := sqstest.Config(t, &http.Client{Transport: httpTransport})
+	prefix := sqstest.UniquePrefix(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	stopped := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	if err := stopped.Setup(ctx, bus.Topology{Instance: true, MaxAttempts: 1, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	gone := stopped.InstanceAddress()
+	if err := stopped.Close(ctx); err != nil { // deletes its instance queue
+		t.Fatal(err)
+	}
+	const ep = "cli-dry-url"
+	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	defer func() { _ = tr.Close(context.Background()) }()
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, MaxAttempts: 1, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	dltest.Make(ctx, t, tr, ep, dltest.Message{Name: "shop.order", Body: `{}`, Reason: "boom"})
+	for _, dryRun := range []bool{true, false} {
+		var out bytes.Buffer
+		err := bulk(ctx, stdio{out: &out, err: io.Discard}, tr, "replay", bus.DeadLetterFilter{Endpoint: ep}, bus.Replay{To: gone}, dryRun, "table")
+		unknownEndpoint(t, fmt.Sprintf("replay -to %s (dry run: %t)", gone, dryRun), out.String(), err, gone)
+	}
+	if n, err := tr.CountDeadLetters(ctx, ep); err != nil || n != 1 {
+		t.Errorf("after the replays: %d dead letters (%v), want the 1 as it was", n, err)
+	}
+}
+
+// A bulk replay that stops at its first dead letter, whose endpoint has no
+// queue, says how many of the selected were replayed and how many are
+// left, as for any other stop: it printed the error alone, naming the one
+// dead letter that stays, as if the others had been replayed.
+func TestDLQReplayStoppedAtItsFirstDeadLetterCounts(t *testing.T) {
+	ctx := t.Context()
+	tr := memory.New()
+	defer func() { _ = tr.Close(context.Background()) }()
+	if err := tr.Setup(ctx, bus.Topology{Endpoint: "shop", MaxAttempts: 1, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Send(ctx, &bus.Envelope{Name: "shop.order", Body: []byte(`{}`), Attributes: bus.NewAttributes("orphan", "", time.Now(), nil, nil)}, "shop"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := tr.Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Fail(ctx, d, bus.Failure{Reason: "a", Endpoint: "gone", Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	dltest.Make(ctx, t, tr, "shop", dltest.Message{Name: "shop.order", Body: `{}`, Reason: "b"})
+	var out bytes.Buffer
+	err = bulk(ctx, stdio{out: &out, err: io.Discard}, tr, "replay", bus.DeadLetterFilter{Endpoint: "shop"}, bus.Replay{}, false, "table")
+	if !errors.Is(err, bus.ErrUnknownEndpoint) || !strings.Contains(out.String(), "replayed 0 of 2 dead letters of shop") || !strings.Contains(out.String(), "2 left") {
+		t.Errorf("replay -all: %v, printing %q; want bus.ErrUnknownEndpoint and that 0 of 2 were replayed, 2 left", err, out.String())
+	}
+	if n, err := tr.CountDeadLetters(ctx, "shop"); err != nil || n != 2 {
+		t.Errorf("after the replay: %d dead letters (%v), want the 2", n, err)
 	}
 }

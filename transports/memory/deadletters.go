@@ -44,6 +44,13 @@ func (t *Transport) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilte
 	return t.impl.ReplayDeadLetters(ctx, f, r, done)
 }
 
+// CheckDestination implements bus.DestinationChecker: a
+// *bus.UnknownEndpointError for an endpoint without a queue, which
+// ReplayDeadLetters refuses to replay to.
+func (t *Transport) CheckDestination(ctx context.Context, to string) error {
+	return t.impl.CheckDestination(ctx, to)
+}
+
 // DeleteDeadLetters implements bus.DeadLetterManager.
 func (t *Transport) DeleteDeadLetters(ctx context.Context, f bus.DeadLetterFilter, done func(bus.DeadLetter)) (int, error) {
 	return t.impl.DeleteDeadLetters(ctx, f, done)

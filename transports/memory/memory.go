@@ -97,6 +97,7 @@ type transportImpl interface {
 	bus.DeadLetterManager
 	bus.EndpointLister
 	bus.DeliveryCounter
+	bus.DestinationChecker
 	bus.Batcher
 }
 

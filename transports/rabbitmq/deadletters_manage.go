@@ -77,7 +77,12 @@ func (t *Transport) queueMessages(ctx context.Context, endpoint, queue, other st
 // own (a queue that does not exist closes the channel); found is false
 // when it does not exist. An exclusive queue of another connection (an
 // instance queue) exists, but its figures cannot be read: they are zero.
+// A name longer than AMQP allows names no queue, and is not sent: the
+// client would fail to encode it and close the whole connection.
 func (t *Transport) lookupQueue(ctx context.Context, queue string) (q amqp.Queue, found bool, err error) {
+	if len(queue) > maxShortString {
+		return q, false, nil
+	}
 	ch, err := t.manageChannel(ctx, queue)
 	if err != nil {
 		return q, false, err
@@ -101,6 +106,14 @@ func unknownEndpoint(endpoint string) error {
 	return fmt.Errorf("rabbitmq: neither queue %s nor %s exists: %w", endpoint, DeadLetterQueue(endpoint), &bus.UnknownEndpointError{Endpoint: endpoint})
 }
 
+// CheckDestination implements bus.DestinationChecker: a
+// [*bus.UnknownEndpointError] for a replay to an endpoint whose queue does
+// not exist (looked up with a passive queue.declare), which
+// [Transport.ReplayDeadLetters] refuses; nil when the queue exists.
+func (t *Transport) CheckDestination(ctx context.Context, to string) error {
+	return t.checkDestination(ctx, to)
+}
+
 // checkDestination returns a [*bus.UnknownEndpointError] for a replay to
 // an endpoint without a queue, whose copy would be unroutable (or, for an
 // instance queue's name, dropped), and nil when the queue exists.
@@ -113,7 +126,7 @@ func (t *Transport) checkDestination(ctx context.Context, to string) error {
 	case err != nil:
 		return fmt.Errorf("rabbitmq: looking up queue %s, the replay's destination: %w", to, err)
 	case !found:
-		return fmt.Errorf("rabbitmq: queue %s does not exist: %w", to, &bus.UnknownEndpointError{Endpoint: to})
+		return fmt.Errorf("rabbitmq: queue %s does not exist: %w", to, &bus.UnknownEndpointError{Endpoint: to, Destination: true})
 	}
 	return nil
 }
@@ -218,6 +231,11 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, window
 		return 0, err
 	}
 	queue := DeadLetterQueue(f.Endpoint)
+	if len(queue) > maxShortString {
+		// No queue has that name, and a basic.get of it would close the
+		// connection (the client cannot encode it).
+		return 0, t.noDeadLetterQueue(ctx, f.Endpoint)
+	}
 	ch, err := t.manageChannel(ctx, queue)
 	if err != nil {
 		return 0, err
@@ -270,13 +288,7 @@ scan:
 		var amqpErr *amqp.Error
 		switch {
 		case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound && held == 0:
-			// No dead-letter queue: no dead letters, if the endpoint
-			// exists at all.
-			if _, found, err := t.lookupQueue(ctx, f.Endpoint); err != nil {
-				scanErr = fmt.Errorf("rabbitmq: looking up queue %s: %w", f.Endpoint, err)
-			} else if !found {
-				scanErr = unknownEndpoint(f.Endpoint)
-			}
+			scanErr = t.noDeadLetterQueue(ctx, f.Endpoint)
 			break scan
 		case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
 			break scan // deleted meanwhile: what was held went with it
@@ -318,6 +330,20 @@ scan:
 	return n, err
 }
 
+// noDeadLetterQueue is the answer for an endpoint without a dead-letter
+// queue: no dead letters (nil) if its queue exists, else a
+// [*bus.UnknownEndpointError].
+func (t *Transport) noDeadLetterQueue(ctx context.Context, endpoint string) error {
+	_, found, err := t.lookupQueue(ctx, endpoint)
+	switch {
+	case err != nil:
+		return fmt.Errorf("rabbitmq: looking up queue %s: %w", endpoint, err)
+	case !found:
+		return unknownEndpoint(endpoint)
+	}
+	return nil
+}
+
 // deadLetterID is the message id, or a hash of a message without one.
 func deadLetterID(m *amqp.Delivery) string {
 	if m.MessageId != "" {
@@ -333,4 +359,7 @@ func deadLetterID(m *amqp.Delivery) string {
 	return "sha256-" + hex.EncodeToString(h.Sum(nil)[:12])
 }
 
-var _ bus.DeadLetterManager = (*Transport)(nil)
+var (
+	_ bus.DeadLetterManager  = (*Transport)(nil)
+	_ bus.DestinationChecker = (*Transport)(nil)
+)

@@ -2,6 +2,7 @@ package rabbitmq_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,5 +95,52 @@ func TestReplayToAMissingInstanceQueueKeepsTheDeadLetter(t *testing.T) {
 	}
 	if c, err := tr.CountDeadLetters(ctx, ep); err != nil || c != 1 {
 		t.Errorf("after the replay %d dead letters (%v), want the 1 as it was", c, err)
+	}
+}
+
+// An endpoint name too long to name its queues (AMQP names are at most
+// 255 bytes) is an unknown endpoint, or one without dead letters when a
+// queue of that name exists and only ".dlq" makes it too long. Asking the
+// broker about such a name failed the call with an encoding error and
+// closed the transport's connection, and a replay or a console page in
+// progress on it.
+func TestDeadLettersOfAnOverlongEndpoint(t *testing.T) {
+	url := testenv.RabbitMQ(t)
+	adm := newAdmin(t, url)
+	ctx := testContext(t, 60*time.Second)
+	base := transporttest.Name("overlong")
+	withQueue := base + "-" + strings.Repeat("q", 253-len(base)-1) // 253 bytes: its ".dlq" is 257
+	adm.declareQueue(t, withQueue)
+	m := open(t, url, adm)
+	for _, ep := range []string{strings.Repeat("x", 300), base + "-" + strings.Repeat("n", 253-len(base)-1)} {
+		for _, op := range []struct {
+			name string
+			call func() (int, error)
+		}{
+			{"ListDeadLetters", func() (int, error) {
+				dls, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep})
+				return len(dls), err
+			}},
+			{"CountDeadLetters", func() (int, error) { return m.CountDeadLetters(ctx, ep) }},
+			{"QueueDepth", func() (int, error) { return m.QueueDepth(ctx, ep) }},
+			{"ReplayDeadLetters", func() (int, error) {
+				return m.ReplayDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep}, bus.Replay{}, nil)
+			}},
+			{"DeleteDeadLetters", func() (int, error) { return m.DeleteDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep}, nil) }},
+		} {
+			var ue *bus.UnknownEndpointError
+			if n, err := op.call(); n != 0 || !errors.As(err, &ue) || ue.Endpoint != ep {
+				t.Errorf("%s of a %d-byte endpoint = %d, %v; want 0 and a *bus.UnknownEndpointError naming it", op.name, len(ep), n, err)
+			}
+		}
+	}
+	if n, err := m.CountDeadLetters(ctx, withQueue); err != nil || n != 0 {
+		t.Errorf("CountDeadLetters of a %d-byte endpoint with its queue = %d, %v; want 0", len(withQueue), n, err)
+	}
+	if dls, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: withQueue}); err != nil || len(dls) != 0 {
+		t.Errorf("ListDeadLetters of a %d-byte endpoint with its queue = %d dead letters, %v; want none", len(withQueue), len(dls), err)
+	}
+	if n, err := m.DeleteDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: withQueue}, nil); err != nil || n != 0 {
+		t.Errorf("DeleteDeadLetters of a %d-byte endpoint with its queue = %d, %v; want 0", len(withQueue), n, err)
 	}
 }

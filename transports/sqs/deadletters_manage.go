@@ -75,9 +75,9 @@ func (t *Transport) unknownEndpoint(endpoint string) error {
 // to, whose queue does not exist.
 func (t *Transport) noDestination(to string) error {
 	if isQueueURL(to) {
-		return fmt.Errorf("sqs: queue %s does not exist: %w", to, &bus.UnknownEndpointError{Endpoint: to})
+		return fmt.Errorf("sqs: queue %s does not exist: %w", to, &bus.UnknownEndpointError{Endpoint: to, Destination: true})
 	}
-	return fmt.Errorf("sqs: queue %s does not exist%s: %w", t.QueueName(to), t.prefixNote(), &bus.UnknownEndpointError{Endpoint: to})
+	return fmt.Errorf("sqs: queue %s does not exist%s: %w", t.QueueName(to), t.prefixNote(), &bus.UnknownEndpointError{Endpoint: to, Destination: true})
 }
 
 // prefixNote names the transport's prefix, a part of every queue name,
@@ -101,6 +101,17 @@ func (t *Transport) checkKnown(ctx context.Context, endpoint, other string) erro
 		return t.unknownEndpoint(endpoint)
 	}
 	return nil
+}
+
+// CheckDestination implements bus.DestinationChecker: a
+// [*bus.UnknownEndpointError] for a replay to an endpoint (or a queue URL)
+// whose queue does not exist, which [Transport.ReplayDeadLetters] refuses;
+// nil when the queue exists.
+func (t *Transport) CheckDestination(ctx context.Context, to string) error {
+	if err := t.checkOpen(ctx); err != nil {
+		return err
+	}
+	return t.checkDestination(ctx, to)
 }
 
 // checkDestination returns a [*bus.UnknownEndpointError] for a replay to
@@ -365,4 +376,7 @@ func (t *Transport) releaseHandles(ctx context.Context, url string, held []heldD
 	return errors.Join(errs...)
 }
 
-var _ bus.DeadLetterManager = (*Transport)(nil)
+var (
+	_ bus.DeadLetterManager  = (*Transport)(nil)
+	_ bus.DestinationChecker = (*Transport)(nil)
+)

@@ -63,7 +63,8 @@ type Features struct {
 	// bus.DeadLetterManager: the suite then lists, filters, counts,
 	// replays (also interrupted midway) and deletes dead letters through
 	// it, and checks that each of those operations refuses an endpoint that
-	// does not exist (bus.ErrUnknownEndpoint), a replay to one included.
+	// does not exist (bus.ErrUnknownEndpoint), a replay to one included
+	// (and, from a bus.DestinationChecker, a check of one).
 	DeadLetterManager bool
 	// Batch is true when the transport implements bus.Batcher: the suite
 	// checks its SendBatch (and fails when the transport lacks it).

@@ -42,9 +42,10 @@ var managerOps = []managerOp{
 }
 
 // unknownEndpoint checks the error of err for the unknown endpoint ep:
-// bus.ErrUnknownEndpoint, naming ep and, from a transport that lists its
+// bus.ErrUnknownEndpoint, naming ep as a replay's destination or not
+// (UnknownEndpointError.Destination) and, from a transport that lists its
 // endpoints, those it knows, known among them.
-func unknownEndpoint(t *testing.T, m bus.DeadLetterManager, what string, err error, ep, known string) {
+func unknownEndpoint(t *testing.T, m bus.DeadLetterManager, what string, err error, ep, known string, destination bool) {
 	t.Helper()
 	var ue *bus.UnknownEndpointError
 	if !errors.Is(err, bus.ErrUnknownEndpoint) || !errors.As(err, &ue) {
@@ -53,6 +54,9 @@ func unknownEndpoint(t *testing.T, m bus.DeadLetterManager, what string, err err
 	}
 	if ue.Endpoint != ep {
 		t.Errorf("%s: the error names endpoint %q, want %q", what, ue.Endpoint, ep)
+	}
+	if ue.Destination != destination {
+		t.Errorf("%s: the error's Destination is %t, want %t", what, ue.Destination, destination)
 	}
 	if _, lists := m.(bus.EndpointLister); !lists {
 		return
@@ -77,17 +81,22 @@ func (s *suite) unknownEndpointRefused(t *testing.T) {
 			t.Errorf("%s(%s), an endpoint set up without dead letters: %d, %v; want 0 and no error", op.name, known, n, err)
 		}
 	}
+	if dc, ok := m.(bus.DestinationChecker); ok {
+		if err := dc.CheckDestination(ctx, known); err != nil {
+			t.Errorf("CheckDestination(%s), an endpoint set up: %v; want nil", known, err)
+		}
+	}
 	unknown := Name("tt-unknown")
 	for _, op := range managerOps {
 		n, err := op.call(ctx, m, unknown, notDone)
 		if n != 0 {
 			t.Errorf("%s(%s) = %d, want 0", op.name, unknown, n)
 		}
-		unknownEndpoint(t, m, op.name+"("+unknown+")", err, unknown, known)
+		unknownEndpoint(t, m, op.name+"("+unknown+")", err, unknown, known, false)
 	}
 	// Asking made nothing: the endpoint is as unknown as before.
 	_, err := m.QueueDepth(ctx, unknown)
-	unknownEndpoint(t, m, "QueueDepth asked again", err, unknown, known)
+	unknownEndpoint(t, m, "QueueDepth asked again", err, unknown, known, false)
 	if l, ok := m.(bus.EndpointLister); ok {
 		if eps, err := l.Endpoints(ctx); err != nil || slices.Contains(eps, unknown) {
 			t.Errorf("Endpoints = %q, %v: asking about %s made it an endpoint", eps, err, unknown)
@@ -100,8 +109,9 @@ func (s *suite) unknownEndpointRefused(t *testing.T) {
 
 // replayToUnknownEndpoint replays dead letters to an endpoint that does
 // not exist, named by Replay.To or by the dead letter's failure: the
-// replay fails with bus.ErrUnknownEndpoint naming it, replays and removes
-// nothing, and creates no queue.
+// replay fails with bus.ErrUnknownEndpoint naming it as a destination,
+// replays and removes nothing, and creates no queue. A
+// bus.DestinationChecker says the same of it.
 func (s *suite) replayToUnknownEndpoint(t *testing.T) {
 	ep, name := Name("tt-replay-unknown"), Name("tt.msg")
 	tr := s.open(t, ep, name)
@@ -141,7 +151,10 @@ func (s *suite) replayToUnknownEndpoint(t *testing.T) {
 		if n != 0 || calls != 0 {
 			t.Errorf("replay of %s: %d replayed, done called %d times; want none", c.what, n, calls)
 		}
-		unknownEndpoint(t, m, "replay of "+c.what, err, c.want, ep)
+		unknownEndpoint(t, m, "replay of "+c.what, err, c.want, ep, true)
+		if dc, ok := m.(bus.DestinationChecker); ok {
+			unknownEndpoint(t, m, "CheckDestination("+c.want+")", dc.CheckDestination(ctx, c.want), c.want, ep, true)
+		}
 		s.waitDeadLetters(t, m, ep, 2)
 		after, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep})
 		if err != nil {
@@ -153,7 +166,7 @@ func (s *suite) replayToUnknownEndpoint(t *testing.T) {
 	}
 	for _, dest := range []string{nowhere, gone} {
 		_, err := m.QueueDepth(ctx, dest)
-		unknownEndpoint(t, m, "QueueDepth of "+dest+" after a replay to it", err, dest, ep)
+		unknownEndpoint(t, m, "QueueDepth of "+dest+" after a replay to it", err, dest, ep, false)
 	}
 	s.expectNothing(t, tr)
 }
