@@ -175,10 +175,20 @@ func (t *memTransport) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter
 		if err != nil {
 			return err
 		}
-		if err := t.checkDestination(ctx, to); err != nil {
+		if err := t.check(ctx); err != nil {
+			return err
+		}
+		// The queue looked up once and the copy put into it, not a check
+		// and then Send: Send drops a message to an instance queue that
+		// closed in between, and the dead letter would be removed for a
+		// copy that went nowhere.
+		q := t.broker.existingQueue(to)
+		if q == nil {
+			err := t.checkDestination(ctx, to) // why: the error with the known endpoints
 			return fmt.Errorf("memory: replaying dead letter %s to %s: %w; it stays a dead letter of %s", dl.ID, to, err, f.Endpoint)
 		}
-		return t.Send(ctx, env, to)
+		t.broker.enqueue(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, env.Due)
+		return nil
 	})
 }
 
