@@ -42,7 +42,8 @@ type Bus struct {
 	routes             map[string]string
 	unhandled          UnhandledPolicy
 	permanent          []func(error) bool // classifiers (WithPermanentErrors)
-	middleware         []Middleware
+	middleware         []Middleware       // the bus's (WithMiddleware), then the handlers' own (HandlerMiddleware)
+	wholeBus           int                // how many of middleware are the bus's
 	needsInstanceQueue bool
 
 	incoming *pipe[Incoming]
@@ -167,6 +168,9 @@ func (b *Bus) instantiatePlugins(plugins []Plugin) error {
 		if m.Name == "" {
 			return fmt.Errorf("bus: plugin %d (%T) returned a middleware without a name", i, p)
 		}
+		if err := checkJoin(b.middleware, m, nil); err != nil {
+			return err
+		}
 		b.middleware = append(b.middleware, m)
 		if m.InstanceQueue {
 			if _, ok := b.t.(InstanceQueuer); !ok {
@@ -184,11 +188,26 @@ func (b *Bus) instantiatePlugins(plugins []Plugin) error {
 			b.outgoing.add(m.Name, m.Outgoing, b.logger)
 		}
 	}
+	b.wholeBus = len(b.middleware)
 	return nil
 }
 
 // Name returns the bus's name.
 func (b *Bus) Name() string { return b.name }
+
+// HasMiddleware reports whether a middleware named name, given to
+// [WithMiddleware], runs on b for every message; the middleware given to
+// one handler with [HandlerMiddleware] do not count. A function that needs
+// a plugin on the bus it is given (requestreply.Request) checks with it
+// before it does anything.
+func (b *Bus) HasMiddleware(name string) bool {
+	for _, m := range b.middleware[:b.wholeBus] {
+		if m.Name == name {
+			return true
+		}
+	}
+	return false
+}
 
 // Endpoint returns the bus's endpoint, empty for a send-only bus.
 func (b *Bus) Endpoint() string { return b.endpoint }

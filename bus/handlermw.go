@@ -29,7 +29,10 @@ import (
 // Start and Stop hooks run with the bus's, after the bus-level ones at
 // Start and before them at Stop. Its middleware may have only a handler
 // stage: New refuses one with an incoming or outgoing stage, or asking
-// for an instance queue, since neither runs per handler.
+// for an instance queue, since neither runs per handler. It refuses too a
+// middleware that runs once ([Middleware].Unique) which the bus has
+// already, and one whose [Middleware].TxSource is not that of the bus's
+// middleware: a handler runs in one transaction.
 // Calling HandlerMiddleware several times appends.
 func HandlerMiddleware(plugins ...Plugin) HandlerOption {
 	return func(h *handler) {
@@ -50,6 +53,7 @@ func (b *Bus) instantiateHandlerMiddleware(handlers []*handler) error {
 			funcs: slices.Clone(b.handling.funcs),
 			base:  slices.Clone(b.handling.base)}
 		info := PluginInfo{Bus: b, Name: b.name, Endpoint: b.endpoint, Logger: b.logger, Transport: b.t, Handles: []string{h.msgName}, Handler: h.name}
+		around := slices.Clone(b.middleware[:b.wholeBus]) // the middleware around h
 		for i, p := range h.plugins {
 			if p == nil {
 				return fmt.Errorf("bus: HandlerMiddleware of handler %s of %s: plugin %d is nil", h.name, h.msgName, i)
@@ -66,6 +70,10 @@ func (b *Bus) instantiateHandlerMiddleware(handlers []*handler) error {
 			case m.Handling == nil && m.Start == nil && m.Stop == nil:
 				return fmt.Errorf("bus: HandlerMiddleware of handler %s of %s: middleware %q has no handler stage; per handler only the handler stage runs", h.name, h.msgName, m.Name)
 			}
+			if err := checkJoin(around, m, h); err != nil {
+				return err
+			}
+			around = append(around, m)
 			b.middleware = append(b.middleware, m)
 			if m.Handling != nil {
 				chain.add(m.Name, m.Handling, b.logger)

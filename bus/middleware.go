@@ -114,6 +114,24 @@ type Middleware struct {
 	// (see [InstanceQueuer]); New fails when the transport cannot give one.
 	// The bus then receives even without an endpoint, once started.
 	InstanceQueue bool
+
+	// Unique says the middleware runs at most once around a handler: New
+	// refuses, with a [*DuplicateMiddlewareError], a second middleware of
+	// the same Name on the bus, or given to a handler with
+	// [HandlerMiddleware] when the bus has one already. Set it for a
+	// middleware that a second copy breaks or doubles (an outbox, a
+	// tracer), not for one that may be stacked with other settings (two
+	// rate limits).
+	Unique bool
+
+	// TxSource, when not nil, identifies where the transaction comes
+	// from that the middleware runs handlers in: the outbox, inbox and
+	// saga plugins set their *store.Store. It must be comparable (a
+	// pointer). A handler runs in one transaction, so New refuses, with a
+	// [*TxSourceConflictError], two middleware around one handler (of the
+	// bus, or given to the handler with [HandlerMiddleware]) whose
+	// TxSources differ.
+	TxSource any
 }
 
 // Instantiate returns m itself: a Middleware is a stateless plugin.

@@ -71,11 +71,16 @@ func WithOptions(opts ...Option) Option {
 }
 
 // WithEndpoint names the endpoint: the queue this bus receives from. A bus
-// with handlers needs one; a bus without an endpoint only sends.
+// with handlers needs one; a bus without an endpoint only sends. A bus has
+// one endpoint: New refuses a second WithEndpoint of another name with an
+// [*EndpointConflictError] (the same name twice is harmless).
 func WithEndpoint(name string) Option {
 	return func(c *config) error {
 		if name == "" {
 			return errors.New("bus: WithEndpoint: empty name")
+		}
+		if c.endpoint != "" && c.endpoint != name {
+			return &EndpointConflictError{First: c.endpoint, Second: name}
 		}
 		c.endpoint = name
 		return nil

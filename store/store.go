@@ -6,7 +6,10 @@
 // inbox.New and they share one transaction per handler: the handler's own
 // writes, the messages it sends and the inbox record of the message commit
 // or roll back together. That is what gives the exactly-once processing
-// effect (see docs/plugins/outbox.md).
+// effect (see docs/plugins/outbox.md). It must be the same value, given to
+// saga.New too: bus.New refuses the plugins of one bus on two stores (a
+// *bus.TxSourceConflictError), the same database opened twice included,
+// since each Store opens transactions of its own.
 //
 //	st, err := sqlite.Open("app.db")
 //	if err != nil { ... }

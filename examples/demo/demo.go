@@ -275,7 +275,11 @@ func (s *shop) startServices(ctx context.Context) error {
 				return nil
 			}
 			s.firstPlaced.keep(a.MessageID, m)
-			if _, err := outbox.Tx(ctx).ExecContext(ctx, `INSERT INTO payments (order_id, amount_cents) VALUES (?, ?)`, m.OrderID, m.Amount); err != nil {
+			tx, err := outbox.Tx(ctx) // the handler's transaction
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO payments (order_id, amount_cents) VALUES (?, ?)`, m.OrderID, m.Amount); err != nil {
 				return err
 			}
 			return publisher(ctx).Publish(ctx, PaymentTaken{OrderID: m.OrderID}) // stored in the same transaction

@@ -104,7 +104,11 @@ func TestPostgresFaultsLoseNothing(t *testing.T) {
 				bus.WithMiddleware(timeout.New(pgTimeout), outbox.New(st, outbox.WithPollInterval(200*time.Millisecond), outbox.WithRelays(4),
 					outbox.WithBackoff(bus.Backoff{Initial: 50 * time.Millisecond, Max: time.Second})), inbox.New(st)),
 				bus.WithHandler(func(ctx context.Context, w work, _ bus.Attributes) error {
-					if _, err := outbox.Tx(ctx).ExecContext(ctx, insert, w.ID); err != nil {
+					tx, err := outbox.Tx(ctx)
+					if err != nil {
+						return err
+					}
+					if _, err := tx.ExecContext(ctx, insert, w.ID); err != nil {
 						return err
 					}
 					self, _, _ := bus.MessageContext(ctx)

@@ -120,7 +120,11 @@ func TestSoak(t *testing.T) {
 			outbox.New(st, outbox.WithPollInterval(200*time.Millisecond), outbox.WithCleanupInterval(10*time.Second), outbox.WithRetention(30*time.Second)),
 			inbox.New(st, inbox.WithCleanupInterval(10*time.Second), inbox.WithRetention(time.Minute))),
 		bus.WithHandler(func(ctx context.Context, o placeOrder, _ bus.Attributes) error {
-			if _, err := outbox.Tx(ctx).ExecContext(ctx, insert, o.ID); err != nil {
+			tx, err := outbox.Tx(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, insert, o.ID); err != nil {
 				return err
 			}
 			self, _, _ := bus.MessageContext(ctx)

@@ -9,11 +9,11 @@
 //
 // On a SQL [store.Store] (store/sqlite, store/postgres) each handler also
 // runs in a transaction of the store, in which the inbox records that this
-// handler processed this message. When the outbox plugin uses the same
-// store, that is the transaction the outbox opens (whichever plugin runs
-// first opens it, the other joins), so the handler's data, the messages it
-// sends and the inbox record commit together: the exactly-once processing
-// effect. With several handlers per message, each handler is recorded on
+// handler processed this message. The outbox plugin on the bus uses the
+// same store (bus.New refuses two stores), and that is the transaction
+// the outbox opens (whichever plugin runs first opens it, the other
+// joins), so the handler's data, the messages it sends and the inbox
+// record commit together: the exactly-once processing effect. With several handlers per message, each handler is recorded on
 // its own: when one fails and the message is redelivered, the handlers that
 // already committed are skipped and only the failed one runs again.
 //
@@ -82,7 +82,13 @@ type Plugin struct {
 	cfg     config
 }
 
-// New returns the inbox plugin on s.
+// New returns the inbox plugin on s. On a SQL store, give the bus's
+// outbox and sagas the same *store.Store: bus.New refuses them on
+// different stores (the same database opened twice is two stores) with a
+// *bus.TxSourceConflictError, since their rows and the inbox's would not
+// commit together. A [*MemoryStore] opens no transaction and goes with any
+// store. The inbox given twice is refused with a
+// *bus.DuplicateMiddlewareError.
 func New(s Store, opts ...Option) *Plugin {
 	c := config{retention: 7 * 24 * time.Hour, cleanup: time.Minute}
 	for _, o := range opts {
@@ -112,10 +118,12 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 		return bus.Middleware{}, fmt.Errorf("inbox: retention (%s) and cleanup interval (%s) must be positive", p.cfg.retention, p.cfg.cleanup)
 	}
 	m := &middleware{records: p.records, cfg: p.cfg, endpoint: info.Endpoint, logger: info.Logger.With(slog.String("middleware", "inbox"))}
-	mw := bus.Middleware{Name: "inbox", Incoming: m.incoming, Start: m.start, Stop: m.stop}
+	// A second inbox would look every message up twice, and record it twice.
+	mw := bus.Middleware{Name: "inbox", Unique: true, Incoming: m.incoming, Start: m.start, Stop: m.stop}
 	if st, ok := p.records.(*store.Store); ok {
 		m.sqlStore = (*sqlstore.Store)(st)
 		mw.Handling = m.handling
+		mw.TxSource = st // the outbox's and the sagas' must be the same
 	}
 	return mw, nil
 }

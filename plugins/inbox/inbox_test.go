@@ -231,7 +231,11 @@ func TestExactlyOnceWithOutbox(t *testing.T) {
 							close(rec.done)
 							return nil
 						}
-						if _, err := outbox.Tx(ctx).ExecContext(ctx, db.Rebind("UPDATE "+counters+" SET n = n + 1 WHERE k = ?"), m.N); err != nil {
+						tx, err := outbox.Tx(ctx)
+						if err != nil {
+							return err
+						}
+						if _, err := tx.ExecContext(ctx, db.Rebind("UPDATE "+counters+" SET n = n + 1 WHERE k = ?"), m.N); err != nil {
 							return err
 						}
 						if err := b.Send(ctx, Done(m)); err != nil {

@@ -140,7 +140,10 @@ func New(opts ...Option) *Plugin {
 }
 
 // Instantiate returns the middleware of one bus: incoming, handler (unless
-// turned off with [WithHandlerSpans]) and outgoing stages.
+// turned off with [WithHandlerSpans]) and outgoing stages. The plugin runs
+// once per bus: bus.New refuses it given twice, which would double every
+// span and metric, with a *bus.DuplicateMiddlewareError (to export to two
+// backends, give one tracer provider two span processors).
 func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	var c config
 	for _, o := range p.opts {
@@ -170,7 +173,8 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	if err != nil {
 		return bus.Middleware{}, fmt.Errorf("otel: bus %q: %w", info.Name, err)
 	}
-	mw := bus.Middleware{Name: MiddlewareName, Incoming: m.incoming, Outgoing: m.outgoing}
+	// Unique: a second plugin would record every span and metric twice.
+	mw := bus.Middleware{Name: MiddlewareName, Unique: true, Incoming: m.incoming, Outgoing: m.outgoing}
 	if !c.noHandler {
 		mw.Handling = m.handling
 	}

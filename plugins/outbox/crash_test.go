@@ -208,7 +208,11 @@ func runChild(d storetest.DB) error {
 		bus.WithRoute("sink", Done{}),
 		bus.WithMiddleware(outbox.New(st, outbox.WithPollInterval(100*time.Millisecond)), inbox.New(st)),
 		bus.WithHandler(func(ctx context.Context, m Work, _ bus.Attributes) error {
-			if _, err := outbox.Tx(ctx).ExecContext(ctx, incr, m.N); err != nil {
+			tx, err := outbox.Tx(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, incr, m.N); err != nil {
 				return err
 			}
 			return b.Send(ctx, Done(m))

@@ -42,7 +42,11 @@ func Example() {
 	b, err := bus.New(bus.WithEndpoint("orders"), bus.WithLogger(slog.New(slog.DiscardHandler)),
 		bus.WithMiddleware(outbox.New(st)),
 		bus.WithHandler(func(ctx context.Context, m PlaceOrder, _ bus.Attributes) error {
-			if _, err := outbox.Tx(ctx).ExecContext(ctx, "INSERT INTO orders (id) VALUES (?)", m.ID); err != nil {
+			tx, err := outbox.Tx(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES (?)", m.ID); err != nil {
 				return err
 			}
 			self, _, _ := bus.MessageContext(ctx)    // the bus handling m

@@ -21,7 +21,11 @@
 //	b, err := bus.New(bus.WithEndpoint("orders"),
 //		bus.WithMiddleware(outbox.New(st), inbox.New(st)),
 //		bus.WithHandler(func(ctx context.Context, m PlaceOrder, _ bus.Attributes) error {
-//			if _, err := outbox.Tx(ctx).ExecContext(ctx, "INSERT INTO orders (id) VALUES (?)", m.ID); err != nil {
+//			tx, err := outbox.Tx(ctx)
+//			if err != nil {
+//				return err // outbox.ErrNoTransaction: the bus has neither plugin
+//			}
+//			if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id) VALUES (?)", m.ID); err != nil {
 //				return err
 //			}
 //			self, _, _ := bus.MessageContext(ctx) // the bus handling m
@@ -30,7 +34,12 @@
 //
 // Outside handlers, [Within] gives the same guarantee to code that is not
 // driven by a message (an HTTP handler writing an order and publishing
-// OrderPlaced). See docs/plugins/outbox.md.
+// OrderPlaced).
+//
+// The outbox, the inbox and the sagas of a bus must share one store: a
+// handler runs in one transaction, and bus.New refuses plugins on two
+// stores (a *bus.TxSourceConflictError), and the plugin given twice (a
+// *bus.DuplicateMiddlewareError). See docs/plugins/outbox.md.
 package outbox
 
 import (
@@ -117,7 +126,10 @@ type Plugin struct {
 }
 
 // New returns the outbox plugin on s. Pass the same store to inbox.New to
-// record processed messages in the handler's transaction.
+// record processed messages in the handler's transaction, and to saga.New:
+// bus.New refuses the plugins of one bus on different stores (the same
+// database opened twice is two stores) with a *bus.TxSourceConflictError,
+// and the outbox given twice with a *bus.DuplicateMiddlewareError.
 func New(s *store.Store, opts ...Option) *Plugin {
 	c := config{batch: 500, poll: time.Second, retention: 24 * time.Hour, cleanup: time.Minute, relayWorkers: 1}
 	for _, o := range opts {
@@ -148,6 +160,10 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	st := p.store
 	return bus.Middleware{
 		Name: "outbox",
+		// A second outbox would open a transaction in the first and a
+		// second relay; one of another store would not commit with it.
+		Unique:   true,
+		TxSource: (*store.Store)(st),
 		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
 			return st.InTx(ctx, func(ctx context.Context, tx *sqlstore.Tx) error {
 				restore, err := h.UseOutbox(ctx, tx)
@@ -164,14 +180,31 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	}, nil
 }
 
+// ErrNoTransaction is returned by [Tx] for a context that carries no
+// transaction of a store: the handler's bus has neither the outbox nor
+// the inbox plugin on a SQL store, or ctx is not a handler's (or
+// [Within]'s). Tx returns it marked permanent (bus.Permanent): no retry
+// adds the plugin, so a handler that returns it dead-letters the message
+// at once, with this reason.
+var ErrNoTransaction = errors.New("outbox: no database transaction in the context: outbox.Tx needs the context of a handler on a bus with bus.WithMiddleware(outbox.New(st)) (or inbox.New(st) on a SQL store), or of outbox.Within; add the plugin to the handler's bus")
+
 // Tx returns the database transaction of the handler (or of [Within])
-// running with ctx, or nil outside one. Write the handler's data with it:
-// it commits with the messages the handler sends, or not at all.
-func Tx(ctx context.Context) *sql.Tx {
+// running with ctx. Write the handler's data with it: it commits with the
+// messages the handler sends, or not at all.
+//
+//	tx, err := outbox.Tx(ctx)
+//	if err != nil {
+//		return err
+//	}
+//
+// Outside such a transaction it returns [ErrNoTransaction], marked
+// permanent: return it from the handler and the message is dead-lettered
+// with that reason.
+func Tx(ctx context.Context) (*sql.Tx, error) {
 	if t := sqlstore.TxFrom(ctx); t != nil {
-		return t.SQL()
+		return t.SQL(), nil
 	}
-	return nil
+	return nil, bus.Permanent(ErrNoTransaction)
 }
 
 // Within runs fn in a transaction of s in which every message b sends or

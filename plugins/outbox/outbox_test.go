@@ -104,9 +104,9 @@ func TestHandlerTransaction(t *testing.T) {
 		b, err := bus.New(bus.WithEndpoint("worker"), bus.WithTransport(memory.New(memory.WithBroker(broker))),
 			bus.WithMiddleware(outbox.New(st), header),
 			bus.WithHandler(func(ctx context.Context, m Work, _ bus.Attributes) error {
-				tx := outbox.Tx(ctx)
-				if tx == nil {
-					return errors.New("no transaction in ctx")
+				tx, err := outbox.Tx(ctx)
+				if err != nil {
+					return err
 				}
 				if _, err := tx.ExecContext(ctx, db.Rebind("INSERT INTO "+data+" (n) VALUES (?)"), m.N); err != nil {
 					return err
@@ -175,8 +175,8 @@ func TestWithin(t *testing.T) {
 			t.Fatalf("Within = %v, want the fn's error", err)
 		}
 		err = outbox.Within(ctx, b, st, func(ctx context.Context, tx *sql.Tx) error {
-			if outbox.Tx(ctx) != tx {
-				return errors.New("outbox.Tx(ctx) is not the transaction of Within")
+			if got, err := outbox.Tx(ctx); got != tx || err != nil {
+				return fmt.Errorf("outbox.Tx(ctx) = %p, %v; want the transaction of Within", got, err)
 			}
 			if _, err := tx.ExecContext(ctx, db.Rebind("INSERT INTO "+orders+" (id) VALUES (?)"), 2); err != nil {
 				return err
@@ -405,7 +405,11 @@ func TestWithinJoinedRollsBackWhenFnFails(t *testing.T) {
 					return rejected
 				})
 				// The handler deals with the rejection and goes on.
-				if _, err := outbox.Tx(ctx).ExecContext(ctx, db.Rebind("INSERT INTO "+orders+" (id) VALUES (?)"), -m.N); err != nil {
+				tx, err := outbox.Tx(ctx)
+				if err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx, db.Rebind("INSERT INTO "+orders+" (id) VALUES (?)"), -m.N); err != nil {
 					return err
 				}
 				return b.Send(ctx, Done{N: -m.N})

@@ -13,8 +13,8 @@ var (
 	ErrResponder = errors.New("requestreply: the responder answered with an error")
 	// ErrTooManyPending is matched by [*PendingLimitError].
 	ErrTooManyPending = errors.New("requestreply: too many requests waiting for replies")
-	// ErrNoPlugin is returned by [Request] on a bus without the plugin. The
-	// request was sent, without a reply address.
+	// ErrNoPlugin is returned by [Request] on a bus without the plugin,
+	// before anything is sent.
 	ErrNoPlugin = errors.New("requestreply: the bus has no requestreply plugin: add bus.WithMiddleware(requestreply.New()) to the requesting bus")
 	// ErrNotRequest is returned by [Reply] and [ReplyError] when the message
 	// being handled carries no reply address: it was not sent by [Request].

@@ -38,7 +38,8 @@ func WithSendOptions(opts ...bus.SendOption) RequestOption {
 
 // Request sends req through b and waits for its reply, decoded as Resp
 // (a message type, or a pointer to one). b must be running and built with
-// the plugin ([New]).
+// the plugin ([New]): on a bus without it, Request returns [ErrNoPlugin]
+// and sends nothing.
 //
 // It returns when the reply arrives, or with an error when:
 //   - the responder answered with an error: an [*Error] (errors.Is [ErrResponder]);
@@ -81,6 +82,10 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 		return resp, err
 	}
 	name := req.MessageName()
+	if !b.HasMiddleware(MiddlewareName) {
+		// Sent, the request would be handled and its reply never waited for.
+		return resp, ErrNoPlugin
+	}
 	if !b.Running() {
 		return resp, fmt.Errorf("requestreply: request %s: %w: start the bus before sending requests", name, bus.ErrNotStarted)
 	}
@@ -123,7 +128,7 @@ func Request[Resp bus.Message](ctx context.Context, b *bus.Bus, req bus.Message,
 	err := b.Send(context.WithValue(ctx, callKey{}, c), req, sendOpts...)
 	if c.owner == nil { // never registered
 		if err == nil {
-			err = ErrNoPlugin
+			err = fmt.Errorf("requestreply: request %s: the requestreply plugin did not see it (an outgoing middleware registered before the plugin dropped it), so no reply is awaited: register requestreply.New() first in bus.WithMiddleware", name)
 		}
 		return resp, err
 	}

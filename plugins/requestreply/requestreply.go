@@ -86,7 +86,8 @@ func New(opts ...Option) *Plugin {
 
 // Instantiate returns the middleware of one bus. It fails when an option
 // is invalid; the bus fails when its transport cannot give an instance
-// queue (bus.InstanceQueuer).
+// queue (bus.InstanceQueuer), and when the plugin is given twice (a
+// *bus.DuplicateMiddlewareError).
 func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	if p.cfg.maxPending < 1 {
 		return bus.Middleware{}, fmt.Errorf("requestreply: WithMaxPending(%d): must be at least 1", p.cfg.maxPending)
@@ -111,7 +112,10 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 		runtime.AddCleanup(info.Bus, p.forget, key)
 	}
 	return bus.Middleware{
-		Name:          MiddlewareName,
+		Name: MiddlewareName,
+		// A second instance would keep a second table of requests that
+		// no reply ever resolves.
+		Unique:        true,
 		InstanceQueue: true,
 		Incoming:      in.incoming,
 		Handling:      in.handling,

@@ -33,7 +33,9 @@
 //
 // # Exactly-once effects
 //
-// With the outbox and the inbox plugins on the same store (as above), the
+// With the outbox and the inbox plugins on the saga's store (as above;
+// bus.New refuses them on another store, with a *bus.TxSourceConflictError,
+// since they would not share the handler's transaction), the
 // instance's new state, the messages the handler sends and the inbox
 // record of the message commit in one transaction, or not at all: a
 // redelivered message is skipped by the inbox, and a failed one leaves
@@ -362,7 +364,11 @@ func messageName(m bus.Message) (name string, err error) {
 // handler per declared message type, named after the saga, and a
 // middleware (named "saga:" + the saga's name) that creates the saga table
 // at start and deletes completed instances after the retention. It fails
-// bus.New with the first error of the declarations.
+// bus.New with the first error of the declarations, and for a saga that
+// declares no message with [StartedBy]. bus.New refuses too a saga whose
+// store is not that of the bus's outbox, inbox and other sagas (a
+// *bus.TxSourceConflictError), and two sagas of one name on one bus (a
+// *bus.DuplicateMiddlewareError).
 func (s *Saga[S]) Option() bus.Option {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -372,8 +378,8 @@ func (s *Saga[S]) Option() bus.Option {
 	if s.store == nil {
 		return failing(fmt.Errorf("saga %s: no store: pass the *store.Store to saga.New (nil only for sagatest)", s.name))
 	}
-	if len(s.routes) == 0 {
-		return failing(fmt.Errorf("saga %s: no messages: declare them with StartedBy, Handles and HandlesTimeout", s.name))
+	if err := s.incomplete(); err != nil {
+		return failing(err)
 	}
 	opts := make([]bus.Option, 0, len(s.routes)+1)
 	opts = append(opts, bus.WithMiddleware(bus.PluginFunc(s.instantiate)))
@@ -381,6 +387,21 @@ func (s *Saga[S]) Option() bus.Option {
 		opts = append(opts, r.register(s.handle))
 	}
 	return bus.WithOptions(opts...)
+}
+
+// incomplete returns the error of declarations that cannot run: none, or
+// none that starts an instance (Handles and HandlesTimeout only continue
+// one, so every message would be ignored). Call it with s.mu held.
+func (s *Saga[S]) incomplete() error {
+	if len(s.routes) == 0 {
+		return fmt.Errorf("saga %s: no messages: declare them with StartedBy, Handles and HandlesTimeout", s.name)
+	}
+	for _, r := range s.routes {
+		if r.starts {
+			return nil
+		}
+	}
+	return fmt.Errorf("saga %s: no message starts an instance: declare at least one with saga.StartedBy (Handles and HandlesTimeout only continue a running instance: every message would be ignored)", s.name)
 }
 
 // failing returns an option that fails bus.New with err.
@@ -397,7 +418,10 @@ func (s *Saga[S]) instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	}
 	s.log.Store(info.Logger)
 	j := &janitor{saga: s.name, store: s.store, cfg: s.cfg, logger: info.Logger.With(slog.String("saga", s.name))}
-	return bus.Middleware{Name: "saga:" + s.name, Start: j.start, Stop: j.stopFn}, nil
+	// Unique: a second saga of this name would share its instances. The
+	// saga's handlers run in a transaction of its store, which the
+	// outbox and the inbox of the bus join only on the same store.
+	return bus.Middleware{Name: "saga:" + s.name, Unique: true, TxSource: (*store.Store)(s.store), Start: j.start, Stop: j.stopFn}, nil
 }
 
 // janitor migrates at start and purges completed instances.

@@ -220,6 +220,11 @@ func TestDeclarationErrors(t *testing.T) {
 			return s
 		}(),
 		"empty": saga.New[Order]("o", st),
+		"no StartedBy": func() *saga.Saga[Order] { // nothing starts an instance: every message ignored
+			s := saga.New[Order]("o", st)
+			saga.Handles(s, saga.By(func(m Paid) string { return m.OrderID }), func(*saga.Context[Order], Paid) error { return nil })
+			return s
+		}(),
 		"name too long": func() *saga.Saga[Order] { // with a key, it would not fit PostgreSQL's index
 			s := saga.New[Order](strings.Repeat("o", saga.MaxKeyLength+1), st)
 			saga.StartedBy(s, saga.By(func(m Placed) string { return m.OrderID }), func(*saga.Context[Order], Placed) error { return nil })

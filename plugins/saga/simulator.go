@@ -62,7 +62,8 @@ type Simulator[S any] struct {
 }
 
 // Simulator returns a simulator of s whose handlers read the time from
-// now. Declarations that failed are reported by [Simulator.Deliver].
+// now. Declarations that failed, or that bus.New refuses (no message, or
+// none declared with StartedBy), are reported by [Simulator.Deliver].
 func (s *Saga[S]) Simulator(now func() time.Time, logger *slog.Logger) *Simulator[S] {
 	if logger == nil {
 		logger = slog.Default()
@@ -80,11 +81,16 @@ func (sim *Simulator[S]) Deliver(ctx context.Context, m bus.Message, a bus.Attri
 	}
 	s := sim.s
 	s.mu.Lock()
-	errs := s.errs
+	var err error
+	if len(s.errs) > 0 {
+		err = s.errs[0]
+	} else {
+		err = s.incomplete() // as bus.New would refuse
+	}
 	r := s.byName[m.MessageName()]
 	s.mu.Unlock()
-	if len(errs) > 0 {
-		return nil, errs[0]
+	if err != nil {
+		return nil, err
 	}
 	if r == nil {
 		return nil, fmt.Errorf("saga %s: message %s is not declared", s.name, m.MessageName())
