@@ -94,7 +94,11 @@ func (b *broker) open(ctx context.Context, stderr io.Writer) (managed, error) {
 		if b.sqsEndpoint != "" {
 			cfg.BaseEndpoint = aws.String(b.sqsEndpoint)
 		}
-		return sqs.New(cfg, sqs.WithPrefix(b.prefix), sqs.WithLogger(log)), nil
+		t, err := sqs.New(cfg, sqs.WithPrefix(b.prefix), sqs.WithLogger(log))
+		if err != nil {
+			return nil, fmt.Errorf("-sqs-prefix: %w", err)
+		}
+		return t, nil
 	}
 	return nil, errors.New("no broker: give -rabbitmq URL (or $PLUGBUS_RABBITMQ_URL) or -sqs")
 }

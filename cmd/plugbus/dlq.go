@@ -28,7 +28,9 @@ commands:
   purge     delete the selected dead letters
 
 replay and purge need a selection: IDs, a filter, or -all. -dry-run lists
-what they would do. Flags may follow the IDs; after "--" every argument is
+what they would do (with -o json, as list does); with -o json they print
+what they did as one JSON object: the IDs acted on, the counts, the IDs
+left and the error. Flags may follow the IDs; after "--" every argument is
 an ID. Run 'plugbus dlq <command> -h' for the flags.
 `
 
@@ -59,7 +61,11 @@ func (d *dlqFlags) flagSet(cmd string, w io.Writer) *flag.FlagSet {
 	fs.StringVar(&d.since, "since", "", "select failures at or after this time: RFC 3339, or a duration ago (2h)")
 	fs.StringVar(&d.until, "until", "", "select failures before this time: RFC 3339, or a duration ago")
 	fs.IntVar(&d.f.Limit, "limit", 0, "select at most this many (0: no limit)")
-	fs.StringVar(&d.output, "o", "table", "output: table or json")
+	outputHelp := "output: table or json"
+	if cmd == "replay" || cmd == "purge" {
+		outputHelp = "output: table or json (the IDs acted on, the counts and the error; a dry run: the dead letters selected)"
+	}
+	fs.StringVar(&d.output, "o", "table", outputHelp)
 	if cmd == "replay" || cmd == "purge" {
 		fs.BoolVar(&d.all, "all", false, "select every dead letter of the endpoint")
 		fs.BoolVar(&d.dryRun, "dry-run", false, "list what would be done, do nothing")
@@ -315,6 +321,16 @@ func show(ctx context.Context, io stdio, m bus.DeadLetterManager, f bus.DeadLett
 // missingIDs returns an error naming the IDs of f that selected no dead
 // letter of dls (the dead letters f selected), or nil.
 func missingIDs(f bus.DeadLetterFilter, dls []bus.DeadLetter) error {
+	missing := missingIDList(f, dls)
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("no dead letter of %s with ID %s (or the filter excludes it)", f.Endpoint, strings.Join(missing, ", "))
+}
+
+// missingIDList returns the IDs of f that selected no dead letter of dls,
+// each once.
+func missingIDList(f bus.DeadLetterFilter, dls []bus.DeadLetter) []string {
 	if len(f.IDs) == 0 || f.Full(len(dls)) {
 		return nil
 	}
@@ -329,14 +345,37 @@ func missingIDs(f bus.DeadLetterFilter, dls []bus.DeadLetter) error {
 			missing = append(missing, id)
 		}
 	}
-	if len(missing) == 0 {
-		return nil
-	}
-	return fmt.Errorf("no dead letter of %s with ID %s (or the filter excludes it)", f.Endpoint, strings.Join(missing, ", "))
+	return missing
+}
+
+// bulkResult is what replay and purge print with -o json once they have
+// acted (a dry run prints the dead letters selected, as list does): the
+// dead letters acted on by ID, the counts, and the error that ended the
+// command, if one did (it is also printed on stderr, and the exit status
+// is 1).
+type bulkResult struct {
+	// Command is "replay" or "purge".
+	Command  string `json:"command"`
+	Endpoint string `json:"endpoint"`
+	// To is the destination of a replay given -to.
+	To string `json:"to,omitempty"`
+	// Selected is how many dead letters the selection held.
+	Selected int `json:"selected"`
+	// Done is how many were replayed (each removed once its copy was
+	// confirmed) or deleted; IDs are theirs, in the order done.
+	Done int      `json:"done"`
+	IDs  []string `json:"ids"`
+	// Left are the IDs of the dead letters selected and not acted on:
+	// still dead letters, unless gone meanwhile.
+	Left []string `json:"left"`
+	// Missing are the IDs given that selected no dead letter: then
+	// nothing was done.
+	Missing []string `json:"missing,omitempty"`
+	Error   string   `json:"error,omitempty"`
 }
 
 // bulk replays or purges what f selects, with a progress bar on a
-// terminal and a summary at the end.
+// terminal and a summary at the end: a line, or a bulkResult with -o json.
 func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f bus.DeadLetterFilter, r bus.Replay, dryRun bool, output string) error {
 	verb, did := "replay", "replayed"
 	if cmd == "purge" {
@@ -365,12 +404,33 @@ func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f 
 		}
 		return missing
 	}
+	res := bulkResult{Command: cmd, Endpoint: f.Endpoint, Selected: len(selected), IDs: []string{}}
+	if cmd == "replay" {
+		res.To = r.To
+	}
+	// report ends the command with err, printing res first with -o json.
+	report := func(err error) error {
+		if output != "json" {
+			return err
+		}
+		res.Done = len(res.IDs)
+		res.Left = leftIDs(selected, res.IDs)
+		if err != nil {
+			res.Error = err.Error()
+		}
+		enc := json.NewEncoder(io.out)
+		enc.SetIndent("", "  ")
+		return errors.Join(err, enc.Encode(res))
+	}
 	if missing != nil {
-		return fmt.Errorf("%w: nothing done", missing)
+		res.Missing = missingIDList(f, selected)
+		return report(fmt.Errorf("%w: nothing done", missing))
 	}
 	if len(selected) == 0 {
-		fmt.Fprintf(io.out, "no dead letter of %s selected: nothing to %s\n", f.Endpoint, verb)
-		return nil
+		if output != "json" {
+			fmt.Fprintf(io.out, "no dead letter of %s selected: nothing to %s\n", f.Endpoint, verb)
+		}
+		return report(nil)
 	}
 	// Act on what was listed: a dead letter arriving meanwhile is not touched.
 	f.IDs = make([]string, len(selected))
@@ -384,7 +444,8 @@ func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f 
 			progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionThrottle(100*time.Millisecond),
 			progressbar.OptionSetPredictTime(true), progressbar.OptionFullWidth(), progressbar.OptionSetRenderBlankState(true))
 	}
-	done := func(bus.DeadLetter) {
+	done := func(dl bus.DeadLetter) {
+		res.IDs = append(res.IDs, dl.ID) // done is called one call at a time
 		if bar != nil {
 			_ = bar.Add(1)
 		}
@@ -412,17 +473,37 @@ func bulk(ctx context.Context, io stdio, m bus.DeadLetterManager, cmd string, f 
 		// The endpoint or -to does not exist: the error says which, and
 		// that nothing was done. A dead letter's own destination stops the
 		// replay at that dead letter, which the summary below counts.
-		return err
+		return report(err)
 	}
 	if err != nil {
-		fmt.Fprintf(io.out, "%s %d of %d dead letters of %s%s in %v, then stopped: %d left\n", did, n, len(selected), f.Endpoint, to, elapsed, len(selected)-n)
-		return err
+		if output != "json" {
+			fmt.Fprintf(io.out, "%s %d of %d dead letters of %s%s in %v, then stopped: %d left\n", did, n, len(selected), f.Endpoint, to, elapsed, len(selected)-n)
+		}
+		return report(err)
 	}
-	fmt.Fprintf(io.out, "%s %d of %d dead letters of %s%s in %v\n", did, n, len(selected), f.Endpoint, to, elapsed)
+	if output != "json" {
+		fmt.Fprintf(io.out, "%s %d of %d dead letters of %s%s in %v\n", did, n, len(selected), f.Endpoint, to, elapsed)
+	}
 	if n < len(selected) {
-		return fmt.Errorf("%d of the %d dead letters selected were not %s (gone meanwhile, or one with the same ID was): list them again", len(selected)-n, len(selected), did)
+		return report(fmt.Errorf("%d of the %d dead letters selected were not %s (gone meanwhile, or one with the same ID was): list them again", len(selected)-n, len(selected), did))
 	}
-	return nil
+	return report(nil)
+}
+
+// leftIDs returns the IDs of the dead letters of selected that are not
+// among done.
+func leftIDs(selected []bus.DeadLetter, done []string) []string {
+	acted := make(map[string]bool, len(done))
+	for _, id := range done {
+		acted[id] = true
+	}
+	left := []string{}
+	for _, dl := range selected {
+		if !acted[dl.ID] {
+			left = append(left, dl.ID)
+		}
+	}
+	return left
 }
 
 // checkDestination returns the error a replay to to would fail with

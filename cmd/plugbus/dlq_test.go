@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/plugbus/plugbus/internal/dlview"
 	"github.com/plugbus/plugbus/internal/testenv"
 	"github.com/plugbus/plugbus/transports/memory"
+	"github.com/plugbus/plugbus/transports/sqs"
 	"github.com/plugbus/plugbus/transports/transporttest"
 )
 
@@ -120,6 +122,85 @@ func TestDLQCommandsOnRabbitMQ(t *testing.T) {
 	}
 }
 
+// replay and purge with -o json print one JSON object once they have
+// acted: the IDs acted on, the counts, the IDs left and the error. They
+// printed their text summary, which a script reading JSON cannot parse.
+func TestDLQReplayAndPurgePrintJSON(t *testing.T) {
+	url := testenv.RabbitMQ(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	ep, exchange := transporttest.Name("cli-json"), transporttest.Name("cli-json-x")
+	tr := dltest.RabbitMQ(ctx, t, url, exchange, ep, "shop.order")
+	msgIDs := dltest.Make(ctx, t, tr, ep,
+		dltest.Message{Name: "shop.order", Body: `{"order":1}`, Reason: "boom: card declined"},
+		dltest.Message{Name: "shop.order", Body: `{"order":2}`, Reason: "timeout"},
+		dltest.Message{Name: "shop.order", Body: `{"order":3}`, Reason: "BOOM again"})
+	dls, err := tr.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep})
+	if err != nil || len(dls) != 3 {
+		t.Fatalf("%d dead letters (%v), want 3", len(dls), err)
+	}
+	cmd := func(name string, more ...string) []string {
+		return append([]string{"dlq", name, "-rabbitmq", url, "-exchange", exchange, "-endpoint", ep, "-o", "json"}, more...)
+	}
+	// result runs args and reads what they print, which must be one JSON
+	// object and nothing else.
+	result := func(args []string) (bulkResult, error) {
+		t.Helper()
+		out, err := cli(t, args...)
+		var res bulkResult
+		dec := json.NewDecoder(strings.NewReader(out))
+		dec.DisallowUnknownFields()
+		if derr := dec.Decode(&res); derr != nil || dec.More() {
+			t.Fatalf("%v (%v): stdout is not one JSON result: %v\n%s", args[1:3], err, derr, out)
+		}
+		return res, err
+	}
+
+	res, err := result(cmd("replay", "-error", "boom", "-by", "tester"))
+	want := bulkResult{Command: "replay", Endpoint: ep, Selected: 2, Done: 2, IDs: []string{dls[0].ID, dls[2].ID}, Left: []string{}}
+	if err != nil || !reflect.DeepEqual(res, want) {
+		t.Fatalf("replay -o json: %v\n%+v\nwant %+v", err, res, want)
+	}
+	replayed := map[string]bool{}
+	for range 2 {
+		d, err := tr.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		replayed[d.Attributes.MessageID] = true
+		if err := tr.Delete(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !replayed[msgIDs[0]] || !replayed[msgIDs[2]] {
+		t.Errorf("replayed %v, want %s and %s", replayed, msgIDs[0], msgIDs[2])
+	}
+
+	// An ID that selects nothing: nothing done, the result says why.
+	res, err = result(cmd("purge", dls[1].ID, "no-such-id"))
+	if err == nil || res.Command != "purge" || res.Selected != 1 || res.Done != 0 || len(res.IDs) != 0 ||
+		!slices.Equal(res.Left, []string{dls[1].ID}) || !slices.Equal(res.Missing, []string{"no-such-id"}) || res.Error == "" || !strings.HasSuffix(err.Error(), res.Error) {
+		t.Errorf("purge of an unknown ID -o json: %v\n%+v", err, res)
+	}
+	if n, err := tr.CountDeadLetters(ctx, ep); err != nil || n != 1 {
+		t.Fatalf("%d dead letters (%v), want 1: nothing purged", n, err)
+	}
+
+	res, err = result(cmd("purge", "-all"))
+	want = bulkResult{Command: "purge", Endpoint: ep, Selected: 1, Done: 1, IDs: []string{dls[1].ID}, Left: []string{}}
+	if err != nil || !reflect.DeepEqual(res, want) {
+		t.Errorf("purge -all -o json: %v\n%+v\nwant %+v", err, res, want)
+	}
+	res, err = result(cmd("purge", "-all"))
+	want = bulkResult{Command: "purge", Endpoint: ep, IDs: []string{}, Left: []string{}}
+	if err != nil || !reflect.DeepEqual(res, want) {
+		t.Errorf("purge -all -o json of nothing: %v\n%+v\nwant %+v", err, res, want)
+	}
+	if n, err := tr.CountDeadLetters(ctx, ep); err != nil || n != 0 {
+		t.Errorf("after purge, %d dead letters (%v)", n, err)
+	}
+}
+
 func TestDLQRefusesBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"dlq"},
@@ -132,6 +213,21 @@ func TestDLQRefusesBadFlags(t *testing.T) {
 		if _, err := cli(t, args...); err == nil {
 			t.Errorf("%v accepted", args)
 		}
+	}
+}
+
+// An -sqs-prefix that is no queue name's beginning is refused before any
+// request, naming the flag: the transport hashed every name it made, and
+// the command looked for queues that could not exist.
+func TestDLQRefusesAnInvalidSQSPrefix(t *testing.T) {
+	t.Setenv("AWS_REGION", "us-east-1")
+	b := broker{sqs: true, prefix: "prod.env", sqsEndpoint: "http://127.0.0.1:1", connectTimeout: time.Second}
+	tr, err := b.open(t.Context(), io.Discard)
+	if err == nil {
+		_ = tr.Close(context.Background())
+	}
+	if !errors.Is(err, sqs.ErrInvalidOption) || !strings.Contains(err.Error(), "-sqs-prefix") {
+		t.Errorf("-sqs-prefix prod.env: %v; want sqs.ErrInvalidOption naming the flag", err)
 	}
 }
 

@@ -108,7 +108,7 @@ func TestDLQUnknownEndpointOnSQS(t *testing.T) {
 	t.Cleanup(httpTransport.CloseIdleConnections)
 	cfg := sqstest.Config(t, &http.Client{Transport: httpTransport})
 	prefix := sqstest.UniquePrefix(t, cfg)
-	tr := sqs.New(cfg, sqs.WithPrefix(prefix))
+	tr := sqstest.New(t, cfg, sqs.WithPrefix(prefix))
 	defer func() { _ = tr.Close(context.Background()) }()
 	var out bytes.Buffer
 	err := list(t.Context(), stdio{out: &out, err: io.Discard}, tr, bus.DeadLetterFilter{Endpoint: "ordrs"}, "table")
@@ -165,7 +165,7 @@ func TestDLQDryRunChecksAQueueURL(t *testing.T) {
 	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	stopped := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	stopped := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	if err := stopped.Setup(ctx, bus.Topology{Instance: true, MaxAttempts: 1, Concurrency: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestDLQDryRunChecksAQueueURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ep = "cli-dry-url"
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	defer func() { _ = tr.Close(context.Background()) }()
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, MaxAttempts: 1, Concurrency: 1}); err != nil {
 		t.Fatal(err)

@@ -61,7 +61,7 @@ func TestSQSFaultsLoseNothing(t *testing.T) {
 			prefix := sqstest.UniquePrefix(t, direct)
 			endpoint := transporttest.Name("faults")
 			logs := faults.NewLogs()
-			tr := sqs.New(viaProxy, sqstest.FastOptions(prefix, sqs.WithLogger(logs.Logger()), sqs.WithRequestTimeout(sqsRequestTimeout))...)
+			tr := sqstest.New(t, viaProxy, sqstest.FastOptions(prefix, sqs.WithLogger(logs.Logger()), sqs.WithRequestTimeout(sqsRequestTimeout))...)
 			n := count()
 			tally := faults.NewTally(n)
 			b := startBus(ctx, t, tr, logs, bus.WithEndpoint(endpoint), bus.WithConcurrency(16),

@@ -33,6 +33,17 @@ func Main(m *testing.M, client *http.Transport) {
 	os.Exit(code)
 }
 
+// New returns sqs.New(cfg, opts...), failing t when New refuses the
+// options.
+func New(t testing.TB, cfg aws.Config, opts ...sqs.Option) *sqs.Transport {
+	t.Helper()
+	tr, err := sqs.New(cfg, opts...)
+	if err != nil {
+		t.Fatalf("sqs.New: %v", err)
+	}
+	return tr
+}
+
 // FastOptions keep tests quick: short long polls and visibility timeouts.
 func FastOptions(prefix string, extra ...sqs.Option) []sqs.Option {
 	return append([]sqs.Option{

@@ -24,8 +24,8 @@ func TestSQS(t *testing.T) {
 		}
 	})
 	quiet := slog.New(slog.DiscardHandler)
-	runScenarios(t, func(testing.TB) bus.Transport {
-		return sqs.New(cfg, sqs.WithPrefix(prefix), sqs.WithLogger(quiet), sqs.WithWaitTime(time.Second),
+	runScenarios(t, func(tb testing.TB) bus.Transport {
+		return sqstest.New(tb, cfg, sqs.WithPrefix(prefix), sqs.WithLogger(quiet), sqs.WithWaitTime(time.Second),
 			sqs.WithVisibilityTimeout(5*time.Second))
 	})
 }

@@ -21,13 +21,18 @@ import (
 	"github.com/plugbus/plugbus/store"
 )
 
-// Open connects to the database at dsn (a postgres:// URL or key=value
-// string) and returns a store that closes the connection pool on Close.
+// Open returns a store on the database at dsn (a postgres:// URL or
+// key=value string, as pgx.ParseConfig reads it, with the PG* environment
+// variables) that closes its connection pool on Close. Open parses dsn and
+// returns its error, a *pgconn.ParseConfigError (whose message hides the
+// password), at once; it connects to nothing: the first statement (Migrate,
+// or bus.Start) does.
 func Open(dsn string, opts ...store.Option) (*store.Store, error) {
-	db, err := sql.Open("pgx", dsn)
+	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: opening %s: %w", dsn, err)
+		return nil, fmt.Errorf("postgres: Open: invalid DSN; give a postgres:// URL or key=value pairs (https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-CONNSTRING): %w", err)
 	}
+	db := stdlib.OpenDB(*cfg)
 	s, err := New(db, append([]store.Option{store.WithCloseDB()}, opts...)...)
 	if err != nil {
 		db.Close()

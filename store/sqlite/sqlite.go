@@ -6,8 +6,12 @@
 // timeout, and BEGIN IMMEDIATE transactions (so that concurrent handlers
 // queue for the write lock instead of failing with SQLITE_BUSY). With
 // synchronous=NORMAL a commit survives a crash of the process; for
-// power-loss durability open the *sql.DB yourself with [Pragmas] followed
-// by "&_pragma=synchronous(FULL)", call [EnableWAL] and pass it to [New].
+// power-loss durability open the *sql.DB yourself with [Pragmas] in which
+// synchronous(FULL) replaces synchronous(NORMAL), call [EnableWAL] and
+// pass it to [New]. Appending "&_pragma=synchronous(FULL)" is not enough:
+// the driver runs the pragmas of a DSN in alphabetical order, not in the
+// DSN's, so NORMAL would run last. [Open] refuses a URI that sets what it
+// sets itself.
 //
 // Run the relay of one database file in one process only: SQLite has no
 // row locks to share the work between processes.
@@ -68,9 +72,21 @@ func EnableWAL(ctx context.Context, db *sql.DB) error {
 // returns a store on it that closes it on Close. path is a file name or a
 // "file:" URI; ":memory:" is refused because every connection of the pool
 // would see a database of its own.
+//
+// Before it touches the disk, Open refuses a "file:" URI whose query the
+// driver would refuse (a malformed query; a driver parameter, one
+// beginning with "_", with a value modernc.org/sqlite does not accept,
+// which it checks on a connection to an empty in-memory database) or that
+// sets what Open sets itself ([Pragmas] and WAL: the busy timeout,
+// synchronous, the transaction lock, the journal mode), which would
+// silently lose to Open's or undo it; for settings of your own, open the
+// *sql.DB yourself and pass it to [New].
 func Open(path string, opts ...store.Option) (*store.Store, error) {
 	if path == "" || path == ":memory:" || strings.Contains(path, "mode=memory") {
 		return nil, fmt.Errorf("sqlite: Open(%q): give a file name; an in-memory database is private to one connection (use os.MkdirTemp in tests)", path)
+	}
+	if err := checkURI(path); err != nil {
+		return nil, err
 	}
 	dsn := path
 	if !strings.HasPrefix(dsn, "file:") {
@@ -94,6 +110,62 @@ func Open(path string, opts ...store.Option) (*store.Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// ownSettings are the driver's parameters and the pragmas that set what
+// Open sets itself, by the setting's name.
+var ownSettings = map[string]string{
+	"_busy_timeout": "busy_timeout", "_timeout": "busy_timeout", "busy_timeout": "busy_timeout",
+	"_synchronous": "synchronous", "_sync": "synchronous", "synchronous": "synchronous",
+	"_txlock":       "_txlock",
+	"_journal_mode": "journal_mode", "_journal": "journal_mode", "journal_mode": "journal_mode",
+}
+
+// checkURI refuses a "file:" URI whose query the driver would refuse, or
+// which sets what Open sets, without touching the disk.
+func checkURI(path string) error {
+	_, query, ok := strings.Cut(path, "?")
+	if !strings.HasPrefix(path, "file:") || !ok {
+		return nil // a file name: Open escapes a '?' in it
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return fmt.Errorf("sqlite: Open(%q): the URI's query is malformed: %w", path, err)
+	}
+	refuse := func(param, setting string) error {
+		return fmt.Errorf("sqlite: Open(%q): %s sets %s, which Open sets itself (sqlite.Pragmas, WAL); to choose your own, open the *sql.DB with sql.Open(\"sqlite\", ...), call sqlite.EnableWAL and pass it to sqlite.New",
+			path, param, setting)
+	}
+	check := url.Values{}
+	for key, values := range q {
+		if setting, ok := ownSettings[key]; ok && strings.HasPrefix(key, "_") {
+			return refuse(key+"="+values[0], setting)
+		}
+		if key == "_pragma" {
+			for _, v := range values {
+				name, _, _ := strings.Cut(strings.ToLower(strings.TrimSpace(v)), "(")
+				name, _, _ = strings.Cut(name, "=")
+				if setting, ok := ownSettings[strings.TrimSpace(name)]; ok {
+					return refuse("_pragma="+v, setting)
+				}
+			}
+		}
+		if strings.HasPrefix(key, "_") { // the driver's; the others are SQLite's, read on opening the file
+			check[key] = values
+		}
+	}
+	if len(check) == 0 {
+		return nil
+	}
+	db, err := sql.Open("sqlite", "file::memory:?"+check.Encode())
+	if err == nil {
+		err = db.Ping()
+		db.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("sqlite: Open(%q): the driver refuses the URI's parameters (checked on an in-memory database, before the file is touched): %w", path, err)
+	}
+	return nil
 }
 
 // New returns a store on db, an SQLite database opened with the

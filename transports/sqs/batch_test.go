@@ -46,7 +46,7 @@ func TestBatchSplitsByCountAndSize(t *testing.T) {
 	cfg := awsConfig(t)
 	prefix := sqstest.UniquePrefix(t, cfg)
 	var calls batchCalls
-	tr := sqs.New(cfg, append(sqstest.FastOptions(prefix), sqs.WithSQSOptions(calls.option))...)
+	tr := sqstest.New(t, cfg, append(sqstest.FastOptions(prefix), sqs.WithSQSOptions(calls.option))...)
 	t.Cleanup(func() { _ = tr.Close(context.Background()) })
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()

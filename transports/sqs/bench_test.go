@@ -51,7 +51,7 @@ func BenchmarkSendReceiveDelete(b *testing.B) {
 	cfg := awsConfig(b)
 	prefix := sqstest.UniquePrefix(b, cfg)
 	ctx := context.Background()
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	tr := sqstest.New(b, cfg, sqstest.FastOptions(prefix)...)
 	defer tr.Close(ctx)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "bench", MaxAttempts: 5, Concurrency: 8}); err != nil {
 		b.Fatal(err)
@@ -81,7 +81,7 @@ func BenchmarkBatchVersusSingleSends(b *testing.B) {
 	cfg := awsConfig(b)
 	prefix := sqstest.UniquePrefix(b, cfg)
 	ctx := context.Background()
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	tr := sqstest.New(b, cfg, sqstest.FastOptions(prefix)...)
 	defer tr.Close(ctx)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "bench", MaxAttempts: 5, Concurrency: 8}); err != nil {
 		b.Fatal(err)

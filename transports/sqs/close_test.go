@@ -55,7 +55,7 @@ func TestSettlingDuringCloseReturnsErrClosed(t *testing.T) {
 	defer release()
 	gated := cfg.Copy()
 	gated.HTTPClient = &http.Client{Transport: gate}
-	tr := sqs.New(gated, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(2*time.Second))...)
+	tr := sqstest.New(t, gated, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(2*time.Second))...)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 3}); err != nil {

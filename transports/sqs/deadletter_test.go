@@ -28,7 +28,7 @@ func TestRetriesThenDeadLetter(t *testing.T) {
 	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	var calls atomic.Int32
 	attempts := make(chan int, 8)
 	b, err := bus.New(
@@ -54,7 +54,7 @@ func TestRetriesThenDeadLetter(t *testing.T) {
 	if err := b.Send(ctx, orderPlaced{ID: "p-1"}, bus.WithMessageID("poison-1"), bus.WithAttribute("k", "v")); err != nil {
 		t.Fatal(err)
 	}
-	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	probe := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	dl := sqstest.DeadLetters(ctx, t, probe, "payments", 1)
 	if err := b.Stop(context.Background()); err != nil {
 		t.Fatal(err)
@@ -149,7 +149,7 @@ func TestForeignMessageDeadLettered(t *testing.T) {
 	defer cancel()
 	b, err := bus.New(
 		bus.WithEndpoint("inbox"),
-		bus.WithTransport(sqs.New(cfg, sqstest.FastOptions(prefix)...)),
+		bus.WithTransport(sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)),
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }),
 	)
 	if err != nil {
@@ -159,7 +159,7 @@ func TestForeignMessageDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Stop(context.Background())
-	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	probe := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	url, err := probe.SQS().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(probe.QueueName("inbox"))})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/dltest"
 	"github.com/plugbus/plugbus/internal/sqstest"
-	"github.com/plugbus/plugbus/transports/sqs"
 )
 
 // deleteQueue deletes the queue name.
@@ -37,7 +36,7 @@ func TestDeadLettersOfAnEndpointWithOneOfItsQueues(t *testing.T) {
 	defer cancel()
 	const noDLQ, noQueue = "no-dlq", "no-queue"
 	for _, ep := range []string{noDLQ, noQueue} {
-		tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+		tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, MaxAttempts: 1, Concurrency: 1}); err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +47,7 @@ func TestDeadLettersOfAnEndpointWithOneOfItsQueues(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	m := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	t.Cleanup(func() { _ = m.Close(context.Background()) })
 	deleteQueue(ctx, t, m.SQS(), m.DeadLetterQueueName(noDLQ))
 	deleteQueue(ctx, t, m.SQS(), m.QueueName(noQueue))
@@ -86,7 +85,7 @@ func TestReplayToAMissingInstanceQueueKeepsTheDeadLetter(t *testing.T) {
 	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	stopped := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	stopped := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	if err := stopped.Setup(ctx, bus.Topology{Instance: true, MaxAttempts: 1, Concurrency: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +94,7 @@ func TestReplayToAMissingInstanceQueueKeepsTheDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ep = "replay-instance"
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	t.Cleanup(func() { _ = tr.Close(context.Background()) })
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: ep, MaxAttempts: 1, Concurrency: 1}); err != nil {
 		t.Fatal(err)

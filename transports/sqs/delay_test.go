@@ -25,7 +25,7 @@ var errHandler = errors.New("handler failed")
 // sqstest.FastOptions and extra, closed at the end of the test.
 func openEndpoint(ctx context.Context, t *testing.T, prefix, endpoint string, maxAttempts int, extra ...sqs.Option) *sqs.Transport {
 	t.Helper()
-	tr := sqs.New(awsConfig(t), sqstest.FastOptions(prefix, extra...)...)
+	tr := sqstest.New(t, awsConfig(t), sqstest.FastOptions(prefix, extra...)...)
 	t.Cleanup(func() { _ = tr.Close(context.Background()) })
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: endpoint, Handles: []string{"test.job"}, MaxAttempts: maxAttempts, Concurrency: 4}); err != nil {
 		t.Fatal(err)
@@ -531,7 +531,7 @@ func BenchmarkRedeliver(b *testing.B) {
 			cfg := awsConfig(b)
 			prefix := sqstest.UniquePrefix(b, cfg)
 			ctx := context.Background()
-			tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+			tr := sqstest.New(b, cfg, sqstest.FastOptions(prefix)...)
 			defer tr.Close(ctx)
 			const maxAttempts = 1000 // SQS's largest maxReceiveCount
 			if err := tr.Setup(ctx, bus.Topology{Endpoint: "bench", MaxAttempts: maxAttempts, Concurrency: 1}); err != nil {

@@ -23,7 +23,7 @@ func startRetryingBus(ctx context.Context, t *testing.T, endpoint string, policy
 	cfg := awsConfig(t)
 	prefix := sqstest.UniquePrefix(t, cfg)
 	attempts := make(chan int, 100)
-	b, err := bus.New(bus.WithEndpoint(endpoint), bus.WithTransport(sqs.New(cfg, sqstest.FastOptions(prefix)...)), bus.WithLogger(slog.New(slog.DiscardHandler)),
+	b, err := bus.New(bus.WithEndpoint(endpoint), bus.WithTransport(sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)), bus.WithLogger(slog.New(slog.DiscardHandler)),
 		bus.WithRetry(policy), bus.WithHandler(handler),
 		bus.WithMiddleware(bus.Middleware{Name: "attempts", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
 			attempts <- h.Attempt()
@@ -40,7 +40,7 @@ func startRetryingBus(ctx context.Context, t *testing.T, endpoint string, policy
 			t.Errorf("Stop: %v", err)
 		}
 	})
-	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	probe := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	t.Cleanup(func() { _ = probe.Close(context.Background()) })
 	if err := b.Send(ctx, job{N: 1}, bus.To(endpoint)); err != nil {
 		t.Fatal(err)

@@ -16,9 +16,30 @@ var (
 	ErrInvalidAttribute = errors.New("sqs: bus attribute cannot be carried")
 	// ErrNoQueue is matched by [*NoQueueError].
 	ErrNoQueue = errors.New("sqs: queue does not exist")
+	// ErrInvalidOption is matched by [*OptionError].
+	ErrInvalidOption = errors.New("sqs: invalid option")
 	// ErrNotSetUp is returned by Receive on a transport whose Setup was not called.
 	ErrNotSetUp = errors.New("sqs: Receive before Setup: the bus calls Setup from Start; call it first when using the transport directly")
 )
+
+// OptionError reports an option [New] refuses: a value outside what SQS
+// accepts, or one the transport cannot work with. No transport was built.
+type OptionError struct {
+	// Option is the option's name: "WithWaitTime".
+	Option string
+	// Value is the value refused, as the option was given it: "30s".
+	Value string
+	// Reason says what the option accepts.
+	Reason string
+}
+
+// Error implements error.
+func (e *OptionError) Error() string {
+	return fmt.Sprintf("sqs: %s(%s): %s", e.Option, e.Value, e.Reason)
+}
+
+// Is reports whether target is ErrInvalidOption.
+func (e *OptionError) Is(target error) bool { return target == ErrInvalidOption }
 
 // HeaderError reports a header that SQS or SNS would reject as a message
 // attribute: a name with characters outside A-Z a-z 0-9 _ - ., a name

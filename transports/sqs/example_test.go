@@ -25,9 +25,13 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	tr, err := sqs.New(cfg, sqs.WithPrefix("prod-"))
+	if err != nil {
+		log.Fatal(err) // an option SQS would not accept: *sqs.OptionError
+	}
 	b, err := bus.New(
 		bus.WithEndpoint("billing"),
-		bus.WithTransport(sqs.New(cfg, sqs.WithPrefix("prod-"))),
+		bus.WithTransport(tr),
 		bus.WithHandler(func(ctx context.Context, m invoiceRequested, _ bus.Attributes) error {
 			log.Printf("invoicing %s", m.Order)
 			return nil

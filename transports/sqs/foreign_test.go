@@ -43,7 +43,7 @@ func startBus(ctx context.Context, t *testing.T, logs *sqstest.LogRecorder, opts
 	t.Helper()
 	cfg := awsConfig(t)
 	prefix := sqstest.UniquePrefix(t, cfg)
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix, sqs.WithLogger(logs.Logger()))...)
+	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix, sqs.WithLogger(logs.Logger()))...)
 	b, err := bus.New(append([]bus.Option{bus.WithEndpoint("inbox"), bus.WithTransport(tr), bus.WithLogger(logs.Logger())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func startBus(ctx context.Context, t *testing.T, logs *sqstest.LogRecorder, opts
 			t.Errorf("Stop: %v", err)
 		}
 	})
-	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	probe := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	t.Cleanup(func() { _ = probe.Close(context.Background()) })
 	return tr, probe
 }

@@ -39,7 +39,7 @@ func TestHeaderFromMiddlewareArrivesAsNativeAttribute(t *testing.T) {
 	var seen received
 	b, err := bus.New(
 		bus.WithEndpoint("orders"),
-		bus.WithTransport(sqs.New(cfg, sqstest.FastOptions(prefix)...)),
+		bus.WithTransport(sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)),
 		bus.WithMiddleware(
 			bus.Middleware{Name: "tenant", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
 				out.Headers()["x-tenant"] = "acme"
@@ -97,7 +97,7 @@ func TestHeadersRefusedThroughBus(t *testing.T) {
 	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "orders", Handles: []string{orderPlaced{}.MessageName()}, MaxAttempts: 3, Concurrency: 2}); err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func isHeaderError(name string) func(error) bool {
 // is refused before sending with the core's *bus.MessageTooLargeError.
 func TestMessageOverMaxMessageSizeIsRefusedBeforeSending(t *testing.T) {
 	cfg := awsConfig(t)
-	tr := sqs.New(cfg, sqs.WithMaxMessageSize(1024))
+	tr := sqstest.New(t, cfg, sqs.WithMaxMessageSize(1024))
 	defer tr.Close(context.Background())
 	env := &bus.Envelope{Name: "big", Body: []byte(strings.Repeat("x", 1024))}
 	err := tr.Send(t.Context(), env, "anywhere")
@@ -319,7 +319,7 @@ func TestUnreadableMessages(t *testing.T) {
 }
 
 func TestResourceNames(t *testing.T) {
-	tr := sqs.New(aws.Config{Region: "us-east-1"}, sqs.WithPrefix("env-"))
+	tr := sqstest.New(t, aws.Config{Region: "us-east-1"}, sqs.WithPrefix("env-"))
 	defer tr.Close(context.Background())
 	if got := tr.QueueName("billing"); got != "env-billing" {
 		t.Errorf("QueueName(billing) = %q", got)

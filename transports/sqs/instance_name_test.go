@@ -7,7 +7,6 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/sqstest"
-	"github.com/plugbus/plugbus/transports/sqs"
 )
 
 // A send to the instance queue of a transport that closed is dropped (nil),
@@ -22,7 +21,7 @@ func TestSendToAGoneInstanceQueueOfALongEndpointIsDropped(t *testing.T) {
 		"short-endpoint",
 		"billing-invoice-generation-worker-for-the-eu-west-region", // 56 characters: prefix+endpoint is still a valid queue name
 	} {
-		requester := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+		requester := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 		if err := requester.Setup(ctx, bus.Topology{Endpoint: endpoint, Concurrency: 1, MaxAttempts: 1, Instance: true}); err != nil {
 			t.Fatal(err)
 		}
@@ -31,7 +30,7 @@ func TestSendToAGoneInstanceQueueOfALongEndpointIsDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("instance address %s", addr)
-		responder := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+		responder := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 		err := responder.Send(ctx, envelope("Reply", "r-"+endpoint), addr)
 		_ = responder.Close(context.Background())
 		if err != nil {

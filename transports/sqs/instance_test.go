@@ -19,7 +19,7 @@ func TestReceiveInstanceReadsOnlyTheInstanceQueue(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 
-	plain := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	plain := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	if err := plain.Setup(ctx, bus.Topology{Endpoint: "plain", Concurrency: 1, MaxAttempts: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestReceiveInstanceReadsOnlyTheInstanceQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	defer tr.Close(context.Background())
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 1, Instance: true}); err != nil {
 		t.Fatal(err)
@@ -98,7 +98,7 @@ func TestDelayOnAnInstanceQueueIsCarriedInHops(t *testing.T) {
 	defer cancel()
 	cfg := awsConfig(t)
 	logs := &sqstest.LogRecorder{}
-	tr := sqs.New(cfg, sqstest.FastOptions(sqstest.UniquePrefix(t, cfg), sqs.WithHop(time.Minute), sqs.WithInstanceHop(time.Second),
+	tr := sqstest.New(t, cfg, sqstest.FastOptions(sqstest.UniquePrefix(t, cfg), sqs.WithHop(time.Minute), sqs.WithInstanceHop(time.Second),
 		sqs.WithLogger(logs.DebugLogger()))...)
 	defer tr.Close(context.Background())
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Concurrency: 1, MaxAttempts: 1, Instance: true}); err != nil {

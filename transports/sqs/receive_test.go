@@ -44,7 +44,7 @@ func TestVisibilityExtendedWhileHandling(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	open := func() *sqs.Transport {
-		tr := sqs.New(cfg, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(time.Second))...)
+		tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(time.Second))...)
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: "slow", MaxAttempts: 5, Concurrency: 1}); err != nil {
 			t.Fatal(err)
 		}
@@ -73,7 +73,7 @@ func TestPrefetchBoundedByConcurrency(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	open := func(concurrency int) *sqs.Transport {
-		tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+		tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: "bounded", MaxAttempts: 5, Concurrency: concurrency}); err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func TestPrefetchBoundedByConcurrency(t *testing.T) {
 }
 
 func TestReceiveBeforeSetup(t *testing.T) {
-	tr := sqs.New(awsConfig(t))
+	tr := sqstest.New(t, awsConfig(t))
 	defer tr.Close(context.Background())
 	if _, err := tr.Receive(t.Context()); !errors.Is(err, sqs.ErrNotSetUp) {
 		t.Fatalf("Receive before Setup: %v", err)
@@ -174,7 +174,7 @@ func TestLateDeleteAfterTheVisibilityLapsedIsReported(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	open := func(cfg aws.Config) *sqs.Transport {
-		tr := sqs.New(cfg, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(time.Second),
+		tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(time.Second),
 			sqs.WithSQSOptions(func(o *awssqs.Options) { o.RetryMaxAttempts = 1 }))...)
 		if err := tr.Setup(ctx, bus.Topology{Endpoint: "lapsed", MaxAttempts: 5, Concurrency: 1}); err != nil {
 			t.Fatal(err)

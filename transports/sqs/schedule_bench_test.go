@@ -5,7 +5,6 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/sqstest"
-	"github.com/plugbus/plugbus/transports/sqs"
 	"github.com/plugbus/plugbus/transports/transporttest"
 )
 
@@ -18,7 +17,7 @@ import (
 func BenchmarkSchedulingLateness(b *testing.B) {
 	cfg := awsConfig(b)
 	prefix := sqstest.UniquePrefix(b, cfg)
-	transporttest.SchedulingLateness(b, func(testing.TB) bus.Transport {
-		return sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	transporttest.SchedulingLateness(b, func(tb testing.TB) bus.Transport {
+		return sqstest.New(tb, cfg, sqstest.FastOptions(prefix)...)
 	}, transporttest.LatenessOptions{})
 }

@@ -25,7 +25,11 @@
 //	if err != nil {
 //		return err
 //	}
-//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), bus.WithHandler(invoice))
+//	tr, err := sqs.New(cfg, sqs.WithPrefix("prod-"))
+//	if err != nil {
+//		return err // an option out of range: *sqs.OptionError
+//	}
+//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(tr), bus.WithHandler(invoice))
 //
 // With Topology.Instance (request/reply) Setup also creates a queue of
 // this transport instance alone, addressed by its URL and deleted by Close
@@ -57,73 +61,6 @@ import (
 
 	"github.com/plugbus/plugbus/bus"
 )
-
-// Option configures a [Transport].
-type Option func(*options)
-
-type options struct {
-	logger         *slog.Logger
-	prefix         string
-	visibility     time.Duration
-	wait           time.Duration
-	maxSize        int
-	dlqRetention   time.Duration
-	sqsOpts        []func(*awssqs.Options)
-	snsOpts        []func(*awssns.Options)
-	deleteFlushers int
-	hop            time.Duration // the longest delay of one message (delay.go); shorter in tests
-	instanceHop    time.Duration // the same on an instance queue (delay.go); shorter in tests
-	requestTimeout time.Duration // of each attempt of an AWS request (timeout.go)
-}
-
-// WithLogger sets the logger. The default is slog.Default().
-func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
-
-// WithPrefix puts prefix in front of every queue and topic name, to keep
-// environments (or tests) that share an AWS account apart. The default is
-// no prefix.
-func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = prefix } }
-
-// WithVisibilityTimeout sets the visibility timeout of the endpoint's
-// queue: how long a received message stays hidden from other consumers.
-// While a handler works on a message the transport extends it before it
-// ends, so it bounds how long a crashed consumer holds messages, not how
-// long a handler may run. Whole seconds, at least 1s; the default is 30s.
-func WithVisibilityTimeout(d time.Duration) Option { return func(o *options) { o.visibility = d } }
-
-// DefaultWaitTime is the default of [WithWaitTime]: a second under
-// [bus.StopGrace], the time bus.Stop gives Close, so that the receive
-// requests in progress end within it.
-const DefaultWaitTime = bus.StopGrace - time.Second
-
-// WithWaitTime sets how long one receive request waits for messages (SQS
-// long polling), in whole seconds from 1s to 20s; the default is
-// [DefaultWaitTime] (4s). Close waits for the receive requests in progress
-// to end, so this also bounds how long Close takes. Above
-// [bus.StopGrace], bus.Stop cancels them instead and reports it: messages
-// SQS handed to a cancelled request stay invisible until their visibility
-// timeout, and that receive counts toward their attempts.
-func WithWaitTime(d time.Duration) Option { return func(o *options) { o.wait = d } }
-
-// WithMaxMessageSize sets the largest message, body and attributes
-// together, that Send and Publish accept. The default is 256 KiB, what
-// SNS accepts; raise it up to what your queues accept only for endpoints
-// that receive sent messages alone.
-func WithMaxMessageSize(n int) Option { return func(o *options) { o.maxSize = n } }
-
-// WithDeadLetterRetention sets how long the dead-letter queue keeps
-// messages. The default is 14 days, the SQS maximum.
-func WithDeadLetterRetention(d time.Duration) Option { return func(o *options) { o.dlqRetention = d } }
-
-// WithSQSOptions adds functions that adjust the SQS client's options.
-func WithSQSOptions(fns ...func(*awssqs.Options)) Option {
-	return func(o *options) { o.sqsOpts = append(o.sqsOpts, fns...) }
-}
-
-// WithSNSOptions adds functions that adjust the SNS client's options.
-func WithSNSOptions(fns ...func(*awssns.Options)) Option {
-	return func(o *options) { o.snsOpts = append(o.snsOpts, fns...) }
-}
 
 // Transport is the SQS/SNS [bus.Transport]. Build it with [New].
 type Transport struct {
@@ -167,26 +104,22 @@ type Transport struct {
 }
 
 // New returns a transport using the AWS configuration cfg (region,
-// credentials, endpoint). Nothing is contacted until Setup, Send or Publish.
-func New(cfg aws.Config, opts ...Option) *Transport {
-	o := options{
-		visibility: 30 * time.Second, wait: DefaultWaitTime,
-		maxSize: DefaultMaxMessageSize, dlqRetention: 14 * 24 * time.Hour,
-		deleteFlushers: 2, hop: hopDelay, instanceHop: instanceHopDelay, requestTimeout: DefaultRequestTimeout,
-	}
+// credentials, endpoint). Nothing is contacted until Setup, Send or
+// Publish. An option SQS would not accept, or with which the transport
+// cannot work, is refused with an [*OptionError] ([ErrInvalidOption]):
+// each option's doc says what it accepts.
+func New(cfg aws.Config, opts ...Option) (*Transport, error) {
+	o := defaultOptions()
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
 		}
 	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
 	if o.logger == nil {
 		o.logger = slog.Default()
-	}
-	o.visibility = clampSeconds(o.visibility, time.Second, 12*time.Hour)
-	o.wait = clampSeconds(o.wait, time.Second, 20*time.Second)
-	o.dlqRetention = clampSeconds(o.dlqRetention, time.Minute, 14*24*time.Hour)
-	if o.maxSize <= 0 {
-		o.maxSize = DefaultMaxMessageSize
 	}
 	log := o.logger.With(slog.String("transport", transportName))
 	// Last, so that the retryer they log with is the one the options chose.
@@ -210,12 +143,7 @@ func New(cfg aws.Config, opts ...Option) *Transport {
 		tracked:  map[*entry]struct{}{},
 	}
 	t.cond = sync.NewCond(&t.mu)
-	return t
-}
-
-func clampSeconds(d, lo, hi time.Duration) time.Duration {
-	d = d.Round(time.Second)
-	return min(max(d, lo), hi)
+	return t, nil
 }
 
 // SQS returns the transport's SQS client.

@@ -40,7 +40,7 @@ func openTransport(t testing.TB) (*sqs.Transport, string) {
 	t.Helper()
 	cfg := awsConfig(t)
 	prefix := sqstest.UniquePrefix(t, cfg)
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	t.Cleanup(func() { _ = tr.Close(context.Background()) })
 	return tr, prefix
 }
@@ -69,8 +69,8 @@ func TestConformance(t *testing.T) {
 		prefix = sqstest.UniquePrefix(t, cfg)
 		t.Setenv(conformancePrefixEnv, prefix)
 	}
-	newT := func(testing.TB) bus.Transport { return sqs.New(cfg, sqstest.FastOptions(prefix)...) }
-	probe := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	newT := func(tb testing.TB) bus.Transport { return sqstest.New(tb, cfg, sqstest.FastOptions(prefix)...) }
+	probe := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	transporttest.Run(t, newT, transporttest.Features{
 		ReservedHeader:    sqs.AttributeName,
 		DelayUnit:         500 * time.Millisecond, // DelaySeconds counts whole seconds: a delay is rounded up, never carried early
@@ -89,7 +89,7 @@ func TestConformance(t *testing.T) {
 // cancelled.
 func TestStopWithTheDefaultWaitTime(t *testing.T) {
 	cfg := awsConfig(t)
-	tr := sqs.New(cfg, sqs.WithPrefix(sqstest.UniquePrefix(t, cfg)))
+	tr := sqstest.New(t, cfg, sqs.WithPrefix(sqstest.UniquePrefix(t, cfg)))
 	handled := make(chan struct{}, 1)
 	b, err := bus.New(bus.WithEndpoint("idle"), bus.WithTransport(tr), bus.WithLogger(slog.New(slog.DiscardHandler)),
 		bus.WithHandler(func(ctx context.Context, _ job, _ bus.Attributes) error {
@@ -121,7 +121,7 @@ func TestSetupKeepsTheTopicsAndStatementsOfTheQueuePolicy(t *testing.T) {
 	defer cancel()
 	cfg := awsConfig(t)
 	prefix := sqstest.UniquePrefix(t, cfg)
-	newer := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	newer := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	defer newer.Close(context.Background())
 	if err := newer.Setup(ctx, bus.Topology{Endpoint: "billing", Handles: []string{"shop.order_placed", "shop.order_cancelled"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
 		t.Fatal(err)
@@ -153,7 +153,7 @@ func TestSetupKeepsTheTopicsAndStatementsOfTheQueuePolicy(t *testing.T) {
 	if _, err := client.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: url.QueueUrl, Attributes: map[string]string{"Policy": string(js)}}); err != nil {
 		t.Fatal(err)
 	}
-	older := sqs.New(cfg, sqstest.FastOptions(prefix)...)
+	older := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	defer older.Close(context.Background())
 	if err := older.Setup(ctx, bus.Topology{Endpoint: "billing", Handles: []string{"shop.order_placed"}, MaxAttempts: 3, Concurrency: 1}); err != nil {
 		t.Fatal(err)

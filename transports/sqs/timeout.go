@@ -16,7 +16,7 @@ const DefaultRequestTimeout = 30 * time.Second
 
 // WithRequestTimeout bounds each attempt of each AWS request the transport
 // makes (default [DefaultRequestTimeout], 30s; a receive gets its wait
-// time on top). An attempt on a connection that went silent without
+// time on top); d must be positive. An attempt on a connection that went silent without
 // closing (a half-open TCP connection behind a NAT or a proxy that
 // dropped it) is abandoned after d, its connection closed, and the SDK's
 // retryer tries again on a new one, logged at WARN ("AWS request could
@@ -24,11 +24,7 @@ const DefaultRequestTimeout = 30 * time.Second
 // poll included, would wait for the kernel to give up, for many minutes,
 // and the endpoint would receive nothing meanwhile.
 func WithRequestTimeout(d time.Duration) Option {
-	return func(o *options) {
-		if d > 0 {
-			o.requestTimeout = d
-		}
-	}
+	return func(o *options) { o.requestTimeout = d }
 }
 
 // attemptTimeout is the middleware of [WithRequestTimeout]: it runs in

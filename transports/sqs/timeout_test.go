@@ -20,7 +20,7 @@ func TestSendOnSilentConnectionFailsAfterRequestTimeout(t *testing.T) {
 	cfg := aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""),
 		BaseEndpoint: aws.String("http://" + testenv.SilentServer(t)), HTTPClient: &http.Client{Transport: httpTransport}}
 	var logs sqstest.LogRecorder
-	tr := sqs.New(cfg, sqs.WithRequestTimeout(200*time.Millisecond), sqs.WithLogger(logs.Logger()))
+	tr := sqstest.New(t, cfg, sqs.WithRequestTimeout(200*time.Millisecond), sqs.WithLogger(logs.Logger()))
 	defer tr.Close(context.Background())
 	env := &bus.Envelope{Name: "test.job", Body: []byte(`{}`), Attributes: bus.NewAttributes("m-1", "c-1", time.Now(), nil, nil)}
 	start := time.Now()

@@ -48,7 +48,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 				BaseEndpoint: aws.String("http://" + addr),
 				HTTPClient:   &http.Client{Transport: httpTransport},
 			}
-			opts := []bus.Option{bus.WithTransport(sqs.New(cfg, sqs.WithLogger(logs.Logger()))), bus.WithLogger(logs.Logger())}
+			opts := []bus.Option{bus.WithTransport(sqstest.New(t, cfg, sqs.WithLogger(logs.Logger()))), bus.WithLogger(logs.Logger())}
 			if receiving {
 				opts = append(opts, bus.WithEndpoint("billing"), bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
 			}

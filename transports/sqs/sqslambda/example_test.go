@@ -30,10 +30,14 @@ func (invoiceRequested) MessageName() string { return "billing.invoice-requested
 func ExampleNewHandler() {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := aws.Config{Region: "eu-west-1"}
+	tr, err := sqs.New(cfg, sqs.WithPrefix("prod-"))
+	if err != nil {
+		panic(err)
+	}
 	b, err := bus.New(
 		bus.WithEndpoint("billing"),
 		bus.WithLogger(quiet),
-		bus.WithTransport(sqs.New(cfg, sqs.WithPrefix("prod-"))),
+		bus.WithTransport(tr),
 		bus.WithMaxAttempts(5),
 		bus.WithHandler(func(ctx context.Context, m invoiceRequested, _ bus.Attributes) error {
 			if m.Order == "" {

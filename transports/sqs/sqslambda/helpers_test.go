@@ -29,7 +29,7 @@ func awsConfig(t testing.TB) aws.Config {
 func openTransport(t testing.TB) *sqs.Transport {
 	t.Helper()
 	cfg := awsConfig(t)
-	tr := sqs.New(cfg, sqstest.FastOptions(sqstest.UniquePrefix(t, cfg))...)
+	tr := sqstest.New(t, cfg, sqstest.FastOptions(sqstest.UniquePrefix(t, cfg))...)
 	t.Cleanup(func() { _ = tr.Close(context.Background()) })
 	return tr
 }

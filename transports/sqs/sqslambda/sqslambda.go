@@ -6,7 +6,11 @@
 // middleware, then handlers) and reports the records that failed, so that
 // Lambda retries only those:
 //
-//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(sqs.New(cfg)), bus.WithHandler(invoice))
+//	tr, err := sqs.New(cfg)
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithTransport(tr), bus.WithHandler(invoice))
 //	if err != nil {
 //		log.Fatal(err)
 //	}

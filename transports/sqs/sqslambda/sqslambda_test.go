@@ -177,7 +177,7 @@ func TestHandlerBacksOffFailedRecords(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	// Queue visibility timeout 20s; back-off 1s.
-	tr := sqs.New(cfg, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(20*time.Second))...)
+	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix, sqs.WithVisibilityTimeout(20*time.Second))...)
 	defer tr.Close(context.Background())
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "retrying", MaxAttempts: 5, Concurrency: 1}); err != nil {
 		t.Fatal(err)

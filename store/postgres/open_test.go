@@ -1,0 +1,81 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/goleak"
+
+	"github.com/plugbus/plugbus/internal/testenv"
+	"github.com/plugbus/plugbus/store/postgres"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// Open parses its DSN and refuses a malformed one at once, with pgx's
+// error and the password hidden; it used to accept anything and fail at
+// the first statement, in bus.Start or later.
+func TestOpenRefusesAMalformedDSN(t *testing.T) {
+	for _, dsn := range []string{
+		"postgres://app:s3cret@127.0.0.1:notaport/test",
+		"postgres://app:s3cret@127.0.0.1:5432/test?sslmode=sometimes",
+		"host=127.0.0.1 password=s3cret connect_timeout=soon",
+		"host=127.0.0.1 password=s3cret dbname='test",
+	} {
+		st, err := postgres.Open(dsn)
+		if err == nil {
+			st.Close()
+			t.Errorf("Open(%q) accepted", dsn)
+			continue
+		}
+		var pe *pgconn.ParseConfigError
+		if !errors.As(err, &pe) || !strings.HasPrefix(err.Error(), "postgres: Open: invalid DSN") || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("Open(%q): %v; want a *pgconn.ParseConfigError, without the password", dsn, err)
+		}
+	}
+}
+
+// A DSN that parses opens a store that works: the configuration Open
+// parsed is the one its connections use.
+func TestOpenConnectsWithTheParsedDSN(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	st, err := postgres.Open(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var one int
+	if err := st.DB().QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("SELECT 1: %d, %v", one, err)
+	}
+	// The Notifier needs pgx's own connection under database/sql.
+	listening := make(chan struct{})
+	lctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- postgres.Notifier{DB: st.DB()}.Listen(lctx, "plugbus_open_test", func() {
+			select {
+			case <-listening:
+			default:
+				close(listening)
+			}
+		})
+	}()
+	select {
+	case <-listening:
+	case err := <-done:
+		t.Fatalf("Listen: %v", err)
+	case <-ctx.Done():
+		t.Fatal("Listen did not start")
+	}
+	stop()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Listen ended with %v, want context.Canceled", err)
+	}
+}
