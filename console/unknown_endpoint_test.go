@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/console"
 	"github.com/plugbus/plugbus/internal/dltest"
@@ -96,18 +94,7 @@ func TestReplayToAnEndpointWithoutItsQueueOnRabbitMQ(t *testing.T) {
 	if err := maker.Close(ctx); err != nil { // before the deletion, which would cancel its consumer
 		t.Fatal(err)
 	}
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDelete(ep, false, false, false); err != nil {
-		t.Fatal(err)
-	}
+	dltest.DeleteQueue(t, amqpURL, ep)
 	m, err := rabbitmq.New(amqpURL, rabbitmq.WithExchange(exchange), rabbitmq.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)

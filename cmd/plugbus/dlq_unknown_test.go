@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/internal/dltest"
 	"github.com/plugbus/plugbus/internal/sqstest"
@@ -134,18 +132,7 @@ func TestDLQDryRunChecksTheDestinationQueue(t *testing.T) {
 	if err := other.Close(ctx); err != nil { // before the deletion, which would cancel its consumer
 		t.Fatal(err)
 	}
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDelete(gone, false, false, false); err != nil {
-		t.Fatal(err)
-	}
+	dltest.DeleteQueue(t, url, gone)
 	args := []string{"dlq", "replay", "-endpoint", ep, "-all", "-to", gone, "-rabbitmq", url, "-exchange", exchange}
 	for _, run := range [][]string{append(args, "-dry-run"), args} {
 		out, err := cli(t, run...)

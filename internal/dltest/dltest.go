@@ -5,6 +5,7 @@ package dltest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -63,25 +64,77 @@ func RabbitMQ(ctx context.Context, t testing.TB, url, exchange, endpoint string,
 	}
 	t.Cleanup(func() {
 		_ = tr.Close(context.Background())
-		conn, err := amqp.Dial(url)
-		if err != nil {
-			t.Errorf("dltest: cleanup: %v", err)
-			return
-		}
-		defer func() { _ = conn.Close() }()
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Errorf("dltest: cleanup: %v", err)
-			return
-		}
-		for _, q := range []string{endpoint, rabbitmq.DeadLetterQueue(endpoint)} {
-			if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-				t.Errorf("dltest: deleting queue %s: %v", q, err)
+		withChannel(t, url, func(ch *amqp.Channel) {
+			for _, q := range []string{endpoint, rabbitmq.DeadLetterQueue(endpoint)} {
+				if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+					t.Errorf("dltest: deleting queue %s: %v", q, err)
+				}
 			}
-		}
-		if err := ch.ExchangeDelete(exchange, false, false); err != nil {
-			t.Errorf("dltest: deleting exchange %s: %v", exchange, err)
-		}
+			if err := ch.ExchangeDelete(exchange, false, false); err != nil {
+				t.Errorf("dltest: deleting exchange %s: %v", exchange, err)
+			}
+		})
 	})
 	return tr
+}
+
+// DeleteQueue deletes queue on the RabbitMQ broker at url, as an operator
+// would behind the transports' backs.
+func DeleteQueue(t testing.TB, url, queue string) {
+	t.Helper()
+	withChannel(t, url, func(ch *amqp.Channel) {
+		if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
+			t.Errorf("dltest: deleting queue %s: %v", queue, err)
+		}
+	})
+}
+
+// withChannel runs fn on a channel of a connection of its own to url.
+func withChannel(t testing.TB, url string, fn func(*amqp.Channel)) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Errorf("dltest: %v", err)
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Errorf("dltest: %v", err)
+		return
+	}
+	fn(ch)
+}
+
+// CheckOneQueueLeft checks m on two endpoints of which one queue was
+// deleted behind the transport's back: noDLQ has its queue and no
+// dead-letter queue, noQueue its dead-letter queue holding two dead
+// letters and no queue. Neither is an unknown endpoint: each has its dead
+// letters (or none) and a depth of 0; a replay of noQueue's to itself is
+// refused, naming it, and leaves them; deleting them works.
+func CheckOneQueueLeft(ctx context.Context, t testing.TB, m bus.DeadLetterManager, noDLQ, noQueue string) {
+	t.Helper()
+	for ep, want := range map[string]int{noDLQ: 0, noQueue: 2} {
+		if n, err := m.CountDeadLetters(ctx, ep); err != nil || n != want {
+			t.Errorf("CountDeadLetters(%s) = %d, %v; want %d", ep, n, err, want)
+		}
+		if dls, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep}); err != nil || len(dls) != want {
+			t.Errorf("ListDeadLetters(%s) = %d dead letters, %v; want %d", ep, len(dls), err, want)
+		}
+		if n, err := m.QueueDepth(ctx, ep); err != nil || n != 0 {
+			t.Errorf("QueueDepth(%s) = %d, %v; want 0", ep, n, err)
+		}
+	}
+	// Its dead-letter queue cannot receive the copy.
+	n, err := m.ReplayDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: noQueue}, bus.Replay{}, nil)
+	var ue *bus.UnknownEndpointError
+	if n != 0 || !errors.As(err, &ue) || ue.Endpoint != noQueue {
+		t.Errorf("replay of %s to itself = %d, %v; want 0 and a *bus.UnknownEndpointError naming it", noQueue, n, err)
+	}
+	if n, err := m.DeleteDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: noDLQ}, nil); err != nil || n != 0 {
+		t.Errorf("DeleteDeadLetters(%s) = %d, %v; want 0", noDLQ, n, err)
+	}
+	if n, err := m.DeleteDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: noQueue}, nil); err != nil || n != 2 {
+		t.Errorf("DeleteDeadLetters(%s) = %d, %v; want the 2 dead letters the replay left", noQueue, n, err)
+	}
 }

@@ -52,28 +52,7 @@ func TestDeadLettersOfAnEndpointWithOneOfItsQueues(t *testing.T) {
 	deleteQueue(ctx, t, m.SQS(), m.DeadLetterQueueName(noDLQ))
 	deleteQueue(ctx, t, m.SQS(), m.QueueName(noQueue))
 
-	for ep, want := range map[string]int{noDLQ: 0, noQueue: 2} {
-		if n, err := m.CountDeadLetters(ctx, ep); err != nil || n != want {
-			t.Errorf("CountDeadLetters(%s) = %d, %v; want %d", ep, n, err, want)
-		}
-		if dls, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep}); err != nil || len(dls) != want {
-			t.Errorf("ListDeadLetters(%s) = %d dead letters, %v; want %d", ep, len(dls), err, want)
-		}
-		if n, err := m.QueueDepth(ctx, ep); err != nil || n != 0 {
-			t.Errorf("QueueDepth(%s) = %d, %v; want 0", ep, n, err)
-		}
-	}
-	n, err := m.ReplayDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: noQueue}, bus.Replay{}, nil)
-	var ue *bus.UnknownEndpointError
-	if n != 0 || !errors.As(err, &ue) || ue.Endpoint != noQueue {
-		t.Errorf("replay of %s to itself = %d, %v; want 0 and a *bus.UnknownEndpointError naming it", noQueue, n, err)
-	}
-	if n, err := m.DeleteDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: noDLQ}, nil); err != nil || n != 0 {
-		t.Errorf("DeleteDeadLetters(%s) = %d, %v; want 0", noDLQ, n, err)
-	}
-	if n, err := m.DeleteDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: noQueue}, nil); err != nil || n != 2 {
-		t.Errorf("DeleteDeadLetters(%s) = %d, %v; want the 2 dead letters the replay left", noQueue, n, err)
-	}
+	dltest.CheckOneQueueLeft(ctx, t, m, noDLQ, noQueue)
 }
 
 // A replay to the address of an instance queue that no longer exists (its
