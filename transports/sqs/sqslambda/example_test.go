@@ -50,7 +50,10 @@ func ExampleNewHandler() {
 	if err != nil {
 		panic(err)
 	}
-	handler := sqslambda.NewHandler(b, sqslambda.WithMaxAttempts(5), sqslambda.WithLogger(quiet))
+	handler, err := sqslambda.NewHandler(b, sqslambda.WithMaxAttempts(5), sqslambda.WithLogger(quiet))
+	if err != nil {
+		panic(err)
+	}
 
 	// The event as Lambda passes it, cut down to what this example needs.
 	var ev sqslambda.Event

@@ -27,7 +27,9 @@ package sqslambda
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -76,13 +78,30 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // the endpoint's dead-letter queue with its failure and reported as
 // handled; otherwise it is reported as failed and the queue's redrive
 // policy dead-letters it. A failed record is made visible again after a
-// back-off ([WithBackoff]) rather than the queue's visibility timeout. Records left when ctx ends are reported as
-// failed.
-func NewHandler(b *bus.Bus, opts ...Option) Handler {
+// back-off ([WithBackoff]) rather than the queue's visibility timeout.
+// Records left when ctx ends are reported as failed.
+//
+// A nil bus is refused, and so is an option out of range (fewer than one
+// attempt, a non-zero back-off that [bus.Backoff.Validate] refuses) with
+// an [*sqs.OptionError].
+func NewHandler(b *bus.Bus, opts ...Option) (Handler, error) {
+	if b == nil {
+		return nil, errors.New("sqslambda: NewHandler needs a bus")
+	}
 	o := options{maxAttempts: 5, backoff: bus.Backoff{Initial: time.Second, Max: 5 * time.Minute}}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
+		}
+	}
+	if o.maxAttempts < 1 {
+		return nil, &sqs.OptionError{Option: "sqslambda.WithMaxAttempts", Value: strconv.Itoa(o.maxAttempts),
+			Reason: "a record needs at least one attempt: give the queue's maxReceiveCount, the most deliveries the bus's retry policies give a message"}
+	}
+	if o.backoff != (bus.Backoff{}) {
+		if err := o.backoff.Validate(); err != nil {
+			return nil, &sqs.OptionError{Option: "sqslambda.WithBackoff", Value: fmt.Sprintf("{Initial: %s, Max: %s}", o.backoff.Initial, o.backoff.Max),
+				Reason: strings.TrimPrefix(err.Error(), "bus: ") + " (or a zero bus.Backoff, to leave a failed record to the queue's visibility timeout)"}
 		}
 	}
 	if o.logger == nil {
@@ -98,7 +117,7 @@ func NewHandler(b *bus.Bus, opts ...Option) Handler {
 			}
 		}
 		return resp, nil
-	}
+	}, nil
 }
 
 // deliver runs one record and reports whether Lambda may delete it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -125,7 +126,7 @@ func TestHandlerReportsFailedRecords(t *testing.T) {
 			wantFailed = append(wantFailed, rec.MessageID)
 		}
 	}
-	handler := sqslambda.NewHandler(b, sqslambda.WithMaxAttempts(3))
+	handler := newHandler(t, b, sqslambda.WithMaxAttempts(3))
 	resp, err := handler(ctx, ev)
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +197,7 @@ func TestHandlerBacksOffFailedRecords(t *testing.T) {
 	}
 	ev := lambdaEvent(ctx, t, tr.SQS(), *url.QueueUrl, 1)
 	ev.Records[0].EventSourceARN = "arn:aws:sqs:us-east-1:000000000000:" + tr.QueueName("retrying")
-	resp, err := sqslambda.NewHandler(b, sqslambda.WithBackoff(bus.Backoff{Initial: time.Second, Max: time.Second}))(ctx, ev)
+	resp, err := newHandler(t, b, sqslambda.WithBackoff(bus.Backoff{Initial: time.Second, Max: time.Second}))(ctx, ev)
 	if err != nil || len(resp.BatchItemFailures) != 1 {
 		t.Fatalf("failures %v, err %v", resp.BatchItemFailures, err)
 	}
@@ -237,7 +238,7 @@ func TestHandlerIgnoresForeignReservedAttributes(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &sqstest.LogRecorder{}
-	resp, err := sqslambda.NewHandler(b, sqslambda.WithLogger(logs.Logger()))(t.Context(), ev)
+	resp, err := newHandler(t, b, sqslambda.WithLogger(logs.Logger()))(t.Context(), ev)
 	if err != nil || len(resp.BatchItemFailures) != 0 {
 		t.Fatalf("handler: %v, %v", resp, err)
 	}
@@ -280,11 +281,54 @@ func TestHandlerRetriesAHandlerErrorWrappingADecodeError(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := lambdaEvent(ctx, t, tr.SQS(), *url.QueueUrl, 1)
-	resp, err := sqslambda.NewHandler(b, sqslambda.WithMaxAttempts(3))(ctx, ev)
+	resp, err := newHandler(t, b, sqslambda.WithMaxAttempts(3))(ctx, ev)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(resp.BatchItemFailures) != 1 {
 		t.Errorf("first attempt of a record whose handler failed: %d batch item failures, want 1 (retried, not dead-lettered)", len(resp.BatchItemFailures))
+	}
+}
+
+func newHandler(t *testing.T, b *bus.Bus, opts ...sqslambda.Option) sqslambda.Handler {
+	t.Helper()
+	h, err := sqslambda.NewHandler(b, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// NewHandler refuses what it cannot work with: no bus, fewer than one
+// attempt, a back-off whose delays make no sense (it took them all). A zero back-off is
+// allowed: it leaves a failed record to the visibility timeout.
+func TestNewHandlerRefusesOptionsOutOfRange(t *testing.T) {
+	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, opts := range map[string][]sqslambda.Option{
+		"0 attempts":        {sqslambda.WithMaxAttempts(0)},
+		"-1 attempts":       {sqslambda.WithMaxAttempts(-1)},
+		"negative back-off": {sqslambda.WithBackoff(bus.Backoff{Initial: -time.Second, Max: time.Second})},
+		"Max below Initial": {sqslambda.WithBackoff(bus.Backoff{Initial: time.Minute, Max: time.Second})},
+		"Max alone":         {sqslambda.WithBackoff(bus.Backoff{Max: time.Second})},
+	} {
+		if h, err := sqslambda.NewHandler(b, opts...); h != nil || !errors.Is(err, sqs.ErrInvalidOption) {
+			t.Errorf("%s: NewHandler = %v; want a *sqs.OptionError and no handler", name, err)
+		}
+	}
+	if _, err := sqslambda.NewHandler(nil); err == nil {
+		t.Error("NewHandler(nil) succeeded")
+	}
+	for name, opts := range map[string][]sqslambda.Option{
+		"defaults":      nil,
+		"1 attempt":     {sqslambda.WithMaxAttempts(1)},
+		"zero back-off": {sqslambda.WithBackoff(bus.Backoff{})},
+		"equal bounds":  {sqslambda.WithBackoff(bus.Backoff{Initial: time.Second, Max: time.Second})},
+	} {
+		if h, err := sqslambda.NewHandler(b, opts...); h == nil || err != nil {
+			t.Errorf("%s: NewHandler = %v; want a handler", name, err)
+		}
 	}
 }
