@@ -78,9 +78,9 @@ type DeliveryCounter interface {
 	Delivered(ctx context.Context, endpoint string) (uint64, error)
 }
 
-// ErrNoEndpoint is returned (wrapped) by a [DeadLetterManager] for a filter
-// without an endpoint.
-var ErrNoEndpoint = errors.New("bus: the dead-letter filter names no endpoint")
+// ErrNoDeadLetterEndpoint is returned (wrapped) by a [DeadLetterManager]
+// for a filter without an endpoint.
+var ErrNoDeadLetterEndpoint = errors.New("bus: the dead-letter filter names no endpoint")
 
 // ErrUnknownEndpoint is matched by [*UnknownEndpointError].
 var ErrUnknownEndpoint = errors.New("bus: unknown endpoint")
@@ -208,10 +208,11 @@ type DeadLetterFilter struct {
 	Limit int
 }
 
-// Check returns an error wrapping [ErrNoEndpoint] when f names no endpoint.
+// Check returns an error wrapping [ErrNoDeadLetterEndpoint] when f names
+// no endpoint.
 func (f DeadLetterFilter) Check() error {
 	if f.Endpoint == "" {
-		return ErrNoEndpoint
+		return ErrNoDeadLetterEndpoint
 	}
 	return nil
 }

@@ -130,8 +130,8 @@ func (s *suite) deadLettersFiltered(t *testing.T) {
 	if n, err := m.CountDeadLetters(ctx, ep); err != nil || n != 4 {
 		t.Errorf("after listing, CountDeadLetters = %d, %v: listing must remove nothing", n, err)
 	}
-	if _, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{}); !errors.Is(err, bus.ErrNoEndpoint) {
-		t.Errorf("ListDeadLetters without an endpoint: %v, want bus.ErrNoEndpoint", err)
+	if _, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{}); !errors.Is(err, bus.ErrNoDeadLetterEndpoint) {
+		t.Errorf("ListDeadLetters without an endpoint: %v, want bus.ErrNoDeadLetterEndpoint", err)
 	}
 	n, err := m.DeleteDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: ep, Reason: "timeout"}, nil)
 	if err != nil || n != 2 {

@@ -102,8 +102,8 @@ func (s *suite) unknownEndpointRefused(t *testing.T) {
 			t.Errorf("Endpoints = %q, %v: asking about %s made it an endpoint", eps, err, unknown)
 		}
 	}
-	if _, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{}); !errors.Is(err, bus.ErrNoEndpoint) {
-		t.Errorf("ListDeadLetters without an endpoint: %v, want bus.ErrNoEndpoint, not an unknown endpoint", err)
+	if _, err := m.ListDeadLetters(ctx, bus.DeadLetterFilter{}); !errors.Is(err, bus.ErrNoDeadLetterEndpoint) {
+		t.Errorf("ListDeadLetters without an endpoint: %v, want bus.ErrNoDeadLetterEndpoint, not an unknown endpoint", err)
 	}
 }
 
