@@ -39,6 +39,40 @@ func TestOpenRefusesAMalformedDSN(t *testing.T) {
 	}
 }
 
+// Open's error leaves the DSN out, so that no form of writing the password
+// shows it: pgx's ParseConfigError quotes the DSN and hides only the
+// password forms it recognises, not "password = s3cret" (spaces around
+// '=', which libpq and pgx accept) nor a quoted password with an escaped
+// quote; the *pgconn.ParseConfigError stays reachable with errors.As.
+func TestOpenErrorNeverShowsThePassword(t *testing.T) {
+	for _, dsn := range []string{
+		"host=127.0.0.1 password = s3cret connect_timeout=soon",
+		"host=127.0.0.1 password =s3cret port=notaport",
+		`host=127.0.0.1 password='a\' s3cret' sslmode=sometimes`,
+		"postgres://app:s3cret@127.0.0.1:5432/test?connect_timeout=soon",
+		"postgres://app@127.0.0.1:5432/test?password=s3cret&port=x",
+	} {
+		st, err := postgres.Open(dsn)
+		if err == nil {
+			st.Close()
+			t.Errorf("Open(%q) accepted", dsn)
+			continue
+		}
+		var pe *pgconn.ParseConfigError
+		if !errors.As(err, &pe) || pe.ConnString != dsn {
+			t.Errorf("Open(%q): %v; want it to wrap pgx's *pgconn.ParseConfigError", dsn, err)
+		}
+		if msg := err.Error(); strings.Contains(msg, "s3cret") || !strings.HasPrefix(msg, "postgres: Open: invalid DSN") {
+			t.Errorf("Open(%q): %q; want Open's error, without the password", dsn, msg)
+		}
+	}
+	// What is wrong is still said.
+	_, err := postgres.Open("host=127.0.0.1 password = s3cret connect_timeout=soon")
+	if err == nil || !strings.Contains(err.Error(), "invalid connect_timeout") {
+		t.Errorf("Open: %v; want it to say what is wrong with the DSN", err)
+	}
+}
+
 // A DSN that parses opens a store that works: the configuration Open
 // parsed is the one its connections use.
 func TestOpenConnectsWithTheParsedDSN(t *testing.T) {

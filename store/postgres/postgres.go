@@ -13,9 +13,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/plugbus/plugbus/store"
@@ -24,13 +26,13 @@ import (
 // Open returns a store on the database at dsn (a postgres:// URL or
 // key=value string, as pgx.ParseConfig reads it, with the PG* environment
 // variables) that closes its connection pool on Close. Open parses dsn and
-// returns its error, a *pgconn.ParseConfigError (whose message hides the
-// password), at once; it connects to nothing: the first statement (Migrate,
-// or bus.Start) does.
+// returns its error at once, wrapping pgx's *pgconn.ParseConfigError: its
+// message says what is wrong and leaves the DSN, and so the password, out;
+// it connects to nothing: the first statement (Migrate, or bus.Start) does.
 func Open(dsn string, opts ...store.Option) (*store.Store, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: Open: invalid DSN; give a postgres:// URL or key=value pairs (https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-CONNSTRING): %w", err)
+		return nil, &dsnError{err: err}
 	}
 	db := stdlib.OpenDB(*cfg)
 	s, err := New(db, append([]store.Option{store.WithCloseDB()}, opts...)...)
@@ -40,6 +42,26 @@ func Open(dsn string, opts ...store.Option) (*store.Store, error) {
 	}
 	return s, nil
 }
+
+// dsnError is the error of [Open] for a DSN pgx.ParseConfig refuses. Its
+// message leaves the DSN out: pgx's *pgconn.ParseConfigError quotes it,
+// hiding only the ways of writing a password it recognises
+// ("password = s3cret", with spaces, stays whole).
+type dsnError struct{ err error }
+
+func (e *dsnError) Error() string {
+	reason := "pgx.ParseConfig refuses it"
+	var pe *pgconn.ParseConfigError
+	if errors.As(e.err, &pe) {
+		noDSN := *pe
+		noDSN.ConnString = ""
+		reason = strings.TrimPrefix(noDSN.Error(), "cannot parse ``: ")
+	}
+	return "postgres: Open: invalid DSN; give a postgres:// URL or key=value pairs (https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-CONNSTRING): " + reason
+}
+
+// Unwrap returns pgx's error, a *pgconn.ParseConfigError.
+func (e *dsnError) Unwrap() error { return e.err }
 
 // New returns a store on db, opened with the "pgx" driver of
 // github.com/jackc/pgx/v5/stdlib. Relays listen for commits on a

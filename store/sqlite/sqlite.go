@@ -145,6 +145,10 @@ func checkURI(path string) error {
 			for _, v := range values {
 				name, _, _ := strings.Cut(strings.ToLower(strings.TrimSpace(v)), "(")
 				name, _, _ = strings.Cut(name, "=")
+				// A pragma may name its schema (main.synchronous): it sets the same.
+				if i := strings.LastIndexByte(name, '.'); i >= 0 {
+					name = name[i+1:]
+				}
 				if setting, ok := ownSettings[strings.TrimSpace(name)]; ok {
 					return refuse("_pragma="+v, setting)
 				}

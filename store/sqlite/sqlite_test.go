@@ -101,6 +101,9 @@ func TestOpenRefusesWhatItSetsItself(t *testing.T) {
 		"_sync=FULL":                      "synchronous",
 		"_journal=DELETE&_fk=1":           "journal_mode",
 		"_timeout=5&_pragma=foreign_keys": "busy_timeout",
+		// A pragma may name its schema: it sets the same.
+		"_pragma=main.synchronous(FULL)":           "synchronous",
+		"_pragma=%22main%22.journal_mode%3DDELETE": "journal_mode",
 	} {
 		path := filepath.Join(t.TempDir(), "x.db")
 		st, err := sqlite.Open(fileURI(path, query))

@@ -14,7 +14,11 @@
 //	if err != nil {
 //		log.Fatal(err)
 //	}
-//	lambda.Start(sqslambda.NewHandler(b, sqslambda.WithMaxAttempts(5))) // github.com/aws/aws-lambda-go
+//	handler, err := sqslambda.NewHandler(b, sqslambda.WithMaxAttempts(5))
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	lambda.Start(handler) // github.com/aws/aws-lambda-go
 //
 // [Event], [Record] and [BatchResponse] mirror Lambda's JSON, so this
 // package needs no Lambda library; any runtime that decodes the event into
