@@ -88,6 +88,13 @@ func (e *TxSourceConflictError) Is(target error) bool { return target == ErrTxSo
 // checkJoin returns the error of adding m to the middleware around a
 // handler (of the whole bus when handler is nil): a second Unique of its
 // name, or a TxSource other than theirs.
+//
+// Around one handler (h not nil), only middleware with a handler stage
+// run it in a transaction: a bus's middleware without one (a saga's,
+// whose transaction holds the saga's own handlers only, which no
+// HandlerMiddleware reaches) is no other source for h. On the bus, it is
+// compared with the others: the bus's outbox and inbox run around the
+// saga's handlers.
 func checkJoin(around []Middleware, m Middleware, h *handler) error {
 	if m.TxSource != nil && !reflect.TypeOf(m.TxSource).Comparable() {
 		return fmt.Errorf("bus: middleware %q: its TxSource, a %T, is not comparable; set a pointer", m.Name, m.TxSource)
@@ -99,6 +106,9 @@ func checkJoin(around []Middleware, m Middleware, h *handler) error {
 	for _, o := range around {
 		if o.Name == m.Name && (o.Unique || m.Unique) {
 			return &DuplicateMiddlewareError{Middleware: m.Name, Handler: handlerName, Message: msgName}
+		}
+		if h != nil && (o.Handling == nil || m.Handling == nil) {
+			continue // one of them runs no transaction around h
 		}
 		if o.TxSource != nil && m.TxSource != nil && o.TxSource != m.TxSource {
 			return &TxSourceConflictError{First: o.Name, Second: m.Name, Handler: handlerName, Message: msgName}

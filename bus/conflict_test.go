@@ -140,6 +140,17 @@ func TestTxSourceConflictIsRefused(t *testing.T) {
 		bus.WithHandler(handleCharge, bus.HandlerMiddleware(tx("outbox", b)))); err != nil {
 		t.Fatalf("New with a source per handler: %v", err)
 	}
+	// A middleware of the bus without a handler stage (a saga's) runs
+	// only handlers of its own in its transactions: it conflicts with the
+	// bus's middleware that run around them, not with another handler's.
+	saga := bus.Middleware{Name: "saga:order", TxSource: a, Start: func(context.Context) error { return nil }}
+	if _, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithMiddleware(saga),
+		bus.WithHandler(handleOrder, bus.HandlerMiddleware(tx("outbox", b)))); err != nil {
+		t.Fatalf("New with a saga-like middleware and another handler's own source: %v", err)
+	}
+	if _, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithMiddleware(tx("outbox", b), saga)); !errors.Is(err, bus.ErrTxSourceConflict) {
+		t.Fatalf("New with a saga-like middleware on another source than the bus's outbox = %v; want bus.ErrTxSourceConflict", err)
+	}
 	if _, err := bus.New(bus.WithMiddleware(tx("outbox", []int{1}))); err == nil || !strings.Contains(err.Error(), "not comparable") {
 		t.Fatalf("New with a TxSource that is not comparable = %v; want it refused", err)
 	}

@@ -32,7 +32,7 @@ import (
 // for an instance queue, since neither runs per handler. It refuses too a
 // middleware that runs once ([Middleware].Unique) which the bus has
 // already, and one whose [Middleware].TxSource is not that of the bus's
-// middleware: a handler runs in one transaction.
+// middleware with a handler stage: a handler runs in one transaction.
 // Calling HandlerMiddleware several times appends.
 func HandlerMiddleware(plugins ...Plugin) HandlerOption {
 	return func(h *handler) {

@@ -130,7 +130,10 @@ type Middleware struct {
 	// pointer). A handler runs in one transaction, so New refuses, with a
 	// [*TxSourceConflictError], two middleware around one handler (of the
 	// bus, or given to the handler with [HandlerMiddleware]) whose
-	// TxSources differ.
+	// TxSources differ. A middleware of the bus without a handler stage
+	// (a saga's) runs only handlers of its own in that transaction: New
+	// compares it with the bus's other middleware, not with those given
+	// to another handler.
 	TxSource any
 }
 

@@ -61,7 +61,9 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 	}
 	inst.name, inst.hasStart, inst.hasStop = resp.Name, resp.HasStart, resp.HasStop
 	p.instances[inst.id] = inst
-	m := bus.Middleware{Name: resp.Name, Start: inst.start, Stop: inst.stop}
+	// Unique crosses, so that the bus refuses the plugin twice as it does
+	// an in-process one; TxSource does not (see docs/plugins/authoring.md).
+	m := bus.Middleware{Name: resp.Name, Unique: resp.Unique, Start: inst.start, Stop: inst.stop}
 	for _, s := range resp.Stages {
 		switch pluginproto.BusStage(s.Stage) {
 		case bus.StageIncoming:

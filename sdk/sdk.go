@@ -90,6 +90,9 @@ type ErrorDeclarer interface {
 //     declares ([ErrorDeclarer]).
 //   - Changes an outgoing middleware makes after next returns are not sent
 //     back (in process they have no effect either: the message is built).
+//   - bus.Middleware.Unique crosses (bus.New refuses p twice around a
+//     handler, as in process); bus.Middleware.TxSource does not: a
+//     transaction of the plugin's process never holds the host's handler.
 //
 // Run as a program by hand, Serve prints that the binary is a plugin and exits.
 func Serve(p bus.Plugin, opts ...Option) {

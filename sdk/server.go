@@ -110,7 +110,7 @@ func (s *server) Instantiate(_ context.Context, req *pluginproto.InstantiateRequ
 	}
 	s.setInstance(req.Instance, &instance{mw: m, logger: s.logger,
 		stages: bus.NewStageMaker(bus.StageInfo{Middleware: m.Name, Endpoint: req.Endpoint, Logger: s.logger})})
-	return &pluginproto.InstantiateResponse{Name: m.Name, Stages: implementedStages(m, s.beforeOnly), HasStart: m.Start != nil, HasStop: m.Stop != nil}, nil
+	return &pluginproto.InstantiateResponse{Name: m.Name, Stages: implementedStages(m, s.beforeOnly), HasStart: m.Start != nil, HasStop: m.Stop != nil, Unique: m.Unique}, nil
 }
 
 func (s *server) instance(id uint32) *instance { return (*s.instances.Load())[id] }

@@ -456,11 +456,14 @@ func (x *InstantiateRequest) GetHandles() []string {
 }
 
 type InstantiateResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Stages        []*StageInfo           `protobuf:"bytes,2,rep,name=stages,proto3" json:"stages,omitempty"`
-	HasStart      bool                   `protobuf:"varint,3,opt,name=has_start,json=hasStart,proto3" json:"has_start,omitempty"`
-	HasStop       bool                   `protobuf:"varint,4,opt,name=has_stop,json=hasStop,proto3" json:"has_stop,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Stages   []*StageInfo           `protobuf:"bytes,2,rep,name=stages,proto3" json:"stages,omitempty"`
+	HasStart bool                   `protobuf:"varint,3,opt,name=has_start,json=hasStart,proto3" json:"has_start,omitempty"`
+	HasStop  bool                   `protobuf:"varint,4,opt,name=has_stop,json=hasStop,proto3" json:"has_stop,omitempty"`
+	// bus.Middleware.Unique: the host refuses the plugin twice around a
+	// handler, as it refuses an in-process one. An older plugin sends false.
+	Unique        bool `protobuf:"varint,5,opt,name=unique,proto3" json:"unique,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -519,6 +522,13 @@ func (x *InstantiateResponse) GetHasStart() bool {
 func (x *InstantiateResponse) GetHasStop() bool {
 	if x != nil {
 		return x.HasStop
+	}
+	return false
+}
+
+func (x *InstantiateResponse) GetUnique() bool {
+	if x != nil {
+		return x.Unique
 	}
 	return false
 }
@@ -1926,12 +1936,13 @@ const file_plugin_proto_rawDesc = "" +
 	"\x06config\x18\x02 \x01(\fR\x06config\x12\x19\n" +
 	"\bbus_name\x18\x03 \x01(\tR\abusName\x12\x1a\n" +
 	"\bendpoint\x18\x04 \x01(\tR\bendpoint\x12\x18\n" +
-	"\ahandles\x18\x05 \x03(\tR\ahandles\"\x97\x01\n" +
+	"\ahandles\x18\x05 \x03(\tR\ahandles\"\xaf\x01\n" +
 	"\x13InstantiateResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x124\n" +
 	"\x06stages\x18\x02 \x03(\v2\x1c.plugbus.plugin.v1.StageInfoR\x06stages\x12\x1b\n" +
 	"\thas_start\x18\x03 \x01(\bR\bhasStart\x12\x19\n" +
-	"\bhas_stop\x18\x04 \x01(\bR\ahasStop\"\xd9\x01\n" +
+	"\bhas_stop\x18\x04 \x01(\bR\ahasStop\x12\x16\n" +
+	"\x06unique\x18\x05 \x01(\bR\x06unique\"\xd9\x01\n" +
 	"\x10LifecycleRequest\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\rR\binstance\x126\n" +
 	"\x02op\x18\x02 \x01(\x0e2&.plugbus.plugin.v1.LifecycleRequest.OpR\x02op\x12,\n" +

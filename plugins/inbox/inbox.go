@@ -167,7 +167,10 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
 	id := h.Attributes().MessageID
 	if id == "" {
-		return next(ctx)
+		// Nothing to record, but the handler runs in a transaction of
+		// the store all the same (outbox.Tx, the sagas and the outbox
+		// join it), as every handler does on a bus with this plugin.
+		return m.sqlStore.InTx(ctx, func(ctx context.Context, _ *sqlstore.Tx) error { return next(ctx) })
 	}
 	return m.sqlStore.InTx(ctx, func(ctx context.Context, tx *sqlstore.Tx) error {
 		first, err := m.sqlStore.ClaimHandler(ctx, tx, m.endpoint, id, h.HandlerName())

@@ -66,6 +66,19 @@ func TestTxWithoutTheOutboxIsErrNoTransaction(t *testing.T) {
 	if n := count(t, st.DB(), "SELECT count(*) FROM "+data+" WHERE n = 2"); n != 1 {
 		t.Fatalf("%d rows written through Tx; want 1, committed with the handler", n)
 	}
+	// A message without an id (a foreign publisher's) cannot be
+	// deduplicated, but its handler still runs in the inbox's
+	// transaction: it was run with none, and Tx's permanent
+	// ErrNoTransaction dead-lettered it, saying to add the plugin the bus
+	// has.
+	noID := bustest.Delivery(Work{N: 3}, bus.Attributes{})
+	noID.Attributes.MessageID = ""
+	if err := withInbox.Deliver(t.Context(), noID); err != nil {
+		t.Fatalf("Deliver of a message without an id on a bus with the inbox on a SQL store: %v; want Tx to be its transaction", err)
+	}
+	if n := count(t, st.DB(), "SELECT count(*) FROM "+data+" WHERE n = 3"); n != 1 {
+		t.Fatalf("%d rows written through Tx for the message without an id; want 1", n)
+	}
 	if err := outbox.Within(t.Context(), withInbox, st, func(ctx context.Context, want *sql.Tx) error {
 		got, err := outbox.Tx(ctx)
 		if got != want || err != nil {

@@ -1,6 +1,7 @@
 package saga_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -81,5 +82,31 @@ func TestTwoSagasOfOneNameAreRefused(t *testing.T) {
 	var dup *bus.DuplicateMiddlewareError
 	if !errors.As(err, &dup) || dup.Middleware != "saga:order" {
 		t.Fatalf("bus.New with two sagas named order = %v; want a *bus.DuplicateMiddlewareError for saga:order", err)
+	}
+}
+
+// TestSagaLeavesOtherHandlersToTheirOwnStore: a saga's transaction runs
+// its own handlers only, so a handler of the bus that is not the saga's
+// may run in a transaction of another store, with an outbox given to it
+// alone (bus.HandlerMiddleware): no handler runs in two transactions, as
+// with two handlers each with its own outbox. bus.New refused it with a
+// *bus.TxSourceConflictError saying that "saga:order" ran that handler
+// in a transaction.
+func TestSagaLeavesOtherHandlersToTheirOwnStore(t *testing.T) {
+	db := storetest.New(t, storetest.SQLite)
+	st, reports := db.Open(t), db.Open(t)
+	note := func(context.Context, Noted, bus.Attributes) error { return nil }
+	if _, err := bus.New(bus.WithEndpoint("orders"), orderSaga(st, time.Hour).Option(),
+		bus.WithHandler(note, bus.HandlerName("note"), bus.HandlerMiddleware(outbox.New(reports)))); err != nil {
+		t.Fatalf("bus.New with the saga on one store and another handler's own outbox on another: %v", err)
+	}
+	// The bus's outbox runs around the saga's handlers: it must be on the
+	// saga's store (TestSagaOnAnotherStoreThanTheOutboxIsRefused), and a
+	// handler's own outbox on the bus's outbox's store.
+	_, err := bus.New(bus.WithEndpoint("orders"), bus.WithMiddleware(inbox.New(st)), orderSaga(st, time.Hour).Option(),
+		bus.WithHandler(note, bus.HandlerName("note"), bus.HandlerMiddleware(outbox.New(reports))))
+	var conflict *bus.TxSourceConflictError
+	if !errors.As(err, &conflict) || conflict.First != "inbox" || conflict.Second != "outbox" || conflict.Handler != "note" {
+		t.Fatalf("bus.New with the inbox on one store and a handler's outbox on another = %v; want a *bus.TxSourceConflictError of inbox and outbox around note", err)
 	}
 }
