@@ -152,14 +152,7 @@ func TestDLQDryRunChecksAQueueURL(t *testing.T) {
 	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	stopped := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
-	if err := stopped.Setup(ctx, bus.Topology{Instance: true, MaxAttempts: 1, Concurrency: 1}); err != nil {
-		t.Fatal(err)
-	}
-	gone := stopped.InstanceAddress()
-	if err := stopped.Close(ctx); err != nil { // deletes its instance queue
-		t.Fatal(err)
-	}
+	gone := sqstest.GoneInstanceAddress(ctx, t, cfg, prefix)
 	const ep = "cli-dry-url"
 	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	defer func() { _ = tr.Close(context.Background()) }()

@@ -105,3 +105,19 @@ func DeadLetters(ctx context.Context, t testing.TB, tr *sqs.Transport, endpoint 
 	}
 	return out
 }
+
+// GoneInstanceAddress returns the address of an instance queue that no
+// longer exists: a transport with prefix sets one up and closes, which
+// deletes it, as when the instance that asked stopped.
+func GoneInstanceAddress(ctx context.Context, t testing.TB, cfg aws.Config, prefix string) string {
+	t.Helper()
+	stopped := New(t, cfg, FastOptions(prefix)...)
+	if err := stopped.Setup(ctx, bus.Topology{Instance: true, MaxAttempts: 1, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	gone := stopped.InstanceAddress()
+	if err := stopped.Close(ctx); err != nil { // deletes its instance queue
+		t.Fatal(err)
+	}
+	return gone
+}

@@ -64,14 +64,7 @@ func TestReplayToAMissingInstanceQueueKeepsTheDeadLetter(t *testing.T) {
 	prefix := sqstest.UniquePrefix(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	stopped := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
-	if err := stopped.Setup(ctx, bus.Topology{Instance: true, MaxAttempts: 1, Concurrency: 1}); err != nil {
-		t.Fatal(err)
-	}
-	gone := stopped.InstanceAddress()
-	if err := stopped.Close(ctx); err != nil { // deletes its instance queue
-		t.Fatal(err)
-	}
+	gone := sqstest.GoneInstanceAddress(ctx, t, cfg, prefix)
 	const ep = "replay-instance"
 	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)
 	t.Cleanup(func() { _ = tr.Close(context.Background()) })
