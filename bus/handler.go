@@ -156,6 +156,7 @@ type handlerScope struct {
 	context.Context
 	bus     *Bus
 	attrs   Attributes
+	headers Headers // the native headers the transport read
 	handler string
 
 	mu       sync.Mutex // guards the fields below
@@ -251,4 +252,19 @@ func MessageContext(ctx context.Context) (b *Bus, attrs Attributes, ok bool) {
 		return nil, Attributes{}, false
 	}
 	return s.bus, s.attrs, true
+}
+
+// MessageHeader returns the native header named key of the message being
+// handled, as the transport read it (an AMQP header, an SQS message
+// attribute), when ctx is (or derives from) a handler's context: what a
+// foreign producer put in a header reaches a handler without a middleware
+// that copies it. ok is false outside a handler and for a header the
+// message does not have. Read it while the handler runs.
+func MessageHeader(ctx context.Context, key string) (value string, ok bool) {
+	s, _ := ctx.Value(scopeKey{}).(*handlerScope)
+	if s == nil {
+		return "", false
+	}
+	value, ok = s.headers[key]
+	return value, ok
 }

@@ -175,7 +175,7 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 // that dispatched d.
 func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, parent *incomingRun) error {
 	// The scope is the handler's context too: one allocation for both.
-	scope := &handlerScope{Context: ctx, bus: b, attrs: d.Attributes, handler: h.name}
+	scope := &handlerScope{Context: ctx, bus: b, attrs: d.Attributes, headers: d.Headers, handler: h.name}
 	runs := b.handlingRunsOf(h)
 	r := runs.Get().(*handlingRun)
 	r.h, r.msg, r.d, r.scope = h, msg, d, scope
