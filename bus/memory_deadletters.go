@@ -35,15 +35,18 @@ func (t *memTransport) checkKnown(ctx context.Context, endpoint string) error {
 	if t.broker.known(endpoint) {
 		return nil
 	}
-	return t.unknownEndpoint(ctx, endpoint)
+	return t.unknownEndpoint(ctx, endpoint, false)
 }
 
-func (t *memTransport) unknownEndpoint(ctx context.Context, endpoint string) error {
+// unknownEndpoint is the [*UnknownEndpointError] of endpoint (a replay's
+// destination without a queue when destination is true), naming the
+// endpoints the broker knows.
+func (t *memTransport) unknownEndpoint(ctx context.Context, endpoint string, destination bool) error {
 	known, err := t.Endpoints(ctx)
 	if err != nil {
 		return err
 	}
-	return &UnknownEndpointError{Endpoint: endpoint, Known: known}
+	return &UnknownEndpointError{Endpoint: endpoint, Known: known, Destination: destination}
 }
 
 // CheckDestination implements [DestinationChecker]: a
@@ -53,22 +56,10 @@ func (t *memTransport) CheckDestination(ctx context.Context, to string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return t.checkDestination(ctx, to)
-}
-
-// checkDestination is CheckDestination.
-func (t *memTransport) checkDestination(ctx context.Context, to string) error {
-	t.broker.mu.Lock()
-	_, queue := t.broker.queues[to]
-	t.broker.mu.Unlock()
-	if queue {
+	if t.broker.existingQueue(to) != nil {
 		return nil
 	}
-	known, err := t.Endpoints(ctx)
-	if err != nil {
-		return err
-	}
-	return &UnknownEndpointError{Endpoint: to, Known: known, Destination: true}
+	return t.unknownEndpoint(ctx, to, true)
 }
 
 // ListDeadLetters returns the dead letters f selects, oldest first.
@@ -166,7 +157,7 @@ func (t *memTransport) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter
 		return 0, err
 	}
 	if r.To != "" {
-		if err := t.checkDestination(ctx, r.To); err != nil {
+		if err := t.CheckDestination(ctx, r.To); err != nil {
 			return 0, fmt.Errorf("memory: replay to %s: %w; nothing was replayed", r.To, err)
 		}
 	}
@@ -184,7 +175,7 @@ func (t *memTransport) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter
 		// copy that went nowhere.
 		q := t.broker.existingQueue(to)
 		if q == nil {
-			err := t.checkDestination(ctx, to) // why: the error with the known endpoints
+			err := t.unknownEndpoint(ctx, to, true)
 			return fmt.Errorf("memory: replaying dead letter %s to %s: %w; it stays a dead letter of %s", dl.ID, to, err, f.Endpoint)
 		}
 		t.broker.enqueue(&memItem{env: copyEnvelope(env), attempt: 1, q: q}, env.Due)

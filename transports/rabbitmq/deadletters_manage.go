@@ -64,13 +64,7 @@ func (t *Transport) queueMessages(ctx context.Context, endpoint, queue, other st
 	if found {
 		return q.Messages, nil
 	}
-	if _, found, err = t.lookupQueue(ctx, other); err != nil {
-		return 0, fmt.Errorf("rabbitmq: looking up queue %s: %w", other, err)
-	}
-	if !found {
-		return 0, unknownEndpoint(endpoint)
-	}
-	return 0, nil
+	return 0, t.otherQueue(ctx, endpoint, other)
 }
 
 // lookupQueue reads queue with a passive queue.declare on a channel of its
@@ -110,14 +104,9 @@ func unknownEndpoint(endpoint string) error {
 // [*bus.UnknownEndpointError] for a replay to an endpoint whose queue does
 // not exist (looked up with a passive queue.declare), which
 // [Transport.ReplayDeadLetters] refuses; nil when the queue exists.
+// Without that check the copy would be unroutable (or, for an instance
+// queue's name, dropped).
 func (t *Transport) CheckDestination(ctx context.Context, to string) error {
-	return t.checkDestination(ctx, to)
-}
-
-// checkDestination returns a [*bus.UnknownEndpointError] for a replay to
-// an endpoint without a queue, whose copy would be unroutable (or, for an
-// instance queue's name, dropped), and nil when the queue exists.
-func (t *Transport) checkDestination(ctx context.Context, to string) error {
 	if len(to) > maxShortString {
 		return fmt.Errorf("rabbitmq: replay destination %.40q is longer than %d bytes", to, maxShortString)
 	}
@@ -146,10 +135,10 @@ func (t *Transport) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilte
 	dlq := DeadLetterQueue(f.Endpoint)
 	var (
 		mu      sync.Mutex
-		checked = map[string]error{} // destination → checkDestination's answer
+		checked = map[string]error{} // destination → CheckDestination's answer
 	)
 	if r.To != "" {
-		if err := t.checkDestination(ctx, r.To); err != nil {
+		if err := t.CheckDestination(ctx, r.To); err != nil {
 			return 0, fmt.Errorf("rabbitmq: replay to %s: %w; nothing was replayed", r.To, err)
 		}
 		checked[r.To] = nil
@@ -159,7 +148,7 @@ func (t *Transport) ReplayDeadLetters(ctx context.Context, f bus.DeadLetterFilte
 		err, ok := checked[to]
 		mu.Unlock()
 		if !ok {
-			err = t.checkDestination(ctx, to)
+			err = t.CheckDestination(ctx, to)
 			mu.Lock()
 			checked[to] = err
 			mu.Unlock()
@@ -234,7 +223,7 @@ func (t *Transport) eachDead(ctx context.Context, f bus.DeadLetterFilter, window
 	if len(queue) > maxShortString {
 		// No queue has that name, and a basic.get of it would close the
 		// connection (the client cannot encode it).
-		return 0, t.noDeadLetterQueue(ctx, f.Endpoint)
+		return 0, t.otherQueue(ctx, f.Endpoint, f.Endpoint)
 	}
 	ch, err := t.manageChannel(ctx, queue)
 	if err != nil {
@@ -288,7 +277,7 @@ scan:
 		var amqpErr *amqp.Error
 		switch {
 		case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound && held == 0:
-			scanErr = t.noDeadLetterQueue(ctx, f.Endpoint)
+			scanErr = t.otherQueue(ctx, f.Endpoint, f.Endpoint)
 			break scan
 		case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
 			break scan // deleted meanwhile: what was held went with it
@@ -330,14 +319,14 @@ scan:
 	return n, err
 }
 
-// noDeadLetterQueue is the answer for an endpoint without a dead-letter
-// queue: no dead letters (nil) if its queue exists, else a
+// otherQueue is the answer for an endpoint one of whose two queues does
+// not exist: nil (nothing in it) if other, the other one, exists, else a
 // [*bus.UnknownEndpointError].
-func (t *Transport) noDeadLetterQueue(ctx context.Context, endpoint string) error {
-	_, found, err := t.lookupQueue(ctx, endpoint)
+func (t *Transport) otherQueue(ctx context.Context, endpoint, other string) error {
+	_, found, err := t.lookupQueue(ctx, other)
 	switch {
 	case err != nil:
-		return fmt.Errorf("rabbitmq: looking up queue %s: %w", endpoint, err)
+		return fmt.Errorf("rabbitmq: looking up queue %s: %w", other, err)
 	case !found:
 		return unknownEndpoint(endpoint)
 	}
