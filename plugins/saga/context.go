@@ -29,9 +29,9 @@ type Context[S any] struct {
 	fx         effects
 	tx         *sql.Tx
 	logger     *slog.Logger
-	// declared returns how the saga declares a message name: its route,
-	// nil when it does not.
-	declared func(name string) *route
+	// of is the saga, which says how it declares a message name
+	// (Saga.route).
+	of *Saga[S]
 }
 
 // ID returns the instance's correlation value.
@@ -79,8 +79,8 @@ func (c *Context[S]) RequestTimeout(d time.Duration, msg bus.Message) error {
 	}
 	// A nil message (or one whose MessageName panics) is left to the bus,
 	// which refuses it.
-	if name, err := messageName(msg); err == nil && c.declared != nil {
-		if r := c.declared(name); r == nil || !r.timeout {
+	if name, err := messageName(msg); err == nil {
+		if r := c.of.route(name); r == nil || !r.timeout {
 			e := &UndeclaredTimeoutError{Saga: c.saga, Message: name}
 			switch {
 			case r != nil && r.starts:

@@ -119,7 +119,7 @@ func (s *Saga[S]) step(ctx context.Context, r *route, m bus.Message, a bus.Attri
 		instanceID = uuid.NewString()
 	}
 	c := &Context[S]{Context: ctx, State: state, saga: s.name, key: key, instanceID: instanceID,
-		attrs: a, fx: fx, tx: tx, logger: logger, declared: s.route}
+		attrs: a, fx: fx, tx: tx, logger: logger, of: s}
 	if err := r.call(c, m); err != nil {
 		return outcome{}, err
 	}
