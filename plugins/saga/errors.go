@@ -114,7 +114,7 @@ var ErrUndeclaredTimeout = errors.New("saga: timeout message not declared with H
 // permanent failure (bus.Permanent): returned by the handler, the
 // message is dead-lettered at once with this reason.
 type UndeclaredTimeoutError struct {
-	Saga, Message string
+	Saga, Message string // the saga's name, and the name of the message given to RequestTimeout
 	// DeclaredAs is how the saga declares Message otherwise ("StartedBy"
 	// or "Handles"); empty when it does not declare it at all.
 	DeclaredAs string
