@@ -91,10 +91,7 @@ func TestReplayToAnEndpointWithoutItsQueueOnRabbitMQ(t *testing.T) {
 	ep, exchange := transporttest.Name("console-noqueue"), transporttest.Name("console-noqueue-x")
 	maker := dltest.RabbitMQ(ctx, t, amqpURL, exchange, ep, "shop.order")
 	ids := dltest.Make(ctx, t, maker, ep, dltest.Message{Name: "shop.order", Body: `{}`, Reason: "failed"})
-	if err := maker.Close(ctx); err != nil { // before the deletion, which would cancel its consumer
-		t.Fatal(err)
-	}
-	dltest.DeleteQueue(t, amqpURL, ep)
+	dltest.DeleteQueue(ctx, t, amqpURL, maker)
 	m, err := rabbitmq.New(amqpURL, rabbitmq.WithExchange(exchange), rabbitmq.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
@@ -120,18 +117,10 @@ func TestReplayToAnEndpointWithoutItsQueueOnRabbitMQ(t *testing.T) {
 // queue answers 400, saying how many were replayed before: it answered
 // 502, as if the broker had failed.
 func TestReplayStoppedByAnUnknownDestinationIsABadRequest(t *testing.T) {
-	tr := memoryWith(t, "shop", dltest.Message{Name: "shop.order", Body: `{"n":1}`, Reason: "a"})
+	tr := memoryWith(t, "shop",
+		dltest.Message{Name: "shop.order", Body: `{"n":1}`, Reason: "a"},
+		dltest.Message{Name: "shop.order", Body: `{"n":2}`, Reason: "b", FailedOn: "gone"})
 	ctx := t.Context()
-	if err := tr.Send(ctx, &bus.Envelope{Name: "shop.order", Body: []byte(`{"n":2}`), Attributes: bus.NewAttributes("orphan", "", time.Now(), nil, nil)}, "shop"); err != nil {
-		t.Fatal(err)
-	}
-	d, err := tr.Receive(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tr.Fail(ctx, d, bus.Failure{Reason: "b", Endpoint: "gone", Attempts: 1}); err != nil {
-		t.Fatal(err)
-	}
 	dls, err := tr.ListDeadLetters(ctx, bus.DeadLetterFilter{Endpoint: "shop"})
 	if err != nil || len(dls) != 2 {
 		t.Fatalf("%d dead letters (%v), want 2", len(dls), err)

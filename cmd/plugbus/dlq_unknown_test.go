@@ -129,10 +129,7 @@ func TestDLQDryRunChecksTheDestinationQueue(t *testing.T) {
 	dltest.Make(ctx, t, tr, ep, dltest.Message{Name: "shop.order", Body: `{}`, Reason: "boom"})
 	gone := transporttest.Name("cli-noqueue")
 	other := dltest.RabbitMQ(ctx, t, url, transporttest.Name("cli-noqueue-x"), gone)
-	if err := other.Close(ctx); err != nil { // before the deletion, which would cancel its consumer
-		t.Fatal(err)
-	}
-	dltest.DeleteQueue(t, url, gone)
+	dltest.DeleteQueue(ctx, t, url, other)
 	args := []string{"dlq", "replay", "-endpoint", ep, "-all", "-to", gone, "-rabbitmq", url, "-exchange", exchange}
 	for _, run := range [][]string{append(args, "-dry-run"), args} {
 		out, err := cli(t, run...)
@@ -181,19 +178,11 @@ func TestDLQReplayStoppedAtItsFirstDeadLetterCounts(t *testing.T) {
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "shop", MaxAttempts: 1, Concurrency: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Send(ctx, &bus.Envelope{Name: "shop.order", Body: []byte(`{}`), Attributes: bus.NewAttributes("orphan", "", time.Now(), nil, nil)}, "shop"); err != nil {
-		t.Fatal(err)
-	}
-	d, err := tr.Receive(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tr.Fail(ctx, d, bus.Failure{Reason: "a", Endpoint: "gone", Attempts: 1}); err != nil {
-		t.Fatal(err)
-	}
-	dltest.Make(ctx, t, tr, "shop", dltest.Message{Name: "shop.order", Body: `{}`, Reason: "b"})
+	dltest.Make(ctx, t, tr, "shop",
+		dltest.Message{Name: "shop.order", Body: `{}`, Reason: "a", FailedOn: "gone"},
+		dltest.Message{Name: "shop.order", Body: `{}`, Reason: "b"})
 	var out bytes.Buffer
-	err = bulk(ctx, stdio{out: &out, err: io.Discard}, tr, "replay", bus.DeadLetterFilter{Endpoint: "shop"}, bus.Replay{}, false, "table")
+	err := bulk(ctx, stdio{out: &out, err: io.Discard}, tr, "replay", bus.DeadLetterFilter{Endpoint: "shop"}, bus.Replay{}, false, "table")
 	if !errors.Is(err, bus.ErrUnknownEndpoint) || !strings.Contains(out.String(), "replayed 0 of 2 dead letters of shop") || !strings.Contains(out.String(), "2 left") {
 		t.Errorf("replay -all: %v, printing %q; want bus.ErrUnknownEndpoint and that 0 of 2 were replayed, 2 left", err, out.String())
 	}

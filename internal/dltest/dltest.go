@@ -22,6 +22,11 @@ type Message struct {
 	Headers            bus.Headers
 	// At is the failure time; zero means now.
 	At time.Time
+	// FailedOn is the endpoint the failure names, where a replay to its
+	// own endpoint sends the dead letter; empty means the endpoint it is
+	// made on. Naming one without a queue makes a dead letter whose
+	// replay is refused.
+	FailedOn string
 }
 
 // Make sends each message to endpoint through tr (set up for endpoint),
@@ -43,7 +48,11 @@ func Make(ctx context.Context, t testing.TB, tr bus.Transport, endpoint string, 
 		if d.Attributes.MessageID != id {
 			t.Fatalf("dltest: received %s, want %s: the endpoint's queue was not empty", d.Attributes.MessageID, id)
 		}
-		if err := tr.Fail(ctx, d, bus.Failure{Reason: m.Reason, Attempts: d.Attempt, Endpoint: endpoint, Time: m.At}); err != nil {
+		failedOn := endpoint
+		if m.FailedOn != "" {
+			failedOn = m.FailedOn
+		}
+		if err := tr.Fail(ctx, d, bus.Failure{Reason: m.Reason, Attempts: d.Attempt, Endpoint: failedOn, Time: m.At}); err != nil {
 			t.Fatalf("dltest: fail: %v", err)
 		}
 		ids[i] = id
@@ -78,10 +87,17 @@ func RabbitMQ(ctx context.Context, t testing.TB, url, exchange, endpoint string,
 	return tr
 }
 
-// DeleteQueue deletes queue on the RabbitMQ broker at url, as an operator
-// would behind the transports' backs.
-func DeleteQueue(t testing.TB, url, queue string) {
+// DeleteQueue closes tr, then deletes the queue of its endpoint on the
+// RabbitMQ broker at url, as an operator would behind the transports'
+// backs; the endpoint's dead-letter queue remains. tr is closed first so
+// that the deletion does not cancel its consumer, which would declare the
+// queue again.
+func DeleteQueue(ctx context.Context, t testing.TB, url string, tr *rabbitmq.Transport) {
 	t.Helper()
+	queue := tr.Endpoint()
+	if err := tr.Close(ctx); err != nil {
+		t.Fatalf("dltest: closing the transport of %s: %v", queue, err)
+	}
 	withChannel(t, url, func(ch *amqp.Channel) {
 		if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
 			t.Errorf("dltest: deleting queue %s: %v", queue, err)
