@@ -47,18 +47,18 @@ type Chain struct {
 //     payload for a typed handler, wrapped in the layers the way
 //     message.Router composes handler middleware, called with a message;
 //   - bare (ctx, next): the same decoding handler under layers of the
-//     shape plugbus's middleware has, func(ctx, stage, next) error, each
-//     next a closure calling the following layer's function and nothing
-//     else: no bookkeeping, no pooling, no misuse detection. It is the
-//     floor of any pipeline whose middleware is handed next as a
-//     function: a layer is two calls (the middleware, and the next that
-//     runs the following one) where a Watermill layer is one;
-//   - one-call (ctx, next) and one-call, plain check: what a pipeline
-//     could do if next were not a function but a pointer whose method the
-//     compiler inlines into the middleware (an API plugbus does not have):
-//     a layer is then one call, as Watermill's; the second adds the
-//     cheapest next-twice check there is, a plain flag per layer, which
-//     is not safe when next runs on another goroutine.
+//     shape plugbus's middleware had until its next became a pointer,
+//     func(ctx, stage, next) error with next a function, each next a
+//     closure calling the following layer's function and nothing else:
+//     no bookkeeping, no pooling, no misuse detection. It is the floor of
+//     any pipeline whose middleware is handed next as a function: a layer
+//     is two calls (the middleware, and the next that runs the following
+//     one) where a Watermill layer is one;
+//   - one-call (ctx, next) and one-call, plain check: plugbus's shape
+//     with nothing of a bus around it: next is a pointer whose method the
+//     compiler inlines into the middleware, so that a layer is one call,
+//     as Watermill's; the second adds the next-twice check plugbus makes,
+//     a plain flag per layer.
 func DepthChains() []Chain {
 	return []Chain{
 		{"plugbus incoming", func(n int) (func() error, error) { return plugbusDeliver(n, bus.StageIncoming) }},

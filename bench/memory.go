@@ -22,9 +22,9 @@ import (
 func NoopMiddleware(i int) bus.Middleware {
 	return bus.Middleware{
 		Name:     "noop-" + strconv.Itoa(i),
-		Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) },
-		Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error { return next(ctx) },
-		Outgoing: func(ctx context.Context, _ *bus.Outgoing, next bus.Next) error { return next(ctx) },
+		Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error { return next.Call(ctx) },
+		Handling: func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error { return next.Call(ctx) },
+		Outgoing: func(ctx context.Context, _ *bus.Outgoing, next *bus.OutgoingNext) error { return next.Call(ctx) },
 	}
 }
 

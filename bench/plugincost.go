@@ -34,13 +34,13 @@ import (
 // NewPassPlugin returns the plugbus side's middleware: an incoming stage
 // that calls next. around adds code after next (it wraps next's error), so
 // that the stage costs two crossings; otherwise the stage ends with
-// `return next(ctx)` and the binary declares it before-only.
+// `return next.Call(ctx)` and the binary declares it before-only.
 func NewPassPlugin(around bool) bus.Plugin {
 	if !around {
-		return bus.Middleware{Name: "pass", Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) }}
+		return bus.Middleware{Name: "pass", Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error { return next.Call(ctx) }}
 	}
-	return bus.Middleware{Name: "pass", Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
-		if err := next(ctx); err != nil {
+	return bus.Middleware{Name: "pass", Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error {
+		if err := next.Call(ctx); err != nil {
 			return fmt.Errorf("pass: %w", err)
 		}
 		return nil
@@ -407,11 +407,11 @@ func openRawEchoInBus(ctx context.Context, workers int, path, sum string, payloa
 		return costSide{}, err
 	}
 	type workerKey struct{}
-	echo := bus.Middleware{Name: "raw-echo", Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+	echo := bus.Middleware{Name: "raw-echo", Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error {
 		if err := r.echo(ctx.Value(workerKey{}).(int)); err != nil {
 			return err
 		}
-		return next(ctx)
+		return next.Call(ctx)
 	}}
 	quiet := slog.New(slog.DiscardHandler)
 	b, err := bus.New(bus.WithEndpoint("bench"), bus.WithMiddleware(echo), bus.WithLogger(quiet), bus.WithSerializer(serializer),

@@ -72,7 +72,7 @@ func TestSendBatchReportsFailuresByIndex(t *testing.T) {
 	rejected := errors.New("rejected by middleware")
 	e, bt := newBatchingEnv(t, bus.WithMiddleware(bus.Middleware{
 		Name: "stamp",
-		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			switch out.Message().(chargeCard).OrderID {
 			case "drop":
 				return nil
@@ -80,7 +80,7 @@ func TestSendBatchReportsFailuresByIndex(t *testing.T) {
 				return rejected
 			}
 			out.SetValue("stamped", "yes")
-			return next(ctx)
+			return next.Call(ctx)
 		},
 	}))
 	msgs := []bus.Message{chargeCard{"drop"}, chargeCard{"1"}, chargeCard{"reject"}, chargeCard{"refuse"}, chargeCard{"2"}}

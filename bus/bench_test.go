@@ -16,9 +16,9 @@ import (
 func noop(i int) bus.Middleware {
 	return bus.Middleware{
 		Name:     fmt.Sprintf("noop-%d", i),
-		Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) },
-		Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error { return next(ctx) },
-		Outgoing: func(ctx context.Context, _ *bus.Outgoing, next bus.Next) error { return next(ctx) },
+		Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error { return next.Call(ctx) },
+		Handling: func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error { return next.Call(ctx) },
+		Outgoing: func(ctx context.Context, _ *bus.Outgoing, next *bus.OutgoingNext) error { return next.Call(ctx) },
 	}
 }
 
@@ -135,7 +135,7 @@ func BenchmarkHandlerChain(b *testing.B) {
 	handling := func(n int) []bus.Plugin {
 		ps := make([]bus.Plugin, n)
 		for i := range ps {
-			ps[i] = bus.Middleware{Name: fmt.Sprintf("noop-%d", i), Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error { return next(ctx) }}
+			ps[i] = bus.Middleware{Name: fmt.Sprintf("noop-%d", i), Handling: func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error { return next.Call(ctx) }}
 		}
 		return ps
 	}

@@ -46,9 +46,9 @@ type Bus struct {
 	wholeBus           int                // how many of middleware are the bus's
 	needsInstanceQueue bool
 
-	incoming *pipe[Incoming]
-	handling *pipe[Handling]
-	outgoing *pipe[Outgoing]
+	incoming *pipe[Incoming, IncomingNext]
+	handling *pipe[Handling, HandlingNext]
+	outgoing *pipe[Outgoing, OutgoingNext]
 
 	incomingRuns, handlingRuns, outgoingRuns sync.Pool
 
@@ -156,9 +156,9 @@ func (b *Bus) registerHandlers(handlers []*handler) error {
 // instantiatePlugins instantiates each plugin, in order, and composes the
 // three stage chains from the middleware they return.
 func (b *Bus) instantiatePlugins(plugins []Plugin) error {
-	b.incoming = &pipe[Incoming]{stage: StageIncoming}
-	b.handling = &pipe[Handling]{stage: StageHandler}
-	b.outgoing = &pipe[Outgoing]{stage: StageOutgoing}
+	b.incoming = &pipe[Incoming, IncomingNext]{stage: StageIncoming}
+	b.handling = &pipe[Handling, HandlingNext]{stage: StageHandler}
+	b.outgoing = &pipe[Outgoing, OutgoingNext]{stage: StageOutgoing}
 	info := PluginInfo{Bus: b, Name: b.name, Endpoint: b.endpoint, Logger: b.logger, Transport: b.t, Handles: slices.Clone(b.handledNames)}
 	for i, p := range plugins {
 		m, err := p.Instantiate(info)

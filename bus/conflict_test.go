@@ -9,7 +9,9 @@ import (
 	"github.com/plugbus/plugbus/bus"
 )
 
-func aroundHandler(ctx context.Context, _ *bus.Handling, next bus.Next) error { return next(ctx) }
+func aroundHandler(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error {
+	return next.Call(ctx)
+}
 
 func handleOrder(context.Context, orderPlaced, bus.Attributes) error { return nil }
 

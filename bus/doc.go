@@ -19,7 +19,7 @@
 // # Stages
 //
 // A middleware ([Middleware]) has up to three stages. Each is a function
-// (ctx, stage context, next) error; next(ctx) continues the chain with a
+// (ctx, stage context, next) error; next.Call(ctx) continues the chain with a
 // context the middleware may derive, which is how data flows downstream.
 //
 //	stage     runs                                   may change            not calling next           returning an error

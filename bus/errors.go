@@ -46,26 +46,27 @@ var (
 	ErrInvalidOption = errors.New("bus: invalid send option")
 )
 
-// NextMisuseError is returned by a next function called when it may not
-// run: a second time within one stage invocation, or after its middleware
-// returned while the invocation's pooled state was not reused (it never is
-// after a next that returned an error). A next kept after a successful
-// call and called during a later message is not detected: next is valid
-// only during the middleware's call.
+// NextMisuseError is returned by a next called when it may not run: a
+// second time within one stage invocation, or after the invocation ended
+// without the bus reusing its pooled state (it never does after a chain
+// that failed or did not reach its terminal step). A next kept after a
+// successful call reports a second call until the bus reuses the state
+// for a later message, whose chain it may then run: next is valid only
+// during the middleware's call.
 type NextMisuseError struct {
 	Stage      Stage
 	Middleware string
-	// AfterReturn tells the two misuses apart: true when next was called
-	// after the middleware returned (whether or not it was called
-	// before), false when it was called a second time while the
-	// middleware ran.
+	// AfterReturn tells the two misuses apart: true when a next reached
+	// the stage's terminal step after the invocation ended (Middleware is
+	// then the innermost middleware), false when a next was called a
+	// second time.
 	AfterReturn bool
 }
 
 // Error implements error.
 func (e *NextMisuseError) Error() string {
 	if e.AfterReturn {
-		return fmt.Sprintf("bus: %s middleware %q called next after it returned; next is valid only during the call", e.Stage, e.Middleware)
+		return fmt.Sprintf("bus: %s middleware %q called next after the invocation ended; next is valid only during the call", e.Stage, e.Middleware)
 	}
 	return fmt.Sprintf("bus: %s middleware %q called next twice; call it at most once", e.Stage, e.Middleware)
 }

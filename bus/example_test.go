@@ -59,7 +59,7 @@ func ExampleIncomingFunc() {
 	done := make(chan struct{})
 	tenancy := bus.Middleware{
 		Name: "tenancy",
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			tenant, ok := in.Attributes().StickyValue("tenant")
 			switch {
 			case !ok:
@@ -70,7 +70,7 @@ func ExampleIncomingFunc() {
 				return errors.New("tenant banned") // returned for retry, then dead-lettered
 			}
 			fmt.Println("tenant", tenant)
-			return next(ctx) // pass through
+			return next.Call(ctx) // pass through
 		},
 	}
 	b, _ := bus.New(bus.WithEndpoint("orders"), bus.WithLogger(discard()), bus.WithMiddleware(tenancy),
@@ -88,8 +88,8 @@ func ExampleHandlingFunc() {
 	done := make(chan struct{})
 	audit := bus.Middleware{
 		Name: "audit",
-		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
-			err := next(ctx)
+		Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+			err := next.Call(ctx)
 			fmt.Printf("handler %s of %s: err=%v\n", h.HandlerName(), h.MessageName(), err)
 			close(done)
 			return err
@@ -108,13 +108,13 @@ func ExampleOutgoingFunc() {
 	done := make(chan struct{})
 	stamp := bus.Middleware{
 		Name: "stamp",
-		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			if out.Name() == "billing.charge_card" {
 				return errors.New("charges go through the payments API") // reject
 			}
 			out.SetSticky("tenant", "acme")        // copied onto every message sent while handling
 			out.Headers()["x-origin"] = "web-shop" // an AMQP header, an SQS message attribute
-			return next(ctx)
+			return next.Call(ctx)
 		},
 	}
 	b, _ := bus.New(bus.WithEndpoint("orders"), bus.WithLogger(discard()), bus.WithMiddleware(stamp),
@@ -164,9 +164,9 @@ func ExamplePluginFunc() {
 		sent := 0 // per bus
 		return bus.Middleware{
 			Name: "counter",
-			Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 				sent++
-				return next(ctx)
+				return next.Call(ctx)
 			},
 			Stop: func(context.Context) error {
 				fmt.Printf("%s sent %d\n", info.Name, sent)
@@ -193,9 +193,9 @@ func ExamplePluginFunc() {
 func ExampleWithUnhandled() {
 	for _, policy := range []bus.UnhandledPolicy{bus.UnhandledDeadLetter, bus.UnhandledDiscard} {
 		done := make(chan struct{})
-		watch := bus.Middleware{Name: "watch", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		watch := bus.Middleware{Name: "watch", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			defer close(done)
-			err := next(ctx)
+			err := next.Call(ctx)
 			fmt.Printf("%s: %s, unhandled %t, permanent %t\n", policy, in.Name(), in.Unhandled(), bus.IsPermanent(err))
 			return err
 		}}

@@ -94,11 +94,11 @@ func TestHandlerErrorWrappingADecodeErrorIsRetried(t *testing.T) {
 // one in a handler returns the message for retry with a PanicError.
 func TestPanicsAreRecoveredAsErrors(t *testing.T) {
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "panics", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "panics", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			if out.Name() == "shop.order_shipped" {
 				panic("outgoing panic")
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 			panic(errors.New("handler panic"))
@@ -120,7 +120,7 @@ func TestPanicsAreRecoveredAsErrors(t *testing.T) {
 // A panic in incoming middleware returns the message for retry.
 func TestIncomingPanicIsRetried(t *testing.T) {
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "panics", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "panics", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			panic("incoming panic")
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }))

@@ -19,21 +19,21 @@ const (
 // (a lookup), write an IncomingFunc and return the error, so the message is
 // retried.
 func FilterIncoming(name string, f func(ctx context.Context, in *Incoming) FilterResult) Middleware {
-	return Middleware{Name: name, Incoming: func(ctx context.Context, in *Incoming, next Next) error {
+	return Middleware{Name: name, Incoming: func(ctx context.Context, in *Incoming, next *IncomingNext) error {
 		if f(ctx, in) == FilterStop {
 			return nil
 		}
-		return next(ctx)
+		return next.Call(ctx)
 	}}
 }
 
 // FilterOutgoing returns a middleware whose outgoing stage asks f whether a
 // message being sent proceeds. FilterStop drops the message; Send returns nil.
 func FilterOutgoing(name string, f func(ctx context.Context, out *Outgoing) FilterResult) Middleware {
-	return Middleware{Name: name, Outgoing: func(ctx context.Context, out *Outgoing, next Next) error {
+	return Middleware{Name: name, Outgoing: func(ctx context.Context, out *Outgoing, next *OutgoingNext) error {
 		if f(ctx, out) == FilterStop {
 			return nil
 		}
-		return next(ctx)
+		return next.Call(ctx)
 	}}
 }

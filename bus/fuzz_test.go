@@ -171,7 +171,7 @@ func startFuzzBus(f *testing.F, h *fuzzHandlers) *feedTransport {
 	tr := newFeedTransport()
 	opts := append([]bus.Option{bus.WithEndpoint("fuzz"), bus.WithTransport(tr), bus.WithConcurrency(1),
 		bus.WithMaxAttempts(fuzzMaxAttempts), bus.WithLogger(slog.New(slog.DiscardHandler)),
-		bus.WithMiddleware(bus.Middleware{Name: "pass", Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) }})},
+		bus.WithMiddleware(bus.Middleware{Name: "pass", Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error { return next.Call(ctx) }})},
 		h.options()...)
 	b, err := bus.New(opts...)
 	if err != nil {

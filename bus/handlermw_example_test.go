@@ -14,9 +14,9 @@ import (
 // see it.
 func ExampleHandlerMiddleware() {
 	layer := func(name string) bus.Middleware {
-		return bus.Middleware{Name: name, Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		return bus.Middleware{Name: name, Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			fmt.Printf("%s > %s\n", name, h.HandlerName())
-			return next(ctx)
+			return next.Call(ctx)
 		}}
 	}
 	b, err := bus.New(bus.WithEndpoint("billing"), bus.WithLogger(discard()),

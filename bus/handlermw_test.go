@@ -34,9 +34,9 @@ func (tr *tracer) take() []string {
 }
 
 func (tr *tracer) layer(name string) bus.Middleware {
-	return bus.Middleware{Name: name, Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+	return bus.Middleware{Name: name, Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 		tr.add(name + ">" + h.HandlerName())
-		err := next(ctx)
+		err := next.Call(ctx)
 		tr.add("<" + name)
 		return err
 	}}
@@ -73,7 +73,7 @@ func TestHandlerMiddlewareFollowsTheHandlerStageRules(t *testing.T) {
 		ran := make(chan string, 2)
 		e := newEnv(t, nil,
 			bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { ran <- "x"; return nil }, bus.HandlerName("x"),
-				bus.HandlerMiddleware(bus.Middleware{Name: "skip", Handling: func(context.Context, *bus.Handling, bus.Next) error { return nil }})),
+				bus.HandlerMiddleware(bus.Middleware{Name: "skip", Handling: func(context.Context, *bus.Handling, *bus.HandlingNext) error { return nil }})),
 			bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { ran <- "y"; return nil }, bus.HandlerName("y")))
 		if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
 			t.Fatal(err)
@@ -90,8 +90,8 @@ func TestHandlerMiddlewareFollowsTheHandlerStageRules(t *testing.T) {
 		e := newEnv(t, nil, bus.WithMaxAttempts(1),
 			bus.WithHandler(func(ctx context.Context, _ orderPlaced, _ bus.Attributes) error {
 				return handlingBus(ctx).Send(ctx, chargeCard{OrderID: "from-x"}, bus.To("listener"))
-			}, bus.HandlerName("x"), bus.HandlerMiddleware(bus.Middleware{Name: "reject", Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error {
-				if err := next(ctx); err != nil {
+			}, bus.HandlerName("x"), bus.HandlerMiddleware(bus.Middleware{Name: "reject", Handling: func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error {
+				if err := next.Call(ctx); err != nil {
 					return err
 				}
 				return errors.New("rejected after x ran")
@@ -112,9 +112,9 @@ func TestHandlerMiddlewareFollowsTheHandlerStageRules(t *testing.T) {
 	})
 	t.Run("next twice", func(t *testing.T) {
 		e := newEnv(t, nil, bus.WithMaxAttempts(1),
-			bus.WithHandler(nop[orderPlaced], bus.HandlerName("x"), bus.HandlerMiddleware(bus.Middleware{Name: "twice", Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error {
-				_ = next(ctx)
-				return next(ctx)
+			bus.WithHandler(nop[orderPlaced], bus.HandlerName("x"), bus.HandlerMiddleware(bus.Middleware{Name: "twice", Handling: func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error {
+				_ = next.Call(ctx)
+				return next.Call(ctx)
 			}})))
 		if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
 			t.Fatal(err)
@@ -140,7 +140,7 @@ func TestHandlerMiddlewareIsInstantiatedPerHandler(t *testing.T) {
 			mu.Unlock()
 			id := name + "/" + info.Handler
 			return bus.Middleware{Name: name,
-				Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error { return next(ctx) },
+				Handling: func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error { return next.Call(ctx) },
 				Start:    func(context.Context) error { hooks = append(hooks, "start "+id); return nil },
 				Stop:     func(context.Context) error { hooks = append(hooks, "stop "+id); return nil },
 			}, nil
@@ -174,14 +174,14 @@ func TestHandlerMiddlewareIsInstantiatedPerHandler(t *testing.T) {
 
 // New refuses, per handler, what only runs per bus.
 func TestHandlerMiddlewareRefusesBusOnlyStages(t *testing.T) {
-	pass := func(ctx context.Context, _ *bus.Handling, next bus.Next) error { return next(ctx) }
+	pass := func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error { return next.Call(ctx) }
 	for _, c := range []struct {
 		name string
 		p    bus.Plugin
 		want string
 	}{
-		{"incoming stage", bus.Middleware{Name: "in", Handling: pass, Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { return next(ctx) }}, `middleware "in" has an incoming or outgoing stage`},
-		{"outgoing stage", bus.Middleware{Name: "out", Outgoing: func(ctx context.Context, _ *bus.Outgoing, next bus.Next) error { return next(ctx) }}, `middleware "out" has an incoming or outgoing stage`},
+		{"incoming stage", bus.Middleware{Name: "in", Handling: pass, Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error { return next.Call(ctx) }}, `middleware "in" has an incoming or outgoing stage`},
+		{"outgoing stage", bus.Middleware{Name: "out", Outgoing: func(ctx context.Context, _ *bus.Outgoing, next *bus.OutgoingNext) error { return next.Call(ctx) }}, `middleware "out" has an incoming or outgoing stage`},
 		{"instance queue", bus.Middleware{Name: "iq", Handling: pass, InstanceQueue: true}, `"iq"`},
 		{"no stage", bus.Middleware{Name: "none"}, `"none" has no handler stage`},
 		{"no name", bus.Middleware{Handling: pass}, "without a name"},

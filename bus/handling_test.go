@@ -15,8 +15,8 @@ import (
 // discarded, its sibling's go out, and the message is retried.
 func TestHandlerStageErrorFailsOnlyThatHandler(t *testing.T) {
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "reject-a", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
-			err := next(ctx) // handler a runs and sends, then its middleware fails it
+		bus.WithMiddleware(bus.Middleware{Name: "reject-a", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+			err := next.Call(ctx) // handler a runs and sends, then its middleware fails it
 			if h.HandlerName() == "a" {
 				return errors.New("rejected a")
 			}
@@ -49,11 +49,11 @@ func TestHandlerStageErrorFailsOnlyThatHandler(t *testing.T) {
 func TestHandlerStageNotCallingNextSkipsHandler(t *testing.T) {
 	ran := make(chan string, 2)
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "skip-a", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "skip-a", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			if h.HandlerName() == "a" {
 				return nil
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { ran <- "a"; return nil }, bus.HandlerName("a")),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { ran <- "b"; return nil }, bus.HandlerName("b")))
@@ -82,9 +82,9 @@ func TestHandlingSeesHandlerAndMessage(t *testing.T) {
 	}
 	got := make(chan seen, 1)
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "look", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "look", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			got <- seen{h.HandlerName(), h.MessageName(), h.Attributes().MessageID, h.Message(), h.Attempt()}
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }, bus.HandlerName("charge")))
 	if err := e.bus.Send(t.Context(), orderPlaced{ID: "o-9", Total: 12}, bus.WithMessageID("m-9")); err != nil {
@@ -101,9 +101,9 @@ func TestHandlingSeesHandlerAndMessage(t *testing.T) {
 func TestHandlingSeesAPointerMessageAsAPointer(t *testing.T) {
 	seen, handled := make(chan bus.Message, 1), make(chan *orderPlaced, 1)
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "look", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "look", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			seen <- h.Message()
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m *orderPlaced, a bus.Attributes) error { handled <- m; return nil }))
 	if err := e.bus.Send(t.Context(), &orderPlaced{ID: "o-7", Total: 3}); err != nil {

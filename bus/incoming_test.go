@@ -14,9 +14,9 @@ import (
 // and one no handler handles.
 func TestIncomingRunsForPolledPushedAndUnhandled(t *testing.T) {
 	seen := make(chan string, 10)
-	mw := bus.Middleware{Name: "seen", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	mw := bus.Middleware{Name: "seen", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 		seen <- in.Name()
-		return next(ctx)
+		return next.Call(ctx)
 	}}
 	handled := make(chan string, 10)
 	e := newEnv(t, nil, bus.WithMiddleware(mw), bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
@@ -68,7 +68,7 @@ func TestIncomingRunsForPolledPushedAndUnhandled(t *testing.T) {
 func TestIncomingNotCallingNextDeletes(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "gate", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "gate", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			return nil
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
@@ -94,7 +94,7 @@ func TestIncomingNotCallingNextDeletes(t *testing.T) {
 func TestIncomingErrorReturnsForRetryThenDeadLetters(t *testing.T) {
 	boom := errors.New("incoming boom")
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "fails", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "fails", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			return boom
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }))
@@ -128,8 +128,8 @@ func TestIncomingErrorReturnsForRetryThenDeadLetters(t *testing.T) {
 func TestIncomingCatchingNextErrorMarksHandled(t *testing.T) {
 	caught := make(chan error, 1)
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "catch", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-			caught <- next(ctx)
+		bus.WithMiddleware(bus.Middleware{Name: "catch", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+			caught <- next.Call(ctx)
 			return nil
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return errors.New("handler boom") }, bus.HandlerName("charge")))
@@ -148,11 +148,11 @@ func TestIncomingCatchingNextErrorMarksHandled(t *testing.T) {
 func TestIncomingIsReadOnly(t *testing.T) {
 	got := make(chan bus.Attributes, 1)
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "tries-to-mutate", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "tries-to-mutate", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			a := in.Attributes()
 			a.MessageID = "changed"
 			_ = a.With("k", "changed").WithSticky("s", "changed")
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 			got <- a

@@ -24,7 +24,7 @@ func TestNewRefusesAnInstanceQueueOnATransportWithout(t *testing.T) {
 func TestInstanceQueueReceivesOnABusWithoutEndpoint(t *testing.T) {
 	got := make(chan string, 1)
 	needs := bus.Middleware{Name: "replies", InstanceQueue: true,
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			got <- in.Name()
 			return nil
 		}}
@@ -54,12 +54,12 @@ func TestInstanceQueueReceivedBesideBusyWorkers(t *testing.T) {
 	tr := memory.New()
 	replies := make(chan string, 1)
 	resolver := bus.Middleware{Name: "replies", InstanceQueue: true,
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			if in.Name() == "shop.charge_card" {
 				replies <- in.Attributes().MessageID
 				return nil // resolved without handlers
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		}}
 	got := make(chan string, 1)
 	b := bustest.Start(t, bus.WithEndpoint("ep"), bus.WithTransport(tr), bus.WithLogger(discard()), bus.WithConcurrency(1),

@@ -30,23 +30,94 @@ func (s Stage) String() string {
 	return "unknown"
 }
 
-// Next continues the chain: it runs the next middleware of the stage, or
-// the stage's terminal step after the last one. Pass a context derived from
-// the one you received to hand values downstream.
+// IncomingNext, [HandlingNext] and [OutgoingNext] continue a stage's
+// chain: their Call runs the next middleware of the stage, or the stage's
+// terminal step after the last one. Pass Call a context derived from the
+// one you received to hand values downstream:
 //
-// Next may be called at most once, and only while the middleware that
-// received it is running; otherwise it returns a [*NextMisuseError] —
-// after the middleware returned, as long as the bus has not reused the
-// invocation's pooled state for another message, which it never does
-// after a next that failed or has not returned. A next kept after a
-// successful call and called during a later message may run that
-// message's chain: do not keep it. It is never nil.
-type Next func(ctx context.Context) error
+//	func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+//		return next.Call(ctx)
+//	}
+//
+// Call it at most once: a second call returns a [*NextMisuseError] and
+// runs nothing. A next is not safe for concurrent use, and is valid only
+// while the middleware that received it runs: a middleware that hands it
+// to another goroutine (a timeout) waits for it to return, or returns an
+// error. A next called after the stage's invocation ended without reaching
+// its terminal step, or failed, runs no handler and sends nothing (a
+// [*NextMisuseError] with AfterReturn); one kept after a successful call
+// reports a second call until the bus reuses the invocation's pooled
+// state for another message, whose chain it may then run: do not keep it.
+//
+// A next is a pointer whose Call the compiler inlines into the middleware,
+// so that a layer costs one call, as a function wrapping a handler does.
+// Outside a bus (tests, a process serving a plugin), [NewIncomingNext] and
+// its siblings make one from a function.
+type IncomingNext hop[Incoming, IncomingNext]
+
+// Call runs the rest of the incoming chain with ctx.
+func (n *IncomingNext) Call(ctx context.Context) error {
+	if n.entered {
+		return n.twice
+	}
+	n.entered = true
+	return n.fn(ctx, n.c, n.next)
+}
+
+// HandlingNext continues the handler stage's chain; see [IncomingNext].
+type HandlingNext hop[Handling, HandlingNext]
+
+// Call runs the rest of the handler chain with ctx.
+func (n *HandlingNext) Call(ctx context.Context) error {
+	if n.entered {
+		return n.twice
+	}
+	n.entered = true
+	return n.fn(ctx, n.c, n.next)
+}
+
+// OutgoingNext continues the outgoing stage's chain; see [IncomingNext].
+type OutgoingNext hop[Outgoing, OutgoingNext]
+
+// Call runs the rest of the outgoing chain with ctx.
+func (n *OutgoingNext) Call(ctx context.Context) error {
+	if n.entered {
+		return n.twice
+	}
+	n.entered = true
+	return n.fn(ctx, n.c, n.next)
+}
+
+// Next is what the three stages' nexts have in common, for code that
+// several stages share: *IncomingNext, *HandlingNext and *OutgoingNext
+// implement it. A middleware calls the next it was given, not an
+// interface: a call through Next costs one more indirect call.
+type Next interface {
+	Call(ctx context.Context) error
+}
+
+// NewIncomingNext returns a next whose Call calls fn, every time it is
+// called (fn decides what a second call does), to call an [IncomingFunc]
+// outside a bus: in a test (package bustest records calls with it) or in
+// a process serving a plugin, where fn crosses back to the host.
+func NewIncomingNext(fn func(ctx context.Context) error) *IncomingNext {
+	return (*IncomingNext)(standaloneHop[Incoming, IncomingNext](StageIncoming, fn))
+}
+
+// NewHandlingNext is [NewIncomingNext] for a [HandlingFunc].
+func NewHandlingNext(fn func(ctx context.Context) error) *HandlingNext {
+	return (*HandlingNext)(standaloneHop[Handling, HandlingNext](StageHandler, fn))
+}
+
+// NewOutgoingNext is [NewIncomingNext] for an [OutgoingFunc].
+func NewOutgoingNext(fn func(ctx context.Context) error) *OutgoingNext {
+	return (*OutgoingNext)(standaloneHop[Outgoing, OutgoingNext](StageOutgoing, fn))
+}
 
 // IncomingFunc is the incoming stage of a middleware. It runs once per
 // received message, whether or not a handler handles it.
 //
-//   - return next(ctx): pass through;
+//   - return next.Call(ctx): pass through;
 //   - return nil without calling next: the message is handled, handlers are
 //     skipped and the message is deleted;
 //   - return an error: the message is returned for retry (or dead-lettered
@@ -54,7 +125,7 @@ type Next func(ctx context.Context) error
 //     nil marks it handled.
 //
 // The message and its attributes are read-only.
-type IncomingFunc func(ctx context.Context, in *Incoming, next Next) error
+type IncomingFunc func(ctx context.Context, in *Incoming, next *IncomingNext) error
 
 // HandlingFunc is the handler stage of a middleware. It runs around each
 // handler, inside that handler's outbox.
@@ -63,7 +134,7 @@ type IncomingFunc func(ctx context.Context, in *Incoming, next Next) error
 //     as succeeded;
 //   - return an error: that handler alone fails, its buffered sends are
 //     discarded, its siblings are unaffected and the message is retried.
-type HandlingFunc func(ctx context.Context, h *Handling, next Next) error
+type HandlingFunc func(ctx context.Context, h *Handling, next *HandlingNext) error
 
 // OutgoingFunc is the outgoing stage of a middleware. It runs when Send or
 // Publish is called, after the correlation id and sticky attributes are
@@ -73,7 +144,7 @@ type HandlingFunc func(ctx context.Context, h *Handling, next Next) error
 //   - return nil without calling next: the message is dropped (a debug log
 //     names the middleware);
 //   - return an error: that Send or Publish returns it and nothing is buffered.
-type OutgoingFunc func(ctx context.Context, out *Outgoing, next Next) error
+type OutgoingFunc func(ctx context.Context, out *Outgoing, next *OutgoingNext) error
 
 // Middleware is one bus's instance of a plugin: a name and up to three
 // stages, plus optional hooks run with the bus's lifecycle. A nil stage

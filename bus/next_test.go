@@ -12,24 +12,24 @@ import (
 )
 
 // A next called a second time fails with a NextMisuseError naming the
-// stage and the middleware, in every stage; so does one called after its
-// middleware returned.
+// stage and the middleware, in every stage, and runs nothing; so does one
+// kept and called again after its middleware returned.
 func TestNextCalledTwiceFailsNamingStageAndMiddleware(t *testing.T) {
 	errs := make(chan error, 3)
 	twice := func(ctx context.Context, next bus.Next) error {
-		if err := next(ctx); err != nil {
+		if err := next.Call(ctx); err != nil {
 			return err
 		}
-		errs <- next(ctx)
+		errs <- next.Call(ctx)
 		return nil
 	}
-	var saved bus.Next
+	var saved *bus.OutgoingNext
 	e := newEnv(t, nil,
 		bus.WithMiddleware(bus.Middleware{
 			Name:     "twice",
-			Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error { return twice(ctx, next) },
-			Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error { return twice(ctx, next) },
-			Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error { return twice(ctx, next) },
+			Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error { return twice(ctx, next) },
+			Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 				saved = next
 				return twice(ctx, next)
 			},
@@ -55,16 +55,20 @@ func TestNextCalledTwiceFailsNamingStageAndMiddleware(t *testing.T) {
 	}
 	e.expect(bustest.Deleted)
 	// next kept past its middleware's return refuses to run
-	err := saved(t.Context())
+	err := saved.Call(t.Context())
 	var nt *bus.NextMisuseError
-	if !errors.As(err, &nt) || !nt.AfterReturn || nt.Middleware != "twice" || nt.Stage != bus.StageOutgoing {
+	if !errors.As(err, &nt) || nt.Middleware != "twice" || nt.Stage != bus.StageOutgoing {
 		t.Fatalf("next after return: %v", err)
+	}
+	if sent := e.rec.Sent(); len(sent) != 1 {
+		t.Fatalf("sent %d messages, want 1", len(sent))
 	}
 }
 
 // A middleware that calls next on another goroutine and stops waiting
 // (a timeout) must not crash the process nor let its next run another
-// message's chain.
+// message's chain; what the detached next reaches after the invocation
+// ended runs no handler.
 func TestNextOnAnotherGoroutineOutlivingItsMiddleware(t *testing.T) {
 	release := make(chan struct{})
 	entered := make(chan struct{})
@@ -72,22 +76,22 @@ func TestNextOnAnotherGoroutineOutlivingItsMiddleware(t *testing.T) {
 	lateErr := make(chan error, 1)
 	handled := make(chan string, 8)
 	detached := func(in *bus.Incoming) bool { return in.Attributes().MessageID == "slow" && in.Attempt() == 1 }
-	timeout := bus.Middleware{Name: "timeout", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	timeout := bus.Middleware{Name: "timeout", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 		if !detached(in) {
-			return next(ctx)
+			return next.Call(ctx)
 		}
-		go func() { lateErr <- next(ctx) }() // outlives this middleware
-		<-entered                            // the rest of the chain is running on that goroutine
+		go func() { lateErr <- next.Call(ctx) }() // outlives this middleware
+		<-entered                                 // the rest of the chain is running on that goroutine
 		return errors.New("timed out")
 	}}
-	probe := bus.Middleware{Name: "probe", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	probe := bus.Middleware{Name: "probe", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 		if detached(in) {
 			close(entered)
 			<-release
 		}
 		// reads its context after the outer layer returned
 		inner <- fmt.Sprintf("%s/%d", in.Attributes().MessageID, in.Attempt())
-		return next(ctx)
+		return next.Call(ctx)
 	}}
 	e := newEnv(t, nil, bus.WithMiddleware(timeout, probe),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
@@ -117,30 +121,39 @@ func TestNextOnAnotherGoroutineOutlivingItsMiddleware(t *testing.T) {
 	if got := await(t, inner); got != "slow/1" {
 		t.Fatalf("detached next saw %s, want its own message", got)
 	}
-	if err := await(t, lateErr); err != nil {
-		t.Fatalf("detached next: %v", err)
+	// The invocation ended before probe called its next: the handler does
+	// not run late for the first delivery, which the timeout returned.
+	var nt *bus.NextMisuseError
+	if err := await(t, lateErr); !errors.As(err, &nt) || !nt.AfterReturn || nt.Middleware != "probe" {
+		t.Fatalf("detached next: %v, want a *NextMisuseError after return from probe", err)
 	}
 	counts := map[string]int{}
-	for range 3 {
+	for range 2 {
 		counts[await(t, handled)]++
 	}
-	if counts["slow"] != 2 || counts["fast"] != 1 {
+	if counts["slow"] != 1 || counts["fast"] != 1 {
 		t.Fatalf("handled %v", counts)
+	}
+	if err := e.bus.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(handled) != 0 {
+		t.Fatalf("a late next ran a handler: %s", <-handled)
 	}
 }
 
 // A next handed to a goroutine that runs only after the middleware
 // returned gets an error instead of running a later message's chain.
 func TestNextCalledAfterReturnOnAnotherGoroutine(t *testing.T) {
-	kept := make(chan bus.Next, 1)
+	kept := make(chan *bus.IncomingNext, 1)
 	ran := make(chan string, 4)
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "keeps", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "keeps", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			if in.Attributes().MessageID == "first" {
 				kept <- next
 				return nil // short-circuit; next escapes
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { ran <- a.MessageID; return nil }))
 	ctx := t.Context()
@@ -156,7 +169,7 @@ func TestNextCalledAfterReturnOnAnotherGoroutine(t *testing.T) {
 		t.Fatalf("ran %s", got)
 	}
 	e.expect(bustest.Deleted)
-	err := next(ctx)
+	err := next.Call(ctx)
 	var nt *bus.NextMisuseError
 	if !errors.As(err, &nt) || !nt.AfterReturn {
 		t.Fatalf("late next: %v", err)
@@ -181,16 +194,16 @@ func (r refusingFirst) Send(ctx context.Context, env *bus.Envelope, to string) e
 // background) refuses to run once a later message reuses the stage.
 func TestNextKeptAfterAFailureDoesNotRunALaterMessage(t *testing.T) {
 	tr := refusingFirst{bustest.NewTransport()}
-	var kept bus.Next
+	var kept *bus.OutgoingNext
 	stale := make(chan error, 1)
 	b, err := bus.New(bus.WithLogger(discard()), bus.WithTransport(tr),
-		bus.WithMiddleware(bus.Middleware{Name: "keeps", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "keeps", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			if out.MessageID() == "first" {
 				kept = next
-				return next(ctx)
+				return next.Call(ctx)
 			}
-			stale <- kept(ctx)
-			return next(ctx)
+			stale <- kept.Call(ctx)
+			return next.Call(ctx)
 		}}))
 	if err != nil {
 		t.Fatal(err)
@@ -203,8 +216,8 @@ func TestNextKeptAfterAFailureDoesNotRunALaterMessage(t *testing.T) {
 		t.Fatalf("Send(second): %v", err)
 	}
 	var nt *bus.NextMisuseError
-	if err := <-stale; !errors.As(err, &nt) || !nt.AfterReturn {
-		t.Fatalf("the kept next returned %v; want a *NextMisuseError after return", err)
+	if err := <-stale; !errors.As(err, &nt) || nt.Middleware != "keeps" {
+		t.Fatalf("the kept next returned %v; want a *NextMisuseError", err)
 	}
 	if sent := tr.Sent(); len(sent) != 1 || sent[0].Envelope.Attributes.MessageID != "second" {
 		t.Fatalf("sent %+v; want second, once", sent)

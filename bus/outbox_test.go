@@ -50,12 +50,12 @@ func TestFlushDoesNotRerunOutgoing(t *testing.T) {
 	inHandler := make(chan bool, 4)
 	done := make(chan struct{}, 1)
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "count", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "count", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			mu.Lock()
 			outgoing = append(outgoing, out.Name())
 			mu.Unlock()
 			inHandler <- out.InHandler()
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 			if err := handlingBus(ctx).Send(ctx, chargeCard{OrderID: m.ID}); err != nil {
@@ -111,9 +111,9 @@ func TestImmediatelyBypassesTheHandlerOutbox(t *testing.T) {
 	inHandler := make(chan bool, 2)
 	var e *env
 	e = newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "see", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "see", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			inHandler <- out.InHandler()
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 			b := handlingBus(ctx)
@@ -210,8 +210,8 @@ func TestContextWithOutboxInsideAHandlerAndImmediately(t *testing.T) {
 func TestUseOutboxMovesWhatWasAlreadySent(t *testing.T) {
 	var box memoryOutbox
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "late-outbox", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
-			if err := next(ctx); err != nil {
+		bus.WithMiddleware(bus.Middleware{Name: "late-outbox", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+			if err := next.Call(ctx); err != nil {
 				return err
 			}
 			_, err := h.UseOutbox(ctx, &box) // after the handler sent: its buffer moves to box
@@ -238,18 +238,18 @@ func TestUseOutboxRestoreSendsLaterOnesToTheBuffer(t *testing.T) {
 	var box memoryOutbox
 	e := newEnv(t, nil,
 		bus.WithMiddleware(
-			bus.Middleware{Name: "outer", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
-				err := next(ctx)
+			bus.Middleware{Name: "outer", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+				err := next.Call(ctx)
 				// after the inner outbox's transaction ended: back to the bus's buffer
 				return errors.Join(err, handlingBus(ctx).Send(ctx, chargeCard{OrderID: "after"}, bus.To("listener")))
 			}},
-			bus.Middleware{Name: "tx", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			bus.Middleware{Name: "tx", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 				restore, err := h.UseOutbox(ctx, &box)
 				defer restore()
 				if err != nil {
 					return err
 				}
-				return next(ctx)
+				return next.Call(ctx)
 			}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 			return handlingBus(ctx).Send(ctx, chargeCard{OrderID: "inside"}, bus.To("listener"))
@@ -278,7 +278,7 @@ func TestOutgoingDropOrErrorAfterNextStoresNothing(t *testing.T) {
 	}{
 		{"drop", func(context.Context, bus.Next) error { return nil }, ""},
 		{"error after next", func(ctx context.Context, next bus.Next) error {
-			if err := next(ctx); err != nil {
+			if err := next.Call(ctx); err != nil {
 				return err
 			}
 			return errors.New("audit write failed")
@@ -292,11 +292,11 @@ func TestOutgoingDropOrErrorAfterNextStoresNothing(t *testing.T) {
 				return nil
 			}
 			tr := bustest.NewTransport()
-			mw := bus.Middleware{Name: "mw", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			mw := bus.Middleware{Name: "mw", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 				if out.Name() == (chargeCard{}).MessageName() {
 					return c.mw(ctx, next)
 				}
-				return next(ctx)
+				return next.Call(ctx)
 			}}
 			var b *bus.Bus
 			b, err := bus.New(bus.WithEndpoint("ep"), bus.WithLogger(discard()), bus.WithTransport(tr),
@@ -348,9 +348,9 @@ func TestOutgoingMiddlewareReturningBeforeItsNextStoresNothing(t *testing.T) {
 	rec := bustest.NewTransport()
 	tr := &blockingValidator{Transport: rec, in: make(chan struct{}), release: make(chan struct{})}
 	detached := make(chan error, 1)
-	early := bus.Middleware{Name: "early", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+	early := bus.Middleware{Name: "early", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 		out.Headers()["x-audit"] = "1"
-		go func() { detached <- next(ctx) }()
+		go func() { detached <- next.Call(ctx) }()
 		<-tr.in // the terminal step runs
 		return nil
 	}}

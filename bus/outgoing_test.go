@@ -22,17 +22,17 @@ func TestOutgoingMutatesAttributesAndHeaders(t *testing.T) {
 	e := newEnv(t, nil,
 		bus.WithMiddleware(bus.Middleware{
 			Name: "stamp",
-			Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 				out.SetValue("stamped", "yes")
 				out.SetSticky("tenant", "acme")
 				out.SetCorrelationID("corr-stamp")
 				out.DeleteValue("drop-me")
 				out.Headers()["x-tenant"] = "acme"
-				return next(ctx)
+				return next.Call(ctx)
 			},
-			Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 				headerInIncoming, _ = in.Header("x-tenant")
-				return next(ctx)
+				return next.Call(ctx)
 			},
 		}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
@@ -61,14 +61,14 @@ func TestOutgoingDropAndReject(t *testing.T) {
 	sendErr := make(chan error, 1)
 	reject := errors.New("not allowed")
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "policy", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "policy", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			switch out.Name() {
 			case "shop.charge_card":
 				return nil // drop
 			case "shop.order_shipped":
 				return reject
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
 			ran <- "placed"

@@ -12,8 +12,8 @@ import (
 // watchAttempts is an incoming middleware printing the outcome of the
 // one attempt it expects.
 func watchAttempts(done chan<- struct{}) bus.Middleware {
-	return bus.Middleware{Name: "watch", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-		err := next(ctx)
+	return bus.Middleware{Name: "watch", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+		err := next.Call(ctx)
 		fmt.Printf("attempt %d: %v (permanent %t)\n", in.Attempt(), err, bus.IsPermanent(err))
 		close(done) // the example's message fails once, for good
 

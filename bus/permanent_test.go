@@ -64,7 +64,7 @@ func TestPermanentErrorFromHandlerDeadLettersAtOnce(t *testing.T) {
 func TestPermanentErrorFromIncomingMiddlewareDeadLettersAtOnce(t *testing.T) {
 	handled := make(chan struct{}, 1)
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "tenancy", Incoming: func(context.Context, *bus.Incoming, bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "tenancy", Incoming: func(context.Context, *bus.Incoming, *bus.IncomingNext) error {
 			return bus.Permanent(errors.New("no tenant"))
 		}}),
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { handled <- struct{}{}; return nil }))
@@ -77,7 +77,7 @@ func TestPermanentErrorFromIncomingMiddlewareDeadLettersAtOnce(t *testing.T) {
 
 func TestPermanentErrorFromHandlerMiddlewareDeadLettersAtOnce(t *testing.T) {
 	e := newEnv(t, nil,
-		bus.WithMiddleware(bus.Middleware{Name: "validate", Handling: func(context.Context, *bus.Handling, bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "validate", Handling: func(context.Context, *bus.Handling, *bus.HandlingNext) error {
 			return bus.Permanent(&validationError{field: "total"})
 		}}),
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
@@ -89,14 +89,14 @@ func TestPermanentErrorFromHandlerMiddlewareDeadLettersAtOnce(t *testing.T) {
 // stages stays permanent.
 func TestPermanentErrorWrappedByMiddlewareDeadLettersAtOnce(t *testing.T) {
 	wrap := bus.Middleware{Name: "wrap",
-		Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
-			if err := next(ctx); err != nil {
+		Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error {
+			if err := next.Call(ctx); err != nil {
 				return fmt.Errorf("incoming wrap: %w", err)
 			}
 			return nil
 		},
-		Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error {
-			if err := next(ctx); err != nil {
+		Handling: func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error {
+			if err := next.Call(ctx); err != nil {
 				return fmt.Errorf("handler wrap: %w", err)
 			}
 			return nil

@@ -8,44 +8,81 @@ import (
 
 // pipe is one stage's chain, composed once when the bus is built: the
 // middleware's names, stage functions and base loggers, outermost first.
-type pipe[C any] struct {
+type pipe[C, N any] struct {
 	stage Stage
 	names []string
-	funcs []func(context.Context, *C, Next) error
+	funcs []func(context.Context, *C, *N) error
 	base  []*slog.Logger // the bus logger scoped with the stage and the middleware
+	twice []error        // what layer i's next returns when called a second time
+	after []error        // what a next returns that reaches the terminal step after the invocation ended (the innermost layer's)
 }
 
-func (p *pipe[C]) add(name string, fn func(context.Context, *C, Next) error, logger *slog.Logger) {
+func (p *pipe[C, N]) add(name string, fn func(context.Context, *C, *N) error, logger *slog.Logger) {
 	p.names = append(p.names, name)
 	p.funcs = append(p.funcs, fn)
 	p.base = append(p.base, logger.With(slog.String("stage", p.stage.String()), slog.String("middleware", name)))
+	p.twice = append(p.twice, &NextMisuseError{Stage: p.stage, Middleware: name})
+	p.after = append(p.after, &NextMisuseError{Stage: p.stage, Middleware: name, AfterReturn: true})
 }
 
-// Each layer's state is an epoch (the invocation's number) and a phase.
-// A layer is set to (epoch, next) by a compare-and-swap when it calls next,
-// and to (epoch, done) when it returns, so that one hop costs two atomic
-// operations and works when next runs on another goroutine.
-const (
-	phaseNext uint64 = 1
-	phaseDone uint64 = 2
-)
+// hop is what a next points to: the following layer's middleware, stage
+// context and next, so that a next's Call, inlined into the middleware
+// that calls it, calls the following middleware directly. A layer then
+// costs the middleware's own call, and a plain flag tells a second call.
+type hop[C, N any] struct {
+	fn      func(context.Context, *C, *N) error // the following layer's middleware, or the terminal step
+	c       *C                                  // the following layer's stage context
+	next    *N                                  // the following layer's next
+	entered bool                                // Call ran in this invocation
+	twice   error                               // what a second Call returns
+	f       func(context.Context) error         // a standalone next's function
+}
 
-func phase(epoch, p uint64) uint64 { return epoch<<2 | p }
+// hopper is a next type: *IncomingNext, *HandlingNext or *OutgoingNext.
+type hopper[C, N any] interface {
+	*N
+	hop() *hop[C, N]
+}
+
+func (n *IncomingNext) hop() *hop[Incoming, IncomingNext] { return (*hop[Incoming, IncomingNext])(n) }
+func (n *HandlingNext) hop() *hop[Handling, HandlingNext] { return (*hop[Handling, HandlingNext])(n) }
+func (n *OutgoingNext) hop() *hop[Outgoing, OutgoingNext] { return (*hop[Outgoing, OutgoingNext])(n) }
+
+// standaloneHop returns a next's state that calls fn on every Call.
+func standaloneHop[C, N any, P hopper[C, N]](stage Stage, fn func(context.Context) error) *hop[C, N] {
+	n := new(N)
+	h := P(n).hop()
+	h.fn, h.next, h.f = callStandalone[C, N, P], n, fn
+	h.twice = &NextMisuseError{Stage: stage} // never returned: callStandalone re-arms the next
+	return h
+}
+
+// callStandalone is a standalone next's step: it re-arms the next, then
+// calls its function.
+func callStandalone[C, N any, P hopper[C, N]](ctx context.Context, _ *C, n *N) error {
+	h := P(n).hop()
+	h.entered = false
+	return h.f(ctx)
+}
 
 // run is the reusable state of one invocation of a stage. It is pooled:
-// every closure and stage context in it is made once, so running a chain
-// allocates nothing per layer. A run goes back to its pool only when it
-// ended clean (every layer called next once and returned after it), so a
-// next still running on another goroutine never sees its run reused.
-type run[C any] struct {
-	chain            *pipe[C]
-	contexts         []C             // the stage context given to each layer
-	nexts            []Next          // the next given to each layer
-	phases           []atomic.Uint64 // each layer's phase in the current epoch
-	terminalReturned atomic.Uint64   // the last epoch whose terminal step returned
-	epoch            atomic.Uint64   // the current invocation
-	retired          atomic.Bool     // never back to the pool: a layer returned without calling next first, or a next failed
-	messageLoggers   []*slog.Logger  // each layer's logger scoped with the message, made on first use
+// every next and stage context in it is made once, so running a chain
+// allocates nothing per layer. Nothing runs between two layers (a next
+// calls the following middleware itself), so the run knows only how the
+// invocation ended: it goes back to its pool only when the chain returned
+// nil and the terminal step returned nil in this invocation — every layer
+// called its next then. Otherwise a next may still run on another
+// goroutine, or be kept for later: the run is retired, never reused, and
+// its terminal step refuses to run again.
+type run[C, N any, P hopper[C, N]] struct {
+	chain            *pipe[C, N]
+	contexts         []C            // the stage context given to each layer
+	nexts            []N            // the next given to each layer
+	terminalReturned atomic.Uint64  // the last epoch whose terminal step returned
+	epoch            atomic.Uint64  // the current invocation
+	ended            atomic.Uint64  // the epoch that ended without the run going back to its pool
+	retired          atomic.Bool    // never back to the pool
+	messageLoggers   []*slog.Logger // each layer's logger scoped with the message, made on first use
 	terminal         func(context.Context) error
 	messageFields    func() []any // what scopes a logger to the message
 	shortCircuitLog  string       // the debug message when a layer does not call next
@@ -55,25 +92,22 @@ type run[C any] struct {
 	// allocation of their own.
 	single struct {
 		contexts       [1]C
-		nexts          [1]Next
-		phases         [1]atomic.Uint64
+		nexts          [1]N
 		messageLoggers [1]*slog.Logger
 	}
 }
 
-func (r *run[C]) init(chain *pipe[C], stageContext func(i int) C, terminal func(context.Context) error, messageFields func() []any, shortCircuitLog string) {
+func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, terminal func(context.Context) error, messageFields func() []any, shortCircuitLog string) {
 	n := len(chain.funcs)
 	if n == 0 && len(chain.names) > 0 { // standalone stage context for tests
 		n = len(chain.names)
 	}
 	r.chain = chain
 	if n == 1 {
-		r.contexts, r.nexts = r.single.contexts[:], r.single.nexts[:]
-		r.phases, r.messageLoggers = r.single.phases[:], r.single.messageLoggers[:]
+		r.contexts, r.nexts, r.messageLoggers = r.single.contexts[:], r.single.nexts[:], r.single.messageLoggers[:]
 	} else {
 		r.contexts = make([]C, n)
-		r.nexts = make([]Next, n)
-		r.phases = make([]atomic.Uint64, n)
+		r.nexts = make([]N, n)
 		r.messageLoggers = make([]*slog.Logger, n)
 	}
 	r.terminal = terminal
@@ -81,119 +115,93 @@ func (r *run[C]) init(chain *pipe[C], stageContext func(i int) C, terminal func(
 	r.shortCircuitLog = shortCircuitLog
 	for i := range n {
 		r.contexts[i] = stageContext(i)
-		r.phases[i].Store(phase(0, phaseDone))
 	}
 	funcs := chain.funcs
-	// Built from the innermost layer out, so that each next holds the next
-	// layer's function, context, phase and next directly.
-	for i := n - 1; i >= 0; i-- {
-		phaseI := &r.phases[i]
-		// next of layer i runs layer i+1 itself: one frame per hop besides
-		// the middleware's own, so deep chains stay cheap.
-		j := i + 1
-		if j >= len(funcs) {
-			// The innermost next runs the terminal step. No layer inside
-			// it records when it returns, so it records that itself: an
-			// innermost middleware that hands next to another goroutine
-			// and returns must not leave the run reusable while the
-			// terminal step still runs there.
-			r.nexts[i] = func(ctx context.Context) error {
-				e := r.epoch.Load()
-				if !phaseI.CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
-					return r.misusedNext(i)
-				}
-				err := r.terminal(ctx)
-				r.terminalReturned.Store(e)
-				if err != nil {
-					r.retired.Store(true) // see below
-				}
-				return err
-			}
-			continue
-		}
-		fnJ, contextJ, phaseJ, nextJ := funcs[j], &r.contexts[j], &r.phases[j], r.nexts[j]
-		r.nexts[i] = func(ctx context.Context) error {
-			e := r.epoch.Load()
-			if !phaseI.CompareAndSwap(phase(e-1, phaseDone), phase(e, phaseNext)) {
-				return r.misusedNext(i)
-			}
-			err := fnJ(ctx, contextJ, nextJ)
-			// leave, written out: the generic method is too big to be
-			// inlined here, and a call per hop shows in deep chains.
-			if prev := phaseJ.Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
-				r.leftEarly(ctx, j, err)
-			}
-			if err != nil {
-				// A next that failed is what a middleware retrying in the
-				// background keeps: its run is not reused, so that the
-				// kept next gets a NextMisuseError rather than
-				// running a later message's chain.
-				r.retired.Store(true)
-			}
-			return err
+	if len(funcs) == 0 {
+		r.nexts = nil // a standalone context: its middleware is given a next made by NewIncomingNext or a sibling
+		return
+	}
+	last := func(ctx context.Context, _ *C, _ *N) error { return r.callTerminal(ctx) }
+	for i := range n {
+		h := P(&r.nexts[i]).hop()
+		h.twice = chain.twice[i]
+		if i+1 < n {
+			h.fn, h.c, h.next = funcs[i+1], &r.contexts[i+1], &r.nexts[i+1]
+		} else {
+			h.fn = last
 		}
 	}
 }
 
 // start runs the chain as a new epoch.
-func (r *run[C]) start(ctx context.Context) error {
-	if len(r.chain.funcs) == 0 {
+func (r *run[C, N, P]) start(ctx context.Context) error {
+	funcs := r.chain.funcs
+	if len(funcs) == 0 {
 		return r.terminal(ctx) // on this goroutine: reusable needs no record
 	}
 	clear(r.messageLoggers)
+	for i := range r.nexts {
+		P(&r.nexts[i]).hop().entered = false
+	}
 	e := r.epoch.Load() + 1
 	r.epoch.Store(e)
-	err := r.chain.funcs[0](ctx, &r.contexts[0], r.nexts[0])
-	r.leave(ctx, e, 0, err)
+	err := funcs[0](ctx, &r.contexts[0], &r.nexts[0])
+	if err != nil || r.terminalReturned.Load() != e {
+		r.endUnclean(ctx, e, err)
+	}
 	return err
 }
 
-// leave marks layer i returned in epoch e.
-func (r *run[C]) leave(ctx context.Context, e uint64, i int, err error) {
-	if prev := r.phases[i].Swap(phase(e, phaseDone)); prev != phase(e, phaseNext) {
-		r.leftEarly(ctx, i, err)
+// callTerminal is the innermost next's step: the terminal step, unless
+// the invocation already ended (a next kept, or left running on another
+// goroutine, by a middleware that returned).
+func (r *run[C, N, P]) callTerminal(ctx context.Context) error {
+	e := r.epoch.Load()
+	if r.ended.Load() == e {
+		return r.chain.after[len(r.chain.after)-1]
 	}
+	err := r.terminal(ctx)
+	if err != nil {
+		// A next that failed is what a middleware retrying in the
+		// background keeps: its run is not reused, so that the kept
+		// next never runs a later message's chain.
+		r.retired.Store(true)
+	}
+	r.terminalReturned.Store(e)
+	return err
 }
 
-// leftEarly handles layer i returning without having called next: it
-// short-circuited — or handed next to another goroutine that has not
-// called it yet. Either way the run is not reused.
-func (r *run[C]) leftEarly(ctx context.Context, i int, err error) {
+// endUnclean retires the run of invocation e, which returned err without
+// its terminal step having returned in it, or failed.
+func (r *run[C, N, P]) endUnclean(ctx context.Context, e uint64, err error) {
 	r.retired.Store(true)
-	if err == nil {
-		r.shortCircuited(ctx, i)
+	r.ended.Store(e)
+	if err != nil {
+		return
+	}
+	// A layer returned nil without calling next: the first whose next was
+	// not called. (If every next was called, the terminal step has not
+	// returned: a middleware returned while its next runs elsewhere.)
+	for i := range r.nexts {
+		if !P(&r.nexts[i]).hop().entered {
+			r.shortCircuited(ctx, i)
+			return
+		}
 	}
 }
 
-// reusable reports whether the run may go back to its pool: every layer
-// called next and returned after it, the terminal step returned, and no
-// next is still running.
-func (r *run[C]) reusable() bool {
+// reusable reports whether the run may go back to its pool: the chain
+// returned nil, the terminal step returned nil in this invocation, and
+// no layer panicked.
+func (r *run[C, N, P]) reusable() bool {
 	if r.retired.Load() {
 		return false
 	}
-	e := r.epoch.Load()
-	if len(r.phases) > 0 && r.terminalReturned.Load() != e {
-		return false // the terminal step has not returned (or never ran)
-	}
-	done := phase(e, phaseDone)
-	for i := range r.phases {
-		if r.phases[i].Load() != done {
-			return false
-		}
-	}
-	return true
-}
-
-// misusedNext is the error of a next called while layer i is not running:
-// a second call, or a call after layer i returned.
-func (r *run[C]) misusedNext(i int) error {
-	twice := r.phases[i].Load() == phase(r.epoch.Load(), phaseNext)
-	return &NextMisuseError{Stage: r.chain.stage, Middleware: r.chain.names[i], AfterReturn: !twice}
+	return len(r.chain.funcs) == 0 || r.terminalReturned.Load() == r.epoch.Load()
 }
 
 // shortCircuited logs that layer i returned without calling next.
-func (r *run[C]) shortCircuited(ctx context.Context, i int) {
+func (r *run[C, N, P]) shortCircuited(ctx context.Context, i int) {
 	if r.chain.base[i].Enabled(ctx, slog.LevelDebug) {
 		r.logger(i).DebugContext(ctx, r.shortCircuitLog)
 	}
@@ -201,7 +209,7 @@ func (r *run[C]) shortCircuited(ctx context.Context, i int) {
 
 // logger returns the logger of layer i scoped with the message, made on
 // first use within this invocation.
-func (r *run[C]) logger(i int) *slog.Logger {
+func (r *run[C, N, P]) logger(i int) *slog.Logger {
 	if l := r.messageLoggers[i]; l != nil {
 		return l
 	}
@@ -210,4 +218,4 @@ func (r *run[C]) logger(i int) *slog.Logger {
 	return l
 }
 
-func (r *run[C]) middlewareName(i int) string { return r.chain.names[i] }
+func (r *run[C, N, P]) middlewareName(i int) string { return r.chain.names[i] }

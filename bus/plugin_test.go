@@ -54,9 +54,15 @@ func TestTwoBusesShareNeitherMiddlewareNorHandlerScopes(t *testing.T) {
 	count := func(name string, in, out *atomic.Int32) bus.Plugin {
 		return bus.PluginFunc(func(info bus.PluginInfo) (bus.Middleware, error) {
 			return bus.Middleware{
-				Name:     name,
-				Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error { in.Add(1); return next(ctx) },
-				Outgoing: func(ctx context.Context, _ *bus.Outgoing, next bus.Next) error { out.Add(1); return next(ctx) },
+				Name: name,
+				Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error {
+					in.Add(1)
+					return next.Call(ctx)
+				},
+				Outgoing: func(ctx context.Context, _ *bus.Outgoing, next *bus.OutgoingNext) error {
+					out.Add(1)
+					return next.Call(ctx)
+				},
 			}, nil
 		})
 	}

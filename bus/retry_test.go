@@ -50,9 +50,9 @@ func (r *delayRecorder) Fail(ctx context.Context, d *bus.Delivery, f bus.Failure
 // the channel it returns.
 func attemptsOf() (bus.Middleware, chan int) {
 	seen := make(chan int, 1024)
-	return bus.Middleware{Name: "attempts", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+	return bus.Middleware{Name: "attempts", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 		seen <- h.Attempt()
-		return next(ctx)
+		return next.Call(ctx)
 	}}, seen
 }
 

@@ -137,10 +137,10 @@ func TestOutgoingMiddlewareReadsAndChangesDue(t *testing.T) {
 	seen := make(chan time.Time, 1)
 	const delay = 40 * time.Millisecond
 	b := startBus(t, bus.WithEndpoint("ep"), bus.WithHandler(r.handle),
-		bus.WithMiddleware(bus.Middleware{Name: "later", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "later", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			seen <- out.Due()
 			out.SetDue(time.Now().Add(delay))
-			return next(ctx)
+			return next.Call(ctx)
 		}}))
 	at := time.Now().Add(time.Hour)
 	if err := b.Send(t.Context(), orderPlaced{ID: "x"}, bus.At(at)); err != nil {

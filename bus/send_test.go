@@ -84,9 +84,9 @@ func TestPublishReachesEveryEndpointThatHandlesIt(t *testing.T) {
 func TestHeaderReservedRefusedAtSendTime(t *testing.T) {
 	e := newEnv(t, nil,
 		bus.WithTransport(reservingTransport{memory.New()}),
-		bus.WithMiddleware(bus.Middleware{Name: "sets-reserved", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "sets-reserved", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			out.Headers()["x-reserved"] = "1"
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }))
 	err := e.bus.Send(t.Context(), orderPlaced{})

@@ -17,7 +17,7 @@ type Incoming struct {
 }
 
 type incomingRun struct {
-	run[Incoming]
+	run[Incoming, IncomingNext, *IncomingNext]
 	b             *Bus
 	d             *Delivery
 	endpoint      string
@@ -25,7 +25,7 @@ type incomingRun struct {
 	unhandled     bool // the terminal step found no handler for d's name
 }
 
-func newIncomingRun(b *Bus, p *pipe[Incoming], endpoint string) *incomingRun {
+func newIncomingRun(b *Bus, p *pipe[Incoming, IncomingNext], endpoint string) *incomingRun {
 	r := &incomingRun{b: b, endpoint: endpoint}
 	r.init(p, func(i int) Incoming { return Incoming{r: r, i: i} },
 		func(ctx context.Context) error { return r.b.dispatch(ctx, r) },
@@ -91,7 +91,7 @@ type Handling struct {
 }
 
 type handlingRun struct {
-	run[Handling]
+	run[Handling, HandlingNext, *HandlingNext]
 	b     *Bus
 	h     *handler
 	msg   any // as the handler's decode returned it (see handler.asReceived)
@@ -99,7 +99,7 @@ type handlingRun struct {
 	scope *handlerScope
 }
 
-func newHandlingRun(b *Bus, p *pipe[Handling]) *handlingRun {
+func newHandlingRun(b *Bus, p *pipe[Handling, HandlingNext]) *handlingRun {
 	r := &handlingRun{b: b}
 	r.init(p, func(i int) Handling { return Handling{r: r, i: i} },
 		func(ctx context.Context) error { return r.h.invoke(ctx, r.msg, r.d.Attributes) },
@@ -164,7 +164,7 @@ func (h *Handling) Logger() *slog.Logger { return h.r.logger(h.i) }
 //		return err
 //	}
 //	defer restore()
-//	return next(ctx)
+//	return next.Call(ctx)
 //
 // restore is never nil.
 func (h *Handling) UseOutbox(ctx context.Context, o Outbox) (restore func(), err error) {
@@ -183,7 +183,7 @@ type Outgoing struct {
 }
 
 type outgoingRun struct {
-	run[Outgoing]
+	run[Outgoing, OutgoingNext, *OutgoingNext]
 	b               *Bus
 	kind            Kind
 	msg             Message
@@ -217,7 +217,7 @@ const (
 	ownSticky
 )
 
-func newOutgoingRun(b *Bus, p *pipe[Outgoing]) *outgoingRun {
+func newOutgoingRun(b *Bus, p *pipe[Outgoing, OutgoingNext]) *outgoingRun {
 	r := &outgoingRun{b: b}
 	r.init(p, func(i int) Outgoing { return Outgoing{r: r, i: i} },
 		func(ctx context.Context) error { return r.b.finishOutgoing(ctx, r) },

@@ -34,21 +34,21 @@ func (tr *trace) get() []string {
 func tracingLayer(name string, tr *trace) bus.Middleware {
 	return bus.Middleware{
 		Name: name,
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			tr.add("in>" + name)
-			err := next(ctx)
+			err := next.Call(ctx)
 			tr.add("in<" + name)
 			return err
 		},
-		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			tr.add("h>" + name)
-			err := next(ctx)
+			err := next.Call(ctx)
 			tr.add("h<" + name)
 			return err
 		},
-		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			tr.add("out>" + name)
-			err := next(ctx)
+			err := next.Call(ctx)
 			tr.add("out<" + name)
 			return err
 		},
@@ -94,17 +94,17 @@ func TestStageLoggersAreScoped(t *testing.T) {
 	e := newEnv(t, nil,
 		bus.WithMiddleware(bus.Middleware{
 			Name: "logs",
-			Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 				in.Logger().Info("from incoming")
-				return next(ctx)
+				return next.Call(ctx)
 			},
-			Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+			Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 				h.Logger().Info("from handling")
-				return next(ctx)
+				return next.Call(ctx)
 			},
-			Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 				out.Logger().Info("from outgoing")
-				return next(ctx)
+				return next.Call(ctx)
 			},
 		}),
 		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error { return nil }, bus.HandlerName("charge")))

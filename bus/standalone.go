@@ -21,14 +21,14 @@ type StageInfo struct {
 	Logger *slog.Logger
 }
 
-func standalonePipe[C any](stage Stage, info StageInfo) *pipe[C] {
+func standalonePipe[C, N any](stage Stage, info StageInfo) *pipe[C, N] {
 	if info.Middleware == "" {
 		info.Middleware = "middleware"
 	}
 	if info.Logger == nil {
 		info.Logger = slog.Default()
 	}
-	p := &pipe[C]{stage: stage}
+	p := &pipe[C, N]{stage: stage}
 	p.names = []string{info.Middleware}
 	// Scoped when a record is handled: scoping eagerly would cost every
 	// standalone context (a plugin process makes one per message).
@@ -63,17 +63,17 @@ func NewHandling(handlerName string, msg Message, d *Delivery, info StageInfo) *
 // one allocates nothing.
 type StageMaker struct {
 	info         StageInfo
-	incoming     *pipe[Incoming]
-	handling     *pipe[Handling]
-	outgoing     *pipe[Outgoing]
+	incoming     *pipe[Incoming, IncomingNext]
+	handling     *pipe[Handling, HandlingNext]
+	outgoing     *pipe[Outgoing, OutgoingNext]
 	incomingRuns sync.Pool // *incomingRun given back
 	handlingRuns sync.Pool // *handlingRun given back
 }
 
 // NewStageMaker returns a StageMaker for the middleware info describes.
 func NewStageMaker(info StageInfo) *StageMaker {
-	return &StageMaker{info: info, incoming: standalonePipe[Incoming](StageIncoming, info),
-		handling: standalonePipe[Handling](StageHandler, info), outgoing: standalonePipe[Outgoing](StageOutgoing, info)}
+	return &StageMaker{info: info, incoming: standalonePipe[Incoming, IncomingNext](StageIncoming, info),
+		handling: standalonePipe[Handling, HandlingNext](StageHandler, info), outgoing: standalonePipe[Outgoing, OutgoingNext](StageOutgoing, info)}
 }
 
 // Incoming returns an incoming stage context for d, received by endpoint

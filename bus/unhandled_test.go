@@ -120,8 +120,8 @@ func TestUnhandledMessageHandledByIncomingMiddlewareIsDeleted(t *testing.T) {
 // A middleware wrapping the bus's error does not turn the unhandled
 // message into a retried one.
 func TestUnhandledErrorWrappedByMiddlewareStillDeadLettersAtOnce(t *testing.T) {
-	wrap := bus.Middleware{Name: "wrap", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-		if err := next(ctx); err != nil {
+	wrap := bus.Middleware{Name: "wrap", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+		if err := next.Call(ctx); err != nil {
 			return fmt.Errorf("wrap: %w", err)
 		}
 		return nil
@@ -166,9 +166,9 @@ func TestUnhandledDiscardDeletesAndTellsMiddleware(t *testing.T) {
 		unhandled bool
 	}
 	seen := make(chan outcome, 4)
-	watch := bus.Middleware{Name: "watch", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	watch := bus.Middleware{Name: "watch", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 		before := in.Unhandled()
-		err := next(ctx)
+		err := next.Call(ctx)
 		if before {
 			t.Error("Unhandled true before next ran")
 		}
@@ -229,12 +229,12 @@ func TestAttemptBelowOneCountsAsFirst(t *testing.T) {
 	for _, forged := range []int{0, -7} {
 		t.Run(strconv.Itoa(forged), func(t *testing.T) {
 			attempts := make(chan int, 1)
-			seen := bus.Middleware{Name: "seen", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			seen := bus.Middleware{Name: "seen", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 				select {
 				case attempts <- in.Attempt():
 				default:
 				}
-				return next(ctx)
+				return next.Call(ctx)
 			}}
 			e := newEnvOver(t, nil, func(r *bustest.Transport) bus.Transport { return &forgingAttempt{Transport: r, attempt: forged} },
 				bus.WithMiddleware(seen),

@@ -18,7 +18,7 @@ import (
 )
 
 // BenchmarkIncoming measures one incoming middleware ("pass": return
-// next(ctx)) in process and out of process, before-only and around.
+// next.Call(ctx)) in process and out of process, before-only and around.
 // workers=16 reports throughput (msg/s) with 16 concurrent deliveries;
 // workers=1 reports the latency one delivery takes unloaded. Both report
 // p50 and p99 of a delivery through the bus (a no-op handler included):

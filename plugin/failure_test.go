@@ -409,10 +409,10 @@ func TestFailClosedOutgoingSaysWhetherTheMessageWasSent(t *testing.T) {
 		afterNext bool
 	}{{"after next", true}, {"before next", false}} {
 		t.Run(c.name, func(t *testing.T) {
-			mw := bus.Middleware{Name: "slow", Outgoing: func(ctx context.Context, _ *bus.Outgoing, next bus.Next) error {
+			mw := bus.Middleware{Name: "slow", Outgoing: func(ctx context.Context, _ *bus.Outgoing, next *bus.OutgoingNext) error {
 				var err error
 				if c.afterNext {
-					err = next(ctx)
+					err = next.Call(ctx)
 				}
 				<-ctx.Done() // the host times the invocation out
 				return err

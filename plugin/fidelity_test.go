@@ -14,7 +14,7 @@ import (
 	"github.com/plugbus/plugbus/sdk/sdktest"
 )
 
-// A before-only stage that ends with `return next(nctx)`, nctx having a
+// A before-only stage that ends with `return next.Call(nctx)`, nctx having a
 // shorter deadline, has the rest of the chain run under that deadline, as
 // in process.
 func TestBeforeOnlyShorterDeadline(t *testing.T) {
@@ -42,14 +42,14 @@ func TestBeforeOnlyShorterDeadline(t *testing.T) {
 // A handler-stage middleware reads the received message's native headers
 // out of process as in process.
 func TestHandlerStageReadsTheHeaders(t *testing.T) {
-	mw := bus.Middleware{Name: "tenant-guard", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+	mw := bus.Middleware{Name: "tenant-guard", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 		if v, ok := h.Header("x-tenant"); !ok || v != "acme" {
 			return bus.Permanent(errors.New("handler stage: no x-tenant header"))
 		}
 		if all := maps.Collect(h.Headers()); len(all) != 2 || all["x-region"] != "eu" {
 			return bus.Permanent(fmt.Errorf("handler stage: headers %v", all))
 		}
-		return next(ctx)
+		return next.Call(ctx)
 	}}
 	sdktest.Run(t, mw, func(t *testing.T, p bus.Plugin) {
 		handled := 0

@@ -189,11 +189,11 @@ func (inst *instance) stop(ctx context.Context) error {
 	return err
 }
 
-func (inst *instance) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+func (inst *instance) incoming(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 	return inst.invoke(ctx, bus.StageIncoming, in, nil, nil, next)
 }
 
-func (inst *instance) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
+func (inst *instance) handling(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 	body, err := json.Marshal(h.Message())
 	if err != nil {
 		return fmt.Errorf("plugin %q: encoding %s for the plugin: %w", inst.p.Name(), h.MessageName(), err)
@@ -209,7 +209,7 @@ func (inst *instance) handling(ctx context.Context, h *bus.Handling, next bus.Ne
 	return inst.invoke(ctx, bus.StageHandler, nil, &pluginproto.Invoke{Subject: &pluginproto.Invoke_Handling{Handling: m}}, nil, next)
 }
 
-func (inst *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+func (inst *instance) outgoing(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 	body, err := json.Marshal(out.Message())
 	if err != nil {
 		return fmt.Errorf("plugin %q: encoding %s for the plugin: %w", inst.p.Name(), out.Name(), err)
@@ -528,10 +528,10 @@ func nextWithin(ctx context.Context, deadline int64, next bus.Next) error {
 		if cur, ok := ctx.Deadline(); !ok || deadline < cur.UnixNano() {
 			nctx, cancel := context.WithDeadline(ctx, time.Unix(0, deadline))
 			defer cancel()
-			return next(nctx)
+			return next.Call(nctx)
 		}
 	}
-	return next(ctx)
+	return next.Call(ctx)
 }
 
 // down applies the failure policy to an invocation the plugin could not
@@ -546,7 +546,7 @@ func (p *Plugin) down(ctx context.Context, stage bus.Stage, next bus.Next, nextC
 		if nextCalled {
 			return nextErr
 		}
-		return next(ctx)
+		return next.Call(ctx)
 	}
 	p.unavailable.Add(1)
 	// An outgoing message its next handed on was sent: saying otherwise

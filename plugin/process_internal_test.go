@@ -84,7 +84,7 @@ func TestBackToBackFramesKept(t *testing.T) {
 	inst := &instance{p: p, id: 1}
 	for i := range 3 { // calls reuse their stream
 		nexts := 0
-		err := inst.invoke(context.Background(), bus.StageIncoming, nil, incomingInvoke(), nil, func(context.Context) error { nexts++; return nil })
+		err := inst.invoke(context.Background(), bus.StageIncoming, nil, incomingInvoke(), nil, bus.NewIncomingNext(func(context.Context) error { nexts++; return nil }))
 		if err != nil || nexts != 1 {
 			t.Fatalf("invocation %d: got %v with next called %d times, want nil and once", i+1, err, nexts)
 		}
@@ -110,7 +110,7 @@ func TestTooManyFramesFailProcess(t *testing.T) {
 		return []*pluginproto.PluginFrame{next, next, next}
 	})
 	inst := &instance{p: p, id: 1}
-	err := inst.invoke(context.Background(), bus.StageIncoming, nil, incomingInvoke(), nil, func(context.Context) error { return nil })
+	err := inst.invoke(context.Background(), bus.StageIncoming, nil, incomingInvoke(), nil, bus.NewIncomingNext(func(context.Context) error { return nil }))
 	select {
 	case <-proc.dead:
 	default:
@@ -159,7 +159,7 @@ func TestAbandonedCallIsReleased(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	res := make(chan error, 1)
 	go func() {
-		res <- inst.invoke(ctx, bus.StageIncoming, nil, incomingInvoke(), nil, func(context.Context) error { return nil })
+		res <- inst.invoke(ctx, bus.StageIncoming, nil, incomingInvoke(), nil, bus.NewIncomingNext(func(context.Context) error { return nil }))
 	}()
 	call := <-invoked
 	cancel()

@@ -244,7 +244,7 @@ func TestStopLastBusDuringRestart(t *testing.T) {
 func TestPanicAfterNextEndsThePluginsNext(t *testing.T) {
 	rec, logger := newRecorder(t)
 	p := load(t, "catch", plugin.WithLogger(logger))
-	panics := bus.Middleware{Name: "panics", Incoming: func(context.Context, *bus.Incoming, bus.Next) error { panic("boom") }}
+	panics := bus.Middleware{Name: "panics", Incoming: func(context.Context, *bus.Incoming, *bus.IncomingNext) error { panic("boom") }}
 	b, err := bus.New(bus.WithEndpoint("svc"), bus.WithLogger(logger), bus.WithMiddleware(p, panics),
 		bus.WithHandler(func(context.Context, Ping, bus.Attributes) error { return nil }))
 	if err != nil {

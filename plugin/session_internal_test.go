@@ -87,7 +87,7 @@ func TestSessionLateAnswerAfterTimeout(t *testing.T) {
 	inst := &instance{p: p, id: 1}
 	res := make(chan error, 1)
 	go func() {
-		res <- inst.invoke(context.Background(), bus.StageIncoming, nil, incomingInvoke(), nil, func(context.Context) error { return nil })
+		res <- inst.invoke(context.Background(), bus.StageIncoming, nil, incomingInvoke(), nil, bus.NewIncomingNext(func(context.Context) error { return nil }))
 	}()
 	<-fs.entered                                          // the call's goroutine sends its batch
 	proc.session.timeOut(int64(proc.clock() + time.Hour)) // the watcher's tick
@@ -117,7 +117,7 @@ func TestSessionBackToBackFramesKept(t *testing.T) {
 		nexts := 0
 		res := make(chan error, 1)
 		go func() {
-			res <- inst.invoke(context.Background(), bus.StageIncoming, nil, incomingInvoke(), nil, func(context.Context) error { nexts++; return nil })
+			res <- inst.invoke(context.Background(), bus.StageIncoming, nil, incomingInvoke(), nil, bus.NewIncomingNext(func(context.Context) error { nexts++; return nil }))
 		}()
 		<-fs.entered // the invocation's frame
 		id := inst.p.lastCallID.Load()

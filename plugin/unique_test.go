@@ -14,7 +14,7 @@ import (
 // on the bus and on a handler) with a *bus.DuplicateMiddlewareError, and
 // a plugin that leaves Unique unset may still be stacked.
 func TestUniqueCrossesTheProcessBoundary(t *testing.T) {
-	pass := func(ctx context.Context, _ *bus.Handling, next bus.Next) error { return next(ctx) }
+	pass := func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error { return next.Call(ctx) }
 	once := bus.Middleware{Name: "once", Unique: true, Handling: pass}
 	stackable := bus.Middleware{Name: "stackable", Handling: pass}
 	handle := func(context.Context, Ping, bus.Attributes) error { return nil }

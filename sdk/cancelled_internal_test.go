@@ -27,9 +27,9 @@ func (s *cancelledStream) SendMsg(m any) error { return s.Send(m.(*pluginproto.P
 // sends no Release after it; the plugin must not keep the context (and
 // the stage context and message it holds) for ever.
 func TestCancelledHoldingCallKeepsNoContext(t *testing.T) {
-	mw := bus.Middleware{Name: "keeper", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	mw := bus.Middleware{Name: "keeper", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 		<-ctx.Done() // slow: the host gives up meanwhile
-		return next(context.WithValue(ctx, ctxKey{}, in))
+		return next.Call(context.WithValue(ctx, ctxKey{}, in))
 	}}
 	s := newServer(BeforeOnly(mw), "v", slog.New(slog.DiscardHandler))
 	if _, err := s.Instantiate(context.Background(), &pluginproto.InstantiateRequest{Instance: 1}); err != nil {

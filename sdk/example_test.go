@@ -10,10 +10,10 @@ import (
 )
 
 // tenancy stamps a tenant on every outgoing message. Its stage ends with
-// `return next(ctx)`: it may be declared before-only.
-var tenancy = bus.Middleware{Name: "tenancy", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+// `return next.Call(ctx)`: it may be declared before-only.
+var tenancy = bus.Middleware{Name: "tenancy", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 	out.Headers()["x-tenant"] = "acme"
-	return next(ctx)
+	return next.Call(ctx)
 }}
 
 // The main of a plugin binary is one call. The host loads the binary with
@@ -33,10 +33,10 @@ func (Ping) MessageName() string { return "example.ping" }
 func ExampleBeforeOnly() {
 	ctx := context.Background()
 	tenants := make(chan string, 1)
-	readTenant := bus.Middleware{Name: "read-tenant", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	readTenant := bus.Middleware{Name: "read-tenant", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 		t, _ := in.Header("x-tenant")
 		tenants <- t
-		return next(ctx)
+		return next.Call(ctx)
 	}}
 	b, err := bus.New(bus.WithEndpoint("orders"), bus.WithLogger(slog.New(slog.DiscardHandler)),
 		bus.WithMiddleware(sdk.BeforeOnly(tenancy, bus.StageOutgoing), readTenant),

@@ -52,9 +52,9 @@ type ctxKey struct{}
 // invocation, and the plugin keeps no context for a Release the host will
 // never send.
 func TestUnencodableChangesKeepNoContext(t *testing.T) {
-	mw := bus.Middleware{Name: "bad", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+	mw := bus.Middleware{Name: "bad", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 		out.Headers()["x-bad"] = "\xff"
-		return next(context.WithValue(ctx, ctxKey{}, "kept"))
+		return next.Call(context.WithValue(ctx, ctxKey{}, "kept"))
 	}}
 	s := newServer(BeforeOnly(mw, bus.StageOutgoing), "v", slog.New(slog.DiscardHandler))
 	if _, err := s.Instantiate(context.Background(), &pluginproto.InstantiateRequest{Instance: 1}); err != nil {

@@ -139,7 +139,7 @@ func serve(p bus.Plugin, opts []Option) error {
 // BeforeOnly declares that p's middleware has no code after next in the
 // given stages (all stages when none is given): each such stage function
 // either returns without calling next, returns an error, or ends with
-// `return next(ctx)`. Out of process, such a stage costs one round trip
+// `return next.Call(ctx)`. Out of process, such a stage costs one round trip
 // instead of two: the plugin answers "continue" and the host calls next
 // itself. In process the returned plugin behaves exactly like p.
 //

@@ -343,12 +343,15 @@ type stageCall struct {
 	stage          bus.Stage
 	mw             string
 
-	state      atomic.Int32
-	nextFn     bus.Next // c.next, made once per stageCall
-	beforeOnly bool
-	continued  bool
-	nextCtx    context.Context // what the middleware gave next
-	nextErr    error
+	state atomic.Int32
+	// c.next as each stage's next, made once per stageCall.
+	nextIncoming *bus.IncomingNext
+	nextHandling *bus.HandlingNext
+	nextOutgoing *bus.OutgoingNext
+	beforeOnly   bool
+	continued    bool
+	nextCtx      context.Context // what the middleware gave next
+	nextErr      error
 
 	out     *bus.Outgoing
 	outBase *pluginproto.OutgoingMessage
@@ -509,7 +512,7 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.Name, ContentType: m.ContentType, Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
 		c.inst, c.incoming = inst, inst.stages.Incoming(d, m.Endpoint)
-		return inst.mw.Incoming(c.ctx, c.incoming, c.nextFunc())
+		return inst.mw.Incoming(c.ctx, c.incoming, c.incomingNext())
 	case *pluginproto.Invoke_Handling:
 		m := s.Handling
 		if inst.mw.Handling == nil {
@@ -519,7 +522,7 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
 		c.inst, c.handling = inst, inst.stages.Handling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d)
-		return inst.mw.Handling(c.ctx, c.handling, c.nextFunc())
+		return inst.mw.Handling(c.ctx, c.handling, c.handlingNext())
 	case *pluginproto.Invoke_Outgoing:
 		m := s.Outgoing
 		if inst.mw.Outgoing == nil {
@@ -529,7 +532,7 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		c.out = inst.stages.Outgoing(bus.OutgoingMessage{Kind: bus.Kind(m.Kind), Name: m.Name, Message: RawMessage{Name: m.Name, Body: m.Body},
 			Destination: m.Destination, Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers, InHandler: m.InHandler,
 			Due: pluginproto.ToDue(m.DueUnixNano)})
-		return inst.mw.Outgoing(c.ctx, c.out, c.nextFunc())
+		return inst.mw.Outgoing(c.ctx, c.out, c.outgoingNext())
 	}
 	return fmt.Errorf("sdk: invocation without a subject (host speaks a newer protocol?)")
 }
@@ -541,12 +544,27 @@ func (c *stageCall) skip() error {
 	return c.next(c.ctx)
 }
 
-// nextFunc is c.next as the middleware's next, made once per stageCall.
-func (c *stageCall) nextFunc() bus.Next {
-	if c.nextFn == nil {
-		c.nextFn = c.next
+// incomingNext, handlingNext and outgoingNext are c.next as the
+// middleware's next, made once per stageCall. c.next tells a second call.
+func (c *stageCall) incomingNext() *bus.IncomingNext {
+	if c.nextIncoming == nil {
+		c.nextIncoming = bus.NewIncomingNext(c.next)
 	}
-	return c.nextFn
+	return c.nextIncoming
+}
+
+func (c *stageCall) handlingNext() *bus.HandlingNext {
+	if c.nextHandling == nil {
+		c.nextHandling = bus.NewHandlingNext(c.next)
+	}
+	return c.nextHandling
+}
+
+func (c *stageCall) outgoingNext() *bus.OutgoingNext {
+	if c.nextOutgoing == nil {
+		c.nextOutgoing = bus.NewOutgoingNext(c.next)
+	}
+	return c.nextOutgoing
 }
 
 // next crosses back to the host, which runs the rest of the chain.

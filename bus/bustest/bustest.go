@@ -6,7 +6,7 @@
 //
 //	in := bustest.Incoming(bustest.Delivery(OrderPlaced{ID: "o-1"}, bus.Attributes{}.WithSticky("tenant", "acme")))
 //	rec := bustest.RecordNext(nil)
-//	if err := tenancy.Incoming(ctx, in, rec.Next); err != nil || rec.Calls() != 1 {
+//	if err := tenancy.Incoming(ctx, in, rec.IncomingNext()); err != nil || rec.Calls() != 1 {
 //		t.Fatalf("tenancy: %v, next called %d times", err, rec.Calls())
 //	}
 //	// rec.Ctx() is the context the middleware passed on
@@ -37,14 +37,20 @@ import (
 	"github.com/plugbus/plugbus/bus"
 )
 
-// NextRecorder is a next function that records its calls. Pass its Next
-// method as the next of a stage function.
+// NextRecorder is a next that records its calls. Pass what its
+// IncomingNext, HandlingNext or OutgoingNext method returns as the next of
+// a stage function. Unlike a bus's, it runs on every call: a test sees how
+// many times the middleware called it.
 type NextRecorder struct {
 	mu    sync.Mutex
 	err   error
 	calls int
 	ctx   context.Context
 	fn    func(ctx context.Context) error
+
+	incoming *bus.IncomingNext
+	handling *bus.HandlingNext
+	outgoing *bus.OutgoingNext
 }
 
 // RecordNext returns a recorder whose Next returns err, as the rest of the
@@ -57,9 +63,39 @@ func RecordNextFunc(fn func(ctx context.Context) error) *NextRecorder {
 	return &NextRecorder{fn: fn}
 }
 
-// Next records the call and returns the recorder's error, or what its
+// IncomingNext returns the recorder as an incoming stage's next.
+func (r *NextRecorder) IncomingNext() *bus.IncomingNext {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.incoming == nil {
+		r.incoming = bus.NewIncomingNext(r.record)
+	}
+	return r.incoming
+}
+
+// HandlingNext returns the recorder as a handler stage's next.
+func (r *NextRecorder) HandlingNext() *bus.HandlingNext {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.handling == nil {
+		r.handling = bus.NewHandlingNext(r.record)
+	}
+	return r.handling
+}
+
+// OutgoingNext returns the recorder as an outgoing stage's next.
+func (r *NextRecorder) OutgoingNext() *bus.OutgoingNext {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.outgoing == nil {
+		r.outgoing = bus.NewOutgoingNext(r.record)
+	}
+	return r.outgoing
+}
+
+// record records the call and returns the recorder's error, or what its
 // function returns.
-func (r *NextRecorder) Next(ctx context.Context) error {
+func (r *NextRecorder) record(ctx context.Context) error {
 	r.mu.Lock()
 	r.calls++
 	r.ctx = ctx
@@ -71,17 +107,17 @@ func (r *NextRecorder) Next(ctx context.Context) error {
 	return err
 }
 
-// Called reports whether Next was called.
+// Called reports whether the next was called.
 func (r *NextRecorder) Called() bool { return r.Calls() > 0 }
 
-// Calls returns how many times Next was called.
+// Calls returns how many times the next was called.
 func (r *NextRecorder) Calls() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.calls
 }
 
-// Ctx returns the context of the last call to Next, or nil.
+// Ctx returns the context of the last call of the next, or nil.
 func (r *NextRecorder) Ctx() context.Context {
 	r.mu.Lock()
 	defer r.mu.Unlock()

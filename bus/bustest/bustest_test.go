@@ -26,19 +26,19 @@ type tenantKey struct{}
 // outgoing messages get a tenant header.
 var tenancy = bus.Middleware{
 	Name: "tenancy",
-	Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 		tenant, ok := in.Attributes().StickyValue("tenant")
 		if !ok {
 			in.Logger().Warn("message without tenant dropped")
 			return nil
 		}
-		return next(context.WithValue(ctx, tenantKey{}, tenant))
+		return next.Call(context.WithValue(ctx, tenantKey{}, tenant))
 	},
-	Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+	Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 		if t, ok := ctx.Value(tenantKey{}).(string); ok {
 			out.Headers()["x-tenant"] = t
 		}
-		return next(ctx)
+		return next.Call(ctx)
 	},
 }
 
@@ -50,13 +50,13 @@ func TestIncomingMiddlewareRunsWithoutABus(t *testing.T) {
 
 	rec := bustest.RecordNext(nil)
 	in := bustest.Incoming(bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{}))
-	if err := tenancy.Incoming(ctx, in, rec.Next); err != nil || rec.Called() {
+	if err := tenancy.Incoming(ctx, in, rec.IncomingNext()); err != nil || rec.Called() {
 		t.Fatalf("no tenant: err %v, next called %v", err, rec.Called())
 	}
 
 	rec = bustest.RecordNext(nil)
 	in = bustest.Incoming(bustest.Delivery(orderPlaced{ID: "1"}, bus.Attributes{}.WithSticky("tenant", "acme")))
-	if err := tenancy.Incoming(ctx, in, rec.Next); err != nil || rec.Calls() != 1 {
+	if err := tenancy.Incoming(ctx, in, rec.IncomingNext()); err != nil || rec.Calls() != 1 {
 		t.Fatalf("tenant: err %v, next calls %d", err, rec.Calls())
 	}
 	if got := rec.Ctx().Value(tenantKey{}); got != "acme" {
@@ -65,7 +65,7 @@ func TestIncomingMiddlewareRunsWithoutABus(t *testing.T) {
 
 	boom := errors.New("handler failed")
 	rec = bustest.RecordNext(boom)
-	if err := tenancy.Incoming(ctx, in, rec.Next); !errors.Is(err, boom) {
+	if err := tenancy.Incoming(ctx, in, rec.IncomingNext()); !errors.Is(err, boom) {
 		t.Fatalf("error of next not passed on: %v", err)
 	}
 }
@@ -80,7 +80,7 @@ func TestOutgoingMiddlewareRunsWithoutABus(t *testing.T) {
 		headerInNext = out.Headers()["x-tenant"]
 		return nil
 	})
-	if err := tenancy.Outgoing(ctx, out, rec.Next); err != nil {
+	if err := tenancy.Outgoing(ctx, out, rec.OutgoingNext()); err != nil {
 		t.Fatal(err)
 	}
 	if headerInNext != "acme" || rec.Calls() != 1 {

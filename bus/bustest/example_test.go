@@ -28,24 +28,24 @@ func ExampleRecordNext() {
 	type tenantKey struct{}
 	tenancy := bus.Middleware{
 		Name: "tenancy",
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			tenant, ok := in.Attributes().StickyValue("tenant")
 			if !ok {
 				return nil // handled: no tenant, no handlers
 			}
-			return next(context.WithValue(ctx, tenantKey{}, tenant))
+			return next.Call(context.WithValue(ctx, tenantKey{}, tenant))
 		},
 	}
 	ctx := context.Background()
 
 	rec := bustest.RecordNext(nil)
 	in := bustest.Incoming(bustest.Delivery(OrderPlaced{ID: "o-1"}, bus.Attributes{}.WithSticky("tenant", "acme")))
-	err := tenancy.Incoming(ctx, in, rec.Next)
+	err := tenancy.Incoming(ctx, in, rec.IncomingNext())
 	fmt.Println("with a tenant:", err, rec.Calls(), rec.Ctx().Value(tenantKey{}))
 
 	rec = bustest.RecordNext(nil)
 	in = bustest.Incoming(bustest.Delivery(OrderPlaced{ID: "o-2"}, bus.Attributes{}))
-	err = tenancy.Incoming(ctx, in, rec.Next)
+	err = tenancy.Incoming(ctx, in, rec.IncomingNext())
 	fmt.Println("without:", err, rec.Called())
 	// Output:
 	// with a tenant: <nil> 1 acme

@@ -89,21 +89,21 @@ func (p *printer) printf(format string, args ...any) {
 func logging(p *printer, service string) bus.Middleware {
 	return bus.Middleware{
 		Name: "logging",
-		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			when := "to the transport now"
 			if out.InHandler() {
 				when = "buffered until the handler succeeds"
 			}
 			p.printf("%-9s outgoing  %-7s %-20s → %s, %s\n", service, out.Kind(), out.Name(), orDash(out.Destination(), "subscribers"), when)
-			return next(ctx)
+			return next.Call(ctx)
 		},
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			p.printf("%-9s incoming  %-28s attempt %d, correlation …%s\n", service, in.Name(), in.Attempt(), short(in.Attributes().CorrelationID))
-			return next(ctx)
+			return next.Call(ctx)
 		},
-		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			p.printf("%-9s handler   %-28s starts\n", service, h.HandlerName())
-			return next(ctx)
+			return next.Call(ctx)
 		},
 	}
 }
@@ -119,21 +119,21 @@ func timing(p *printer, service string) bus.Middleware {
 	}
 	return bus.Middleware{
 		Name: "timing",
-		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			start := time.Now()
-			err := next(ctx)
+			err := next.Call(ctx)
 			report("outgoing", out.Name(), start, err)
 			return err
 		},
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			start := time.Now()
-			err := next(ctx)
+			err := next.Call(ctx)
 			report("incoming", in.Name(), start, err)
 			return err
 		},
-		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			start := time.Now()
-			err := next(ctx)
+			err := next.Call(ctx)
 			report("handler", h.HandlerName(), start, err)
 			return err
 		},

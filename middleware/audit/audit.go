@@ -196,9 +196,9 @@ func bodyAttr(b []byte) slog.Attr {
 	return slog.Any("body", b)
 }
 
-func (a *auditor) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+func (a *auditor) incoming(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 	started := time.Now()
-	err := next(ctx)
+	err := next.Call(ctx)
 	name, failed := a.outcome(err, "handled")
 	if err == nil && in.Unhandled() {
 		name = "discarded"
@@ -223,9 +223,9 @@ func (a *auditor) incoming(ctx context.Context, in *bus.Incoming, next bus.Next)
 	return err
 }
 
-func (a *auditor) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
+func (a *auditor) handling(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 	started := time.Now()
-	err := next(ctx)
+	err := next.Call(ctx)
 	name, failed := a.outcome(err, "succeeded")
 	level, enabled := a.level(ctx, failed)
 	if !enabled {
@@ -247,9 +247,9 @@ func (a *auditor) handling(ctx context.Context, h *bus.Handling, next bus.Next) 
 	return err
 }
 
-func (a *auditor) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+func (a *auditor) outgoing(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 	started := time.Now()
-	err := next(ctx)
+	err := next.Call(ctx)
 	name, failed := a.outcome(err, "sent")
 	level, enabled := a.level(ctx, failed)
 	if !enabled {

@@ -215,7 +215,7 @@ func TestPerHandler(t *testing.T) {
 	}
 	busy := bus.RetryAfter(errors.New("busy"), time.Second)
 	rec := bustest.RecordNext(busy)
-	if err := mw.Handling(context.Background(), bustest.Handling("refund", refund{}, bus.Attributes{}), rec.Next); !errors.Is(err, busy) || !rec.Called() {
+	if err := mw.Handling(context.Background(), bustest.Handling("refund", refund{}, bus.Attributes{}), rec.HandlingNext()); !errors.Is(err, busy) || !rec.Called() {
 		t.Fatalf("Handling = %v, next called %v; want next's error", err, rec.Called())
 	}
 	if r := recs.wait(t, 1)[0]; r["outcome"] != "returned" || r["level"] != "WARN" || r["handler"] != "refund" {

@@ -173,7 +173,7 @@ func (b *breakers) breaker(h *bus.Handling) *gobreaker.TwoStepCircuitBreaker[str
 	return cb.(*gobreaker.TwoStepCircuitBreaker[struct{}])
 }
 
-func (b *breakers) handle(ctx context.Context, h *bus.Handling, next bus.Next) (err error) {
+func (b *breakers) handle(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) (err error) {
 	cb := b.breaker(h)
 	done, err := cb.Allow()
 	if err != nil {
@@ -187,5 +187,5 @@ func (b *breakers) handle(ctx context.Context, h *bus.Handling, next bus.Next) (
 		}
 		done(err)
 	}()
-	return next(ctx)
+	return next.Call(ctx)
 }

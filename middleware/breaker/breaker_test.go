@@ -40,7 +40,7 @@ func instantiate(t *testing.T, p bus.Plugin, info bus.PluginInfo) bus.Middleware
 
 func run(mw bus.Middleware, handler string, result error) (*bustest.NextRecorder, error) {
 	rec := bustest.RecordNext(result)
-	return rec, mw.Handling(context.Background(), bustest.Handling(handler, chargeCard{OrderID: "o-1"}, bus.Attributes{}), rec.Next)
+	return rec, mw.Handling(context.Background(), bustest.Handling(handler, chargeCard{OrderID: "o-1"}, bus.Attributes{}), rec.HandlingNext())
 }
 
 // After enough failures the breaker opens: the handler does not run and
@@ -99,7 +99,7 @@ func TestPanicCountsAsAFailure(t *testing.T) {
 					t.Fatal("the panic did not go on")
 				}
 			}()
-			_ = mw.Handling(context.Background(), bustest.Handling("charge", chargeCard{}, bus.Attributes{}), func(context.Context) error { panic("boom") })
+			_ = mw.Handling(context.Background(), bustest.Handling("charge", chargeCard{}, bus.Attributes{}), bus.NewHandlingNext(func(context.Context) error { panic("boom") }))
 		}()
 	}
 	if _, err := run(mw, "charge", nil); !errors.Is(err, breaker.ErrOpen) {

@@ -25,7 +25,7 @@ func Example() {
 	}
 	down := func(context.Context) error { return errors.New("provider down") }
 	for i := range 3 {
-		err := mw.Handling(context.Background(), bustest.Handling("charge", chargeCard{}, bus.Attributes{}), down)
+		err := mw.Handling(context.Background(), bustest.Handling("charge", chargeCard{}, bus.Attributes{}), bus.NewHandlingNext(down))
 		var ra *bus.RetryAfterError
 		if errors.As(err, &ra) {
 			fmt.Printf("message %d: held back, returned to be tried within %v\n", i+1, time.Minute)

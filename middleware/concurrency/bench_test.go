@@ -16,7 +16,7 @@ func BenchmarkIncoming(b *testing.B) {
 		b.Fatal(err)
 	}
 	in := bustest.Incoming(bustest.Delivery(exportReport{}, bus.Attributes{}))
-	next := func(context.Context) error { return nil }
+	next := bus.NewIncomingNext(func(context.Context) error { return nil })
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -157,24 +157,24 @@ func New(n int, opts ...Option) bus.Plugin {
 	})
 }
 
-func (l *limiter) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+func (l *limiter) incoming(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 	slots, ok := l.slots[in.Name()]
 	if !ok {
-		return next(ctx) // no handler handles it: nothing to bound
+		return next.Call(ctx) // no handler handles it: nothing to bound
 	}
 	if err := l.acquire(ctx, slots, in.Name()); err != nil {
 		return err
 	}
 	defer func() { <-slots }()
-	return next(ctx)
+	return next.Call(ctx)
 }
 
-func (l *limiter) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
+func (l *limiter) handling(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 	if err := l.acquire(ctx, l.one, h.MessageName()); err != nil {
 		return err
 	}
 	defer func() { <-l.one }()
-	return next(ctx)
+	return next.Call(ctx)
 }
 
 // acquire takes a slot, waiting up to maxWait, and not once the bus

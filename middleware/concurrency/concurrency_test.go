@@ -105,11 +105,11 @@ func TestPerHandlerWithMaxWait(t *testing.T) {
 	inside, release := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_ = mw.Handling(context.Background(), h(), func(context.Context) error { close(inside); <-release; return nil })
+		_ = mw.Handling(context.Background(), h(), bus.NewHandlingNext(func(context.Context) error { close(inside); <-release; return nil }))
 	})
 	<-inside
 	rec := bustest.RecordNext(nil)
-	err = mw.Handling(context.Background(), h(), rec.Next)
+	err = mw.Handling(context.Background(), h(), rec.HandlingNext())
 	var full *concurrency.FullError
 	var ra *bus.RetryAfterError
 	if rec.Called() || !errors.As(err, &full) || !errors.As(err, &ra) || full.Handler != "export" || ra.Delay != time.Second {
@@ -133,13 +133,13 @@ func TestWaitTakesAFreedSlot(t *testing.T) {
 	inside, release := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_ = mw.Handling(context.Background(), h(), func(context.Context) error { close(inside); <-release; return nil })
+		_ = mw.Handling(context.Background(), h(), bus.NewHandlingNext(func(context.Context) error { close(inside); <-release; return nil }))
 	})
 	<-inside
 	waited := make(chan error)
 	go func() {
 		rec := bustest.RecordNext(nil)
-		err := mw.Handling(context.Background(), h(), rec.Next)
+		err := mw.Handling(context.Background(), h(), rec.HandlingNext())
 		if err == nil && !rec.Called() {
 			err = errors.New("next not called")
 		}
@@ -159,7 +159,7 @@ func TestUnhandledNamesPass(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := bustest.RecordNext(nil)
-	if err := mw.Incoming(context.Background(), bustest.Incoming(bustest.Delivery(placeOrder{}, bus.Attributes{})), rec.Next); err != nil || !rec.Called() {
+	if err := mw.Incoming(context.Background(), bustest.Incoming(bustest.Delivery(placeOrder{}, bus.Attributes{})), rec.IncomingNext()); err != nil || !rec.Called() {
 		t.Fatalf("err %v, called %v", err, rec.Called())
 	}
 }
@@ -215,11 +215,11 @@ func TestStopEndsTheWaitForASlot(t *testing.T) {
 	second := make(chan struct{})
 	var received atomic.Int32
 	b, err := bus.New(bus.WithEndpoint("backoffice"), bus.WithTransport(tr), bus.WithConcurrency(2),
-		bus.WithMiddleware(bus.Middleware{Name: "spy", Incoming: func(ctx context.Context, _ *bus.Incoming, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "spy", Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error {
 			if received.Add(1) == 2 {
 				close(second) // the second export is about to wait for the slot
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		}}, concurrency.New(1, concurrency.WithMaxWait(time.Hour), concurrency.WithRetryDelay(time.Minute))),
 		bus.WithHandler(func(ctx context.Context, m exportReport, _ bus.Attributes) error {
 			inside <- struct{}{}

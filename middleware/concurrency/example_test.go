@@ -19,12 +19,12 @@ func Example() {
 		panic(err)
 	}
 	in := func() *bus.Incoming { return bustest.Incoming(bustest.Delivery(exportReport{}, bus.Attributes{})) }
-	_ = mw.Incoming(context.Background(), in(), func(ctx context.Context) error {
+	_ = mw.Incoming(context.Background(), in(), bus.NewIncomingNext(func(ctx context.Context) error {
 		// the first export runs; a second arrives meanwhile
-		err := mw.Incoming(ctx, in(), func(context.Context) error { return nil })
+		err := mw.Incoming(ctx, in(), bus.NewIncomingNext(func(context.Context) error { return nil }))
 		var full *concurrency.FullError
 		fmt.Println(errors.As(err, &full), full.Limit, errors.Is(err, bus.ErrRetryAfter))
 		return nil
-	})
+	}))
 	// Output: true 1 true
 }

@@ -24,7 +24,7 @@ func Example() {
 	}
 	for _, customer := range []string{"c-1", "c-2", "c-1"} {
 		h := bustest.Handling("call", callPartner{Customer: customer}, bus.Attributes{})
-		err := mw.Handling(context.Background(), h, func(context.Context) error { return nil })
+		err := mw.Handling(context.Background(), h, bus.NewHandlingNext(func(context.Context) error { return nil }))
 		var le *ratelimit.LimitedError
 		if errors.As(err, &le) {
 			fmt.Println(customer, "returned for later, key", le.Key)

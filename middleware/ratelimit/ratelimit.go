@@ -164,7 +164,7 @@ func New(limit rate.Limit, burst int, opts ...Option) bus.Plugin {
 	})
 }
 
-func (l *limiter) handle(ctx context.Context, h *bus.Handling, next bus.Next) error {
+func (l *limiter) handle(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 	now := time.Now()
 	var r *rate.Reservation
 	key := ""
@@ -176,7 +176,7 @@ func (l *limiter) handle(ctx context.Context, h *bus.Handling, next bus.Next) er
 	}
 	wait := r.DelayFrom(now)
 	if wait == 0 {
-		return next(ctx)
+		return next.Call(ctx)
 	}
 	if l.maxWait > 0 && wait > l.maxWait {
 		r.CancelAt(now)
@@ -186,7 +186,7 @@ func (l *limiter) handle(ctx context.Context, h *bus.Handling, next bus.Next) er
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return next(ctx)
+		return next.Call(ctx)
 	case <-ctx.Done():
 		r.Cancel()
 		return ctx.Err()

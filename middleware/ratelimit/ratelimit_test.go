@@ -38,7 +38,7 @@ func instantiate(t *testing.T, p bus.Plugin) bus.Middleware {
 // run runs the middleware's handler stage for msg with a recording next.
 func run(ctx context.Context, mw bus.Middleware, msg bus.Message, attrs bus.Attributes) (*bustest.NextRecorder, error) {
 	rec := bustest.RecordNext(nil)
-	return rec, mw.Handling(ctx, bustest.Handling("h", msg, attrs), rec.Next)
+	return rec, mw.Handling(ctx, bustest.Handling("h", msg, attrs), rec.HandlingNext())
 }
 
 // A burst goes through at once; the run after it waits for its token.
@@ -300,11 +300,11 @@ func secondRunWaiting(t *testing.T, tr *bustest.Transport, limit bus.Plugin) *bu
 	waiting := make(chan struct{})
 	var runs int
 	b, err := bus.New(bus.WithEndpoint("partner"), bus.WithTransport(tr), bus.WithConcurrency(1),
-		bus.WithMiddleware(bus.Middleware{Name: "spy", Handling: func(ctx context.Context, _ *bus.Handling, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "spy", Handling: func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error {
 			if runs++; runs == 2 {
 				close(waiting) // the second run is about to wait for its token
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		}}, limit),
 		bus.WithHandler(func(context.Context, callPartner, bus.Attributes) error { return nil }))
 	if err != nil {

@@ -18,7 +18,7 @@ func BenchmarkHandling(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := bustest.Handling("charge", chargeCard{}, bus.Attributes{})
-	next := func(context.Context) error { return nil }
+	next := bus.NewHandlingNext(func(context.Context) error { return nil })
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -60,12 +60,12 @@ func New(d time.Duration) bus.Plugin {
 		if d <= 0 {
 			return bus.Middleware{}, fmt.Errorf("timeout.New(%v): the deadline must be positive", d)
 		}
-		return bus.Middleware{Name: "timeout", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		return bus.Middleware{Name: "timeout", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			deadline := time.Now().Add(d)
 			outer, hasOuter := ctx.Deadline()
 			ctx, cancel := context.WithDeadline(ctx, deadline)
 			defer cancel()
-			err := next(ctx)
+			err := next.Call(ctx)
 			// Time decides, not ctx.Err: out of process, the host's
 			// deadline may end the handler before this process's timer
 			// fires.

@@ -38,7 +38,7 @@ func TestHandlerOutlivingItsDeadlineFailsWithTimeoutError(t *testing.T) {
 		<-ctx.Done() // the deadline, not a sleep: the handler waits on its ctx
 		return ctx.Err()
 	})
-	err := mw.Handling(t.Context(), h, rec.Next)
+	err := mw.Handling(t.Context(), h, rec.HandlingNext())
 	var te *timeout.Error
 	if !errors.As(err, &te) || te.Handler != "charge" || te.Message != "billing.charge_card" || te.After != 10*time.Millisecond {
 		t.Fatalf("got %v, want a *timeout.Error for charge after 10ms", err)
@@ -58,7 +58,7 @@ func TestHandlerInTimeKeepsItsResult(t *testing.T) {
 	errHandler := errors.New("card declined")
 	for _, want := range []error{nil, errHandler} {
 		rec := bustest.RecordNext(want)
-		err := mw.Handling(t.Context(), bustest.Handling("charge", chargeCard{}, bus.Attributes{}), rec.Next)
+		err := mw.Handling(t.Context(), bustest.Handling("charge", chargeCard{}, bus.Attributes{}), rec.HandlingNext())
 		if err != want {
 			t.Fatalf("got %v, want %v", err, want)
 		}
@@ -75,7 +75,7 @@ func TestEarlierOuterDeadlineIsNotThisTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Millisecond)
 	defer cancel()
 	rec := bustest.RecordNextFunc(func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
-	err := mw.Handling(ctx, bustest.Handling("charge", chargeCard{}, bus.Attributes{}), rec.Next)
+	err := mw.Handling(ctx, bustest.Handling("charge", chargeCard{}, bus.Attributes{}), rec.HandlingNext())
 	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, timeout.ErrTimeout) {
 		t.Fatalf("got %v, want the outer deadline's error alone", err)
 	}

@@ -83,16 +83,16 @@ func New() bus.Plugin {
 	})
 }
 
-func outgoing(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+func outgoing(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 	if err := Validate(out.Message()); err != nil {
 		return err
 	}
-	return next(ctx)
+	return next.Call(ctx)
 }
 
-func handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
+func handling(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 	if err := Validate(h.Message()); err != nil {
 		return bus.Permanent(err)
 	}
-	return next(ctx)
+	return next.Call(ctx)
 }

@@ -44,7 +44,7 @@ func TestOutgoingRefusesInvalidMessages(t *testing.T) {
 		valid bool
 	}{{placeOrder{Quantity: 0}, false}, {placeOrder{Quantity: 2}, true}, {note{}, true}} {
 		rec := bustest.RecordNext(nil)
-		err := mw.Outgoing(context.Background(), bustest.Outgoing(bus.KindSend, c.msg, bus.Attributes{}), rec.Next)
+		err := mw.Outgoing(context.Background(), bustest.Outgoing(bus.KindSend, c.msg, bus.Attributes{}), rec.OutgoingNext())
 		if c.valid != (err == nil && rec.Called()) {
 			t.Fatalf("%#v: err %v, called %v; want valid %v", c.msg, err, rec.Called(), c.valid)
 		}
@@ -68,7 +68,7 @@ func TestHandlerStageFailsInvalidMessagesPermanently(t *testing.T) {
 		t.Fatal("per handler, validation must have the handler stage alone")
 	}
 	rec := bustest.RecordNext(nil)
-	err = mw.Handling(context.Background(), bustest.Handling("place", placeOrder{}, bus.Attributes{}), rec.Next)
+	err = mw.Handling(context.Background(), bustest.Handling("place", placeOrder{}, bus.Attributes{}), rec.HandlingNext())
 	if rec.Called() || !bus.IsPermanent(err) || !errors.Is(err, validation.ErrInvalid) {
 		t.Fatalf("err %v, called %v; want a permanent validation error and no call", err, rec.Called())
 	}

@@ -140,11 +140,11 @@ type middleware struct {
 	wg          sync.WaitGroup
 }
 
-func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 	id := in.Attributes().MessageID
 	if id == "" {
 		in.Logger().WarnContext(ctx, "inbox: message without id; it cannot be deduplicated")
-		return next(ctx)
+		return next.Call(ctx)
 	}
 	seen, err := m.records.Processed(ctx, m.endpoint, id)
 	if err != nil {
@@ -154,7 +154,7 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 		in.Logger().DebugContext(ctx, "inbox: duplicate message skipped")
 		return nil
 	}
-	if err := next(ctx); err != nil {
+	if err := next.Call(ctx); err != nil {
 		return err
 	}
 	if err := m.records.MarkProcessed(context.WithoutCancel(ctx), m.endpoint, id); err != nil {
@@ -164,13 +164,13 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 	return nil
 }
 
-func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
+func (m *middleware) handling(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 	id := h.Attributes().MessageID
 	if id == "" {
 		// Nothing to record, but the handler runs in a transaction of
 		// the store all the same (outbox.Tx, the sagas and the outbox
 		// join it), as every handler does on a bus with this plugin.
-		return m.sqlStore.InTx(ctx, func(ctx context.Context, _ *sqlstore.Tx) error { return next(ctx) })
+		return m.sqlStore.InTx(ctx, func(ctx context.Context, _ *sqlstore.Tx) error { return next.Call(ctx) })
 	}
 	return m.sqlStore.InTx(ctx, func(ctx context.Context, tx *sqlstore.Tx) error {
 		first, err := m.sqlStore.ClaimHandler(ctx, tx, m.endpoint, id, h.HandlerName())
@@ -181,7 +181,7 @@ func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Nex
 			h.Logger().DebugContext(ctx, "inbox: handler already processed this message; skipped")
 			return nil
 		}
-		if err := next(ctx); err != nil {
+		if err := next.Call(ctx); err != nil {
 			return err
 		}
 		if tx.CarriesOutbox() {

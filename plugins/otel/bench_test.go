@@ -41,7 +41,7 @@ func BenchmarkIncoming(b *testing.B) {
 	attrs := bus.NewAttributes("0190a5f4-6c1e-7000-8000-000000000001", "0190a5f4-6c1e-7000-8000-000000000001", time.Now(),
 		map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}, nil)
 	d := &bus.Delivery{Envelope: bus.Envelope{Name: "PlaceOrder", Body: []byte(`{"ID":"o-1"}`), Attributes: attrs}, Attempt: 1}
-	next := func(context.Context) error { return nil }
+	next := bus.NewIncomingNext(func(context.Context) error { return nil })
 	for name, tp := range providers() {
 		b.Run(name, func(b *testing.B) {
 			m := instantiate(b, tp)
@@ -58,7 +58,7 @@ func BenchmarkIncoming(b *testing.B) {
 }
 
 func BenchmarkOutgoing(b *testing.B) {
-	next := func(context.Context) error { return nil }
+	next := bus.NewOutgoingNext(func(context.Context) error { return nil })
 	for name, tp := range providers() {
 		b.Run(name, func(b *testing.B) {
 			m := instantiate(b, tp)

@@ -531,7 +531,7 @@ func TestFailingSend(t *testing.T) {
 	}
 
 	b := newBus(t, bus.WithName("client"), bus.WithMiddleware(tel.plugin(), bus.Middleware{Name: "refuse",
-		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			return &declinedError{card: "0000"}
 		}}))
 	if err := b.Publish(context.Background(), PlaceOrder{ID: "o-1"}); err == nil {
@@ -728,7 +728,7 @@ func TestTraceStatePropagates(t *testing.T) {
 func TestPermanentFailureHasItsCausesErrorType(t *testing.T) {
 	tel := newTelemetry(t)
 	b := newBus(t, bus.WithName("client"), bus.WithMiddleware(tel.plugin(), bus.Middleware{Name: "refuse",
-		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			return bus.Permanent(&invalidOrder{})
 		}}))
 	if err := b.Publish(context.Background(), PlaceOrder{ID: "o-1"}); !errors.Is(err, bus.ErrPermanent) {
@@ -749,7 +749,7 @@ func (*invalidOrder) Error() string { return "invalid order" }
 func TestWrappedPermanentFailureHasItsCausesErrorType(t *testing.T) {
 	tel := newTelemetry(t)
 	b := newBus(t, bus.WithName("client"), bus.WithMiddleware(tel.plugin(), bus.Middleware{Name: "refuse",
-		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			return fmt.Errorf("refuse: order o-1: %w", bus.Permanent(&invalidOrder{}))
 		}}))
 	if err := b.Publish(context.Background(), PlaceOrder{ID: "o-1"}); !errors.Is(err, bus.ErrPermanent) {

@@ -41,7 +41,7 @@ func errorType(err error) attribute.KeyValue {
 
 // incoming runs once per received message: a consumer span around the rest
 // of the chain and the handlers, and the consumed and process metrics.
-func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 	start := time.Now()
 	// The message's trace context is the only parent: a span or baggage
 	// in ctx (what the context given to Start or Deliver carried) is not
@@ -84,7 +84,7 @@ func (m *middleware) incoming(ctx context.Context, in *bus.Incoming, next bus.Ne
 		}
 		span.End()
 	}()
-	err := next(ctx)
+	err := next.Call(ctx)
 	returned = true
 	if err != nil {
 		et := errorType(err)
@@ -119,7 +119,7 @@ func (m *middleware) recordProcess(ctx context.Context, start time.Time, errType
 }
 
 // handling wraps each handler in an internal span named after it.
-func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
+func (m *middleware) handling(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 	name := h.HandlerName()
 	ctx, span := m.tracer.Start(ctx, name, m.handler(name)...)
 	if span.IsRecording() {
@@ -132,7 +132,7 @@ func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Nex
 		}
 		span.End()
 	}()
-	err := next(ctx)
+	err := next.Call(ctx)
 	returned = true
 	if err != nil {
 		failSpan(span, errorType(err), err)
@@ -142,7 +142,7 @@ func (m *middleware) handling(ctx context.Context, h *bus.Handling, next bus.Nex
 
 // outgoing runs at Send or Publish: a producer span, current while the rest
 // of the chain runs, whose context is injected into the message attributes.
-func (m *middleware) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+func (m *middleware) outgoing(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 	kind := out.Kind()
 	name := out.Name()
 	dest := out.Destination()
@@ -170,7 +170,7 @@ func (m *middleware) outgoing(ctx context.Context, out *bus.Outgoing, next bus.N
 		}
 		span.End()
 	}()
-	err := next(ctx)
+	err := next.Call(ctx)
 	returned = true
 	if due := out.Due(); !due.IsZero() && span.IsRecording() {
 		span.SetAttributes(DueKey.String(due.UTC().Format(time.RFC3339Nano)))

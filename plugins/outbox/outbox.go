@@ -164,7 +164,7 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 		// second relay; one of another store would not commit with it.
 		Unique:   true,
 		TxSource: (*store.Store)(st),
-		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			return st.InTx(ctx, func(ctx context.Context, tx *sqlstore.Tx) error {
 				restore, err := h.UseOutbox(ctx, tx)
 				defer restore() // sends after this transaction go to the bus's buffer again
@@ -172,7 +172,7 @@ func (p *Plugin) Instantiate(info bus.PluginInfo) (bus.Middleware, error) {
 					return err
 				}
 				tx.SetCarriesOutbox() // the inbox may record the handler in tx: its sends commit with it
-				return next(ctx)
+				return next.Call(ctx)
 			})
 		},
 		Start: r.start,

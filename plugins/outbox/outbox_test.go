@@ -86,10 +86,10 @@ func receive(t testing.TB, ch <-chan received) received {
 }
 
 // header is an outgoing middleware that sets a native header and a sticky attribute.
-var header = bus.Middleware{Name: "header", Outgoing: func(ctx context.Context, o *bus.Outgoing, next bus.Next) error {
+var header = bus.Middleware{Name: "header", Outgoing: func(ctx context.Context, o *bus.Outgoing, next *bus.OutgoingNext) error {
 	o.Headers()["x-origin"] = "worker"
 	o.SetSticky("tenant", "t1")
-	return next(ctx)
+	return next.Call(ctx)
 }}
 
 func TestHandlerTransaction(t *testing.T) {

@@ -224,10 +224,10 @@ func (in *instance) stop(context.Context) error {
 
 // outgoing registers a request sent by [Request] and stamps its id and
 // the reply address. Other messages pass through.
-func (in *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+func (in *instance) outgoing(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 	c, _ := ctx.Value(callKey{}).(*call)
 	if c == nil || !c.claimed.CompareAndSwap(false, true) {
-		return next(ctx)
+		return next.Call(ctx)
 	}
 	c.id = strconv.FormatUint(in.seq.Add(1), 36)
 	c.dest = out.Destination()
@@ -255,7 +255,7 @@ func (in *instance) outgoing(ctx context.Context, out *bus.Outgoing, next bus.Ne
 		ctx, cancel = context.WithDeadline(ctx, c.deadline)
 		defer cancel()
 	}
-	return next(ctx)
+	return next.Call(ctx)
 }
 
 // take removes the call id from the pending table; nil when absent.
@@ -282,10 +282,10 @@ func (in *instance) forget(c *call) bool {
 
 // incoming resolves replies without calling next: they never reach a
 // handler, and are deleted.
-func (in *instance) incoming(ctx context.Context, m *bus.Incoming, next bus.Next) error {
+func (in *instance) incoming(ctx context.Context, m *bus.Incoming, next *bus.IncomingNext) error {
 	id, ok := m.Attributes().Value(AttrInReplyTo)
 	if !ok {
-		return next(ctx)
+		return next.Call(ctx)
 	}
 	c := in.take(id)
 	if c == nil {
@@ -307,8 +307,8 @@ func (in *instance) incoming(ctx context.Context, m *bus.Incoming, next bus.Next
 
 // handling turns an [*Error] returned by a handler of a request into an
 // error reply; the handler then counts as succeeded.
-func (in *instance) handling(ctx context.Context, h *bus.Handling, next bus.Next) error {
-	err := next(ctx)
+func (in *instance) handling(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+	err := next.Call(ctx)
 	if err == nil {
 		return nil
 	}

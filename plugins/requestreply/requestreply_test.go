@@ -139,10 +139,10 @@ func TestDefaultTimeoutDespiteASendDeadline(t *testing.T) {
 	quiet := slog.New(slog.DiscardHandler)
 	start(t, nil, bus.WithEndpoint("calc"), bus.WithTransport(newT(t)), bus.WithLogger(quiet),
 		bus.WithHandler(func(context.Context, add, bus.Attributes) error { return nil })) // never replies
-	sendDeadline := bus.Middleware{Name: "send-deadline", Outgoing: func(ctx context.Context, _ *bus.Outgoing, next bus.Next) error {
+	sendDeadline := bus.Middleware{Name: "send-deadline", Outgoing: func(ctx context.Context, _ *bus.Outgoing, next *bus.OutgoingNext) error {
 		ctx, cancel := context.WithTimeout(ctx, time.Hour)
 		defer cancel()
-		return next(ctx)
+		return next.Call(ctx)
 	}}
 	rb := start(t, requestreply.New(requestreply.WithDefaultTimeout(50*time.Millisecond)), bus.WithTransport(newT(t)), bus.WithLogger(quiet),
 		bus.WithMiddleware(sendDeadline), bus.WithRoute("calc", add{}))

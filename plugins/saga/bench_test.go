@@ -34,8 +34,8 @@ func BenchmarkSagaVersusPlain(b *testing.B) {
 				var handled atomic.Int64
 				done := make(chan struct{})
 				target := int64(b.N)
-				counter := bus.Middleware{Name: "count", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
-					if err := next(ctx); err != nil {
+				counter := bus.Middleware{Name: "count", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+					if err := next.Call(ctx); err != nil {
 						return err
 					}
 					if handled.Add(1) == target {

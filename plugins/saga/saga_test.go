@@ -27,11 +27,11 @@ func orderBus(t testing.TB, st *store.Store, tr bus.Transport, s *saga.Saga[Orde
 	t.Helper()
 	var mu sync.Mutex
 	var seen []string
-	names := bus.Middleware{Name: "names", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+	names := bus.Middleware{Name: "names", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 		mu.Lock()
 		seen = append(seen, h.HandlerName())
 		mu.Unlock()
-		return next(ctx)
+		return next.Call(ctx)
 	}}
 	mw := []bus.Plugin{names}
 	if !bare {

@@ -53,8 +53,8 @@ func testTimeouts(t *testing.T, db storetest.DB, endpoint, sinkEndpoint string, 
 	sk := newSinkAt(t, transport(t), sinkEndpoint)
 	var mu sync.Mutex
 	timeouts := map[string]int{} // PaymentOverdue handled, by order
-	seen := bus.Middleware{Name: "timeouts", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
-		err := next(ctx)
+	seen := bus.Middleware{Name: "timeouts", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+		err := next.Call(ctx)
 		if m, ok := h.Message().(PaymentOverdue); ok && err == nil {
 			mu.Lock()
 			timeouts[m.OrderID]++

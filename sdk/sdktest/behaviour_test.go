@@ -50,7 +50,7 @@ func (probe) Errors() []error { return []error{ErrNoTenant, ErrRefused} }
 func (probe) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 	return bus.Middleware{
 		Name: "probe",
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			tenant, _ := in.Header(tenantHeader)
 			mode, _ := in.Header(modeHeader)
 			switch {
@@ -64,16 +64,16 @@ func (probe) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 				return bus.Permanent(fmt.Errorf("poison: %w", ErrRefused))
 			}
 			ctx = context.WithValue(context.WithValue(ctx, tenantKey{}, tenant), modeKey{}, mode)
-			err := next(ctx)
+			err := next.Call(ctx)
 			if mode == "next-twice" {
-				return next(ctx)
+				return next.Call(ctx)
 			}
 			if err != nil {
 				return fmt.Errorf("probe saw: %w", err)
 			}
 			return nil
 		},
-		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			if _, ok := ctx.Value(tenantKey{}).(string); !ok {
 				return fmt.Errorf("handler stage of %s: %w", h.HandlerName(), ErrNoTenant)
 			}
@@ -83,9 +83,9 @@ func (probe) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 			case "fail-handler":
 				return fmt.Errorf("handler stage: %w", ErrRefused)
 			}
-			return next(context.WithValue(ctx, stageKey{}, "handler"))
+			return next.Call(context.WithValue(ctx, stageKey{}, "handler"))
 		},
-		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			tenant, ok := ctx.Value(tenantKey{}).(string)
 			if !ok {
 				return fmt.Errorf("outgoing %s: %w", out.Name(), ErrNoTenant)
@@ -100,7 +100,7 @@ func (probe) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 			out.Headers()[tenantHeader] = tenant
 			out.Headers()["x-stage"] = stage
 			out.SetSticky("tenant", tenant)
-			return next(ctx)
+			return next.Call(ctx)
 		},
 	}, nil
 }

@@ -32,17 +32,17 @@ func TestStageContextsAreReusedOnlyAfterACleanInvocation(t *testing.T) {
 	release := make(chan struct{})
 	var logs testenv.LogBuffer
 	logger := slog.New(slog.NewJSONHandler(&logs, nil))
-	keeper := bus.Middleware{Name: "keeper", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	keeper := bus.Middleware{Name: "keeper", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 		in.Logger().Info("seen")
 		if _, ok := in.Header("x-keep"); ok {
 			go func() {
 				<-release
 				id := in.Attributes().MessageID
-				kept <- keptCall{id, next(ctx)}
+				kept <- keptCall{id, next.Call(ctx)}
 			}()
 			return nil
 		}
-		return next(ctx)
+		return next.Call(ctx)
 	}}
 	p := sdktest.Load(t, keeper, sdktest.Wire, sdktest.WithLogger(logger))
 
@@ -94,10 +94,10 @@ type incomingKey struct{}
 // invocation before the host ran next.
 func TestAHeldContextKeepsItsStageContext(t *testing.T) {
 	keeper := sdk.BeforeOnly(bus.Middleware{Name: "keeper",
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
-			return next(context.WithValue(ctx, incomingKey{}, in))
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+			return next.Call(context.WithValue(ctx, incomingKey{}, in))
 		},
-		Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			in, ok := ctx.Value(incomingKey{}).(*bus.Incoming)
 			if !ok {
 				return errors.New("no incoming stage context in ctx")
@@ -105,7 +105,7 @@ func TestAHeldContextKeepsItsStageContext(t *testing.T) {
 			if got, want := in.Attributes().MessageID, h.Attributes().MessageID; got != want {
 				return fmt.Errorf("the incoming stage context reads %s in the handler stage of %s", got, want)
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		},
 	}, bus.StageIncoming)
 	p := sdktest.Load(t, keeper, sdktest.Wire)

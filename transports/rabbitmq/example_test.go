@@ -52,13 +52,13 @@ func ExampleNew() {
 func Example_rawDelivery() {
 	mw := bus.Middleware{
 		Name: "x-death",
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			if d, ok := in.Raw().(*amqp.Delivery); ok {
 				if deaths, ok := d.Headers["x-death"].([]any); ok {
 					in.Logger().InfoContext(ctx, "message was dead-lettered before", "times", len(deaths))
 				}
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		},
 	}
 	_ = mw

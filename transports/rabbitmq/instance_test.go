@@ -21,11 +21,11 @@ func TestSentAtTravelsInAUUIDv7ID(t *testing.T) {
 		sentAt time.Time
 	}
 	got := make(chan seen, 2)
-	b := e.start(t, bus.WithMiddleware(bus.Middleware{Name: "look", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+	b := e.start(t, bus.WithMiddleware(bus.Middleware{Name: "look", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 		raw := in.Raw().(*amqp.Delivery)
 		_, has := raw.Headers[rabbitmq.HeaderSentAt]
 		got <- seen{in.Attributes().MessageID, has, in.Attributes().SentAt}
-		return next(ctx)
+		return next.Call(ctx)
 	}}), bus.WithHandler(func(context.Context, order, bus.Attributes) error { return nil }))
 	ctx := testContext(t, 30*time.Second)
 	before := time.Now().Add(-time.Millisecond)

@@ -94,11 +94,11 @@ func TestHeaderArrivesNativelyAndAfterRetry(t *testing.T) {
 		bus.WithMaxAttempts(3),
 		bus.WithMiddleware(bus.Middleware{
 			Name: "tenant",
-			Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 				out.Headers()["x-tenant"] = "acme"
-				return next(ctx)
+				return next.Call(ctx)
 			},
-			Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 				h, _ := in.Header("x-tenant")
 				raw, ok := in.Raw().(*amqp.Delivery)
 				if !ok {
@@ -107,7 +107,7 @@ func TestHeaderArrivesNativelyAndAfterRetry(t *testing.T) {
 				mu.Lock()
 				got = append(got, seen{attempt: in.Attempt(), header: h, raw: raw.Headers["x-tenant"], deliveryType: raw.Type})
 				mu.Unlock()
-				return next(ctx)
+				return next.Call(ctx)
 			},
 		}),
 		bus.WithHandler(func(_ context.Context, o order, _ bus.Attributes) error {
@@ -147,9 +147,9 @@ func TestReservedHeaderRefusedThroughBus(t *testing.T) {
 	for _, name := range []string{rabbitmq.HeaderSentAt, "Plugbus-Anything", "CC"} {
 		b, err := bus.New(bus.WithTransport(e.transport(t)), bus.WithMiddleware(bus.Middleware{
 			Name: "bad",
-			Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 				out.Headers()[name] = "x"
-				return next(ctx)
+				return next.Call(ctx)
 			},
 		}))
 		if err != nil {

@@ -36,7 +36,7 @@ func TestForeignReservedHeadersAreIgnored(t *testing.T) {
 	b, err := bus.New(bus.WithEndpoint(e.endpoint), bus.WithTransport(e.transport(t, rabbitmq.WithLogger(logs.logger()))),
 		bus.WithMaxAttempts(maxAttempts), bus.WithMiddleware(attempts.middleware(), bus.Middleware{
 			Name: "headers",
-			Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 				var names []string
 				for k := range in.Headers() {
 					names = append(names, k)
@@ -49,7 +49,7 @@ func TestForeignReservedHeadersAreIgnored(t *testing.T) {
 					attrs   int
 				}{names, in.Attributes().SentAt, v + s}
 				mu.Unlock()
-				return next(ctx)
+				return next.Call(ctx)
 			},
 		}),
 		bus.WithHandler(func(context.Context, order, bus.Attributes) error { return errors.New("always fails") }))

@@ -26,7 +26,7 @@ type attemptLog struct {
 func (l *attemptLog) middleware() bus.Middleware {
 	return bus.Middleware{
 		Name: "attempts",
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			l.mu.Lock()
 			if l.attempts == nil {
 				l.attempts = map[string][]int{}
@@ -34,7 +34,7 @@ func (l *attemptLog) middleware() bus.Middleware {
 			id := in.Attributes().MessageID
 			l.attempts[id] = append(l.attempts[id], in.Attempt())
 			l.mu.Unlock()
-			return next(ctx)
+			return next.Call(ctx)
 		},
 	}
 }

@@ -36,9 +36,9 @@ func TestRetriesThenDeadLetter(t *testing.T) {
 		bus.WithTransport(tr),
 		bus.WithMaxAttempts(3),
 		bus.WithConcurrency(2),
-		bus.WithMiddleware(bus.Middleware{Name: "attempts", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "attempts", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			attempts <- in.Attempt()
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error {
 			calls.Add(1)

@@ -25,9 +25,9 @@ func startRetryingBus(ctx context.Context, t *testing.T, endpoint string, policy
 	attempts := make(chan int, 100)
 	b, err := bus.New(bus.WithEndpoint(endpoint), bus.WithTransport(sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)), bus.WithLogger(slog.New(slog.DiscardHandler)),
 		bus.WithRetry(policy), bus.WithHandler(handler),
-		bus.WithMiddleware(bus.Middleware{Name: "attempts", Handling: func(ctx context.Context, h *bus.Handling, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "attempts", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 			attempts <- h.Attempt()
-			return next(ctx)
+			return next.Call(ctx)
 		}}))
 	if err != nil {
 		t.Fatal(err)

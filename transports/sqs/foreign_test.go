@@ -74,12 +74,12 @@ func TestForeignReservedAttributesNeitherHeadersNorAttempts(t *testing.T) {
 	var attempts []int
 	var seen []bus.Headers
 	_, probe := startBus(ctx, t, logs, bus.WithMaxAttempts(3),
-		bus.WithMiddleware(bus.Middleware{Name: "watch", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "watch", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			mu.Lock()
 			attempts = append(attempts, in.Attempt())
 			seen = append(seen, maps.Collect(in.Headers()))
 			mu.Unlock()
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return errAlwaysFails }))
 

@@ -41,14 +41,14 @@ func TestHeaderFromMiddlewareArrivesAsNativeAttribute(t *testing.T) {
 		bus.WithEndpoint("orders"),
 		bus.WithTransport(sqstest.New(t, cfg, sqstest.FastOptions(prefix)...)),
 		bus.WithMiddleware(
-			bus.Middleware{Name: "tenant", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+			bus.Middleware{Name: "tenant", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 				out.Headers()["x-tenant"] = "acme"
-				return next(ctx)
+				return next.Call(ctx)
 			}},
-			bus.Middleware{Name: "raw-reader", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+			bus.Middleware{Name: "raw-reader", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 				seen.raw, _ = in.Raw().(sqstypes.Message)
 				seen.header, _ = in.Header("x-tenant")
-				return next(ctx)
+				return next.Call(ctx)
 			}},
 		),
 		bus.WithHandler(func(_ context.Context, m orderPlaced, a bus.Attributes) error {
@@ -103,11 +103,11 @@ func TestHeadersRefusedThroughBus(t *testing.T) {
 	}
 	defer tr.Close(context.Background())
 	headers := func(h bus.Headers) bus.Middleware {
-		return bus.Middleware{Name: "headers", Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		return bus.Middleware{Name: "headers", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			for k, v := range h {
 				out.Headers()[k] = v
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		}}
 	}
 	nine := bus.Headers{}

@@ -883,12 +883,12 @@ func (s *suite) instanceBesideBusyWorkers(t *testing.T) {
 	addr := func() string { return tr.(bus.InstanceQueuer).InstanceAddress() }
 	replies := make(chan string, 1)
 	resolver := bus.Middleware{Name: "replies", InstanceQueue: true,
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			if in.Name() == (busyReply{}).MessageName() {
 				replies <- in.Attributes().MessageID
 				return nil // resolved without handlers
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		}}
 	got := make(chan string, 1)
 	b, err := bus.New(bus.WithEndpoint(Name("tt-busy")), bus.WithTransport(tr), bus.WithConcurrency(1),

@@ -74,7 +74,7 @@ func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 	tenant := p.cfg.Tenant
 	return bus.Middleware{
 		Name: "tenancy",
-		Outgoing: func(ctx context.Context, out *bus.Outgoing, next bus.Next) error {
+		Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 			h := out.Headers()
 			if h[Header] == "" {
 				if t, ok := FromContext(ctx); ok {
@@ -83,14 +83,14 @@ func (p *Plugin) Instantiate(bus.PluginInfo) (bus.Middleware, error) {
 					h[Header] = tenant
 				}
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		},
-		Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			t, ok := in.Header(Header)
 			if !ok || t == "" {
 				return bus.Permanent(fmt.Errorf("%w: %s %s lacks the %q header; send it through a bus using the tenancy plugin", ErrNoTenant, in.Name(), in.Attributes().MessageID, Header))
 			}
-			return next(context.WithValue(ctx, tenantKey{}, t))
+			return next.Call(context.WithValue(ctx, tenantKey{}, t))
 		},
 	}, nil
 }

@@ -42,11 +42,11 @@ func TestUnit(t *testing.T) {
 	}
 	out := bustest.Outgoing(bus.KindPublish, Hello{}, bus.Attributes{})
 	rec := bustest.RecordNext(nil)
-	if err := mw.Outgoing(context.Background(), out, rec.Next); err != nil || !rec.Called() || out.Headers()[tenancy.Header] != "acme" {
+	if err := mw.Outgoing(context.Background(), out, rec.OutgoingNext()); err != nil || !rec.Called() || out.Headers()[tenancy.Header] != "acme" {
 		t.Fatalf("outgoing: err %v, next called %v, headers %v", err, rec.Called(), out.Headers())
 	}
 	rec = bustest.RecordNext(nil)
-	err = mw.Incoming(context.Background(), bustest.Incoming(bustest.Delivery(Hello{}, bus.Attributes{})), rec.Next)
+	err = mw.Incoming(context.Background(), bustest.Incoming(bustest.Delivery(Hello{}, bus.Attributes{})), rec.IncomingNext())
 	if !errors.Is(err, tenancy.ErrNoTenant) || !errors.Is(err, bus.ErrPermanent) || rec.Called() {
 		t.Fatalf("incoming without tenant: err %v, next called %v", err, rec.Called())
 	}

@@ -78,11 +78,11 @@ func TestHandlerReportsFailedRecords(t *testing.T) {
 		bus.WithEndpoint("worker"),
 		bus.WithTransport(tr),
 		bus.WithMaxAttempts(3),
-		bus.WithMiddleware(bus.Middleware{Name: "raw", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "raw", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			if m, ok := in.Raw().(sqstypes.Message); ok {
 				rawSeen = append(rawSeen, aws.ToString(m.MessageId))
 			}
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(_ context.Context, j job, _ bus.Attributes) error {
 			if j.Fail {
@@ -229,9 +229,9 @@ func TestHandlerIgnoresForeignReservedAttributes(t *testing.T) {
 	}
 	headers := make(chan map[string]string, 1)
 	b, err := bus.New(bus.WithEndpoint("worker"), bus.WithTransport(memory.New()),
-		bus.WithMiddleware(bus.Middleware{Name: "headers", Incoming: func(ctx context.Context, in *bus.Incoming, next bus.Next) error {
+		bus.WithMiddleware(bus.Middleware{Name: "headers", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 			headers <- maps.Collect(in.Headers())
-			return next(ctx)
+			return next.Call(ctx)
 		}}),
 		bus.WithHandler(func(context.Context, job, bus.Attributes) error { return nil }))
 	if err != nil {
