@@ -43,11 +43,13 @@ func (s Stage) String() string {
 // runs nothing. A next is not safe for concurrent use, and is valid only
 // while the middleware that received it runs: a middleware that hands it
 // to another goroutine (a timeout) waits for it to return, or returns an
-// error. A next called after the stage's invocation ended without reaching
-// its terminal step, or failed, runs no handler and sends nothing (a
-// [*NextMisuseError] with AfterReturn); one kept after a successful call
-// reports a second call until the bus reuses the invocation's pooled
-// state for another message, whose chain it may then run: do not keep it.
+// error. Once an invocation ended otherwise than cleanly (the chain
+// failed, or returned nil without reaching the terminal step), a next
+// still on its way — on a timed-out goroutine, or kept — runs no handler
+// and sends nothing: it returns a [*NextMisuseError] with AfterReturn. A
+// next kept after a successful call reports a second call until the bus
+// reuses the invocation's pooled state for another message, whose chain
+// it may then run: do not keep it.
 //
 // A next is a pointer whose Call the compiler inlines into the middleware,
 // so that a layer costs one call, as a function wrapping a handler does.

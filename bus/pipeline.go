@@ -78,11 +78,13 @@ type run[C, N any, P hopper[C, N]] struct {
 	chain            *pipe[C, N]
 	contexts         []C            // the stage context given to each layer
 	nexts            []N            // the next given to each layer
+	hops             []*hop[C, N]   // each next's state (P(&nexts[i]).hop(), which generic code cannot inline)
 	terminalReturned atomic.Uint64  // the last epoch whose terminal step returned
 	epoch            atomic.Uint64  // the current invocation
 	ended            atomic.Uint64  // the epoch that ended without the run going back to its pool
 	retired          atomic.Bool    // never back to the pool
 	messageLoggers   []*slog.Logger // each layer's logger scoped with the message, made on first use
+	loggersMade      bool           // some messageLoggers are set
 	terminal         func(context.Context) error
 	messageFields    func() []any // what scopes a logger to the message
 	shortCircuitLog  string       // the debug message when a layer does not call next
@@ -93,6 +95,7 @@ type run[C, N any, P hopper[C, N]] struct {
 	single struct {
 		contexts       [1]C
 		nexts          [1]N
+		hops           [1]*hop[C, N]
 		messageLoggers [1]*slog.Logger
 	}
 }
@@ -104,10 +107,11 @@ func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, termi
 	}
 	r.chain = chain
 	if n == 1 {
-		r.contexts, r.nexts, r.messageLoggers = r.single.contexts[:], r.single.nexts[:], r.single.messageLoggers[:]
+		r.contexts, r.nexts, r.hops, r.messageLoggers = r.single.contexts[:], r.single.nexts[:], r.single.hops[:], r.single.messageLoggers[:]
 	} else {
 		r.contexts = make([]C, n)
 		r.nexts = make([]N, n)
+		r.hops = make([]*hop[C, N], n)
 		r.messageLoggers = make([]*slog.Logger, n)
 	}
 	r.terminal = terminal
@@ -118,12 +122,13 @@ func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, termi
 	}
 	funcs := chain.funcs
 	if len(funcs) == 0 {
-		r.nexts = nil // a standalone context: its middleware is given a next made by NewIncomingNext or a sibling
+		r.nexts, r.hops = nil, nil // a standalone context: its middleware is given a next made by NewIncomingNext or a sibling
 		return
 	}
 	last := func(ctx context.Context, _ *C, _ *N) error { return r.callTerminal(ctx) }
 	for i := range n {
 		h := P(&r.nexts[i]).hop()
+		r.hops[i] = h
 		h.twice = chain.twice[i]
 		if i+1 < n {
 			h.fn, h.c, h.next = funcs[i+1], &r.contexts[i+1], &r.nexts[i+1]
@@ -139,9 +144,12 @@ func (r *run[C, N, P]) start(ctx context.Context) error {
 	if len(funcs) == 0 {
 		return r.terminal(ctx) // on this goroutine: reusable needs no record
 	}
-	clear(r.messageLoggers)
-	for i := range r.nexts {
-		P(&r.nexts[i]).hop().entered = false
+	if r.loggersMade {
+		clear(r.messageLoggers)
+		r.loggersMade = false
+	}
+	for _, h := range r.hops {
+		h.entered = false
 	}
 	e := r.epoch.Load() + 1
 	r.epoch.Store(e)
@@ -182,8 +190,8 @@ func (r *run[C, N, P]) endUnclean(ctx context.Context, e uint64, err error) {
 	// A layer returned nil without calling next: the first whose next was
 	// not called. (If every next was called, the terminal step has not
 	// returned: a middleware returned while its next runs elsewhere.)
-	for i := range r.nexts {
-		if !P(&r.nexts[i]).hop().entered {
+	for i, h := range r.hops {
+		if !h.entered {
 			r.shortCircuited(ctx, i)
 			return
 		}
@@ -215,6 +223,7 @@ func (r *run[C, N, P]) logger(i int) *slog.Logger {
 	}
 	l := r.chain.base[i].With(r.messageFields()...)
 	r.messageLoggers[i] = l
+	r.loggersMade = true
 	return l
 }
 
