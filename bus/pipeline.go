@@ -125,7 +125,25 @@ func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, termi
 		r.nexts, r.hops = nil, nil // a standalone context: its middleware is given a next made by NewIncomingNext or a sibling
 		return
 	}
-	last := func(ctx context.Context, _ *C, _ *N) error { return r.callTerminal(ctx) }
+	// The innermost next's step: the terminal step, unless the invocation
+	// already ended (a next kept, or left running on another goroutine,
+	// by a middleware that returned). Written out here rather than in a
+	// method: a frame less under every chain.
+	last := func(ctx context.Context, _ *C, _ *N) error {
+		e := r.epoch.Load()
+		if r.ended.Load() == e {
+			return r.chain.after[len(r.chain.after)-1]
+		}
+		err := r.terminal(ctx)
+		if err != nil {
+			// A next that failed is what a middleware retrying in the
+			// background keeps: its run is not reused, so that the kept
+			// next never runs a later message's chain.
+			r.retired.Store(true)
+		}
+		r.terminalReturned.Store(e)
+		return err
+	}
 	for i := range n {
 		h := P(&r.nexts[i]).hop()
 		r.hops[i] = h
@@ -157,25 +175,6 @@ func (r *run[C, N, P]) start(ctx context.Context) error {
 	if err != nil || r.terminalReturned.Load() != e {
 		r.endUnclean(ctx, e, err)
 	}
-	return err
-}
-
-// callTerminal is the innermost next's step: the terminal step, unless
-// the invocation already ended (a next kept, or left running on another
-// goroutine, by a middleware that returned).
-func (r *run[C, N, P]) callTerminal(ctx context.Context) error {
-	e := r.epoch.Load()
-	if r.ended.Load() == e {
-		return r.chain.after[len(r.chain.after)-1]
-	}
-	err := r.terminal(ctx)
-	if err != nil {
-		// A next that failed is what a middleware retrying in the
-		// background keeps: its run is not reused, so that the kept
-		// next never runs a later message's chain.
-		r.retired.Store(true)
-	}
-	r.terminalReturned.Store(e)
 	return err
 }
 
