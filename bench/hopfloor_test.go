@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+
+	"github.com/plugbus/plugbus/bench"
 )
 
 type next func(context.Context) error
@@ -80,6 +82,50 @@ func BenchmarkHopFloor(b *testing.B) {
 		b.Run(fmt.Sprintf("wrap/depth=%d", depth), func(b *testing.B) { run(b, wrap(depth)) })
 		for _, locked := range []int{0, 1, 2} {
 			b.Run(fmt.Sprintf("next/locked=%d/depth=%d", locked, depth), func(b *testing.B) { run(b, chain(depth, locked)) })
+		}
+	}
+}
+
+// callUnder calls op under k more frames of its own.
+//
+//go:noinline
+func callUnder(k int, op func() error) error {
+	if k == 0 {
+		return op()
+	}
+	return callUnder(k-1, op)
+}
+
+// BenchmarkLayerUnderFrames runs the depth suite's chains (plugbus
+// incoming and handler, Watermill's) at 0 and 16 layers, called directly
+// and under 12 more frames: what one more layer costs depends on how deep
+// the stack already is (past the CPU's return-stack buffer a return is
+// mispredicted), which is why a chain measured under a bus's own frames
+// pays more per layer than the same chain called from a loop. Per layer:
+// (frames=K/layers=16 − frames=K/layers=0) / 16.
+func BenchmarkLayerUnderFrames(b *testing.B) {
+	chains := bench.DepthChains()
+	for _, name := range []string{"plugbus incoming", "plugbus handler", bench.WatermillChain} {
+		var ch bench.Chain
+		for _, c := range chains {
+			if c.Name == name {
+				ch = c
+			}
+		}
+		for _, frames := range []int{0, 12} {
+			for _, layers := range []int{0, 16} {
+				b.Run(fmt.Sprintf("%s/frames=%d/layers=%d", name, frames, layers), func(b *testing.B) {
+					op, err := ch.Build(layers)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for b.Loop() {
+						if err := callUnder(frames, op); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
 		}
 	}
 }
