@@ -72,10 +72,13 @@
 // A handler's own middleware follows the handler stage's rules and costs
 // the same: nothing allocated per layer.
 //
-// next may be called at most once per invocation, and only while the
-// middleware runs; otherwise it returns a [*NextMisuseError] naming
-// the stage and the middleware. The chains are composed once, in [New], so
-// running a layer allocates nothing.
+// Each stage has its own next type ([IncomingNext], [HandlingNext],
+// [OutgoingNext]), a pointer whose Call the compiler inlines into the
+// middleware, so that a layer is one call. next may be called at most
+// once per invocation, and only while the middleware runs; a second call
+// returns a [*NextMisuseError] naming the stage and the middleware. The
+// chains are composed once, in [New], so running a layer allocates
+// nothing.
 //
 // # Outbox
 //
