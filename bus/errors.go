@@ -49,7 +49,9 @@ var (
 // NextMisuseError is returned by a next called when it may not run: a
 // second time within one stage invocation, or after the invocation ended
 // without the bus reusing its pooled state (it never does after a chain
-// that failed or did not reach its terminal step). A next kept after a
+// that failed, panicked or did not reach its terminal step, nor after one
+// in which a next returned an error that a middleware caught). A next
+// kept after a
 // successful call reports a second call until the bus reuses the state
 // for a later message, whose chain it may then run: next is valid only
 // during the middleware's call.

@@ -28,6 +28,9 @@ type handler struct {
 	// middleware of its own (its chain is the bus's followed by its own);
 	// nil: the bus's pool.
 	runs *sync.Pool
+	// layers is how many middleware its handler stage has (the bus's and
+	// its own): with none, runHandler calls invoke directly.
+	layers int
 }
 
 // HandlerOption configures one handler.

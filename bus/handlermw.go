@@ -46,6 +46,7 @@ func HandlerMiddleware(plugins ...Plugin) HandlerOption {
 func (b *Bus) instantiateHandlerMiddleware(handlers []*handler) error {
 	for _, h := range handlers {
 		if len(h.plugins) == 0 {
+			h.layers = len(b.handling.funcs)
 			continue
 		}
 		chain := &pipe[Handling, HandlingNext]{stage: StageHandler,
@@ -82,6 +83,7 @@ func (b *Bus) instantiateHandlerMiddleware(handlers []*handler) error {
 			}
 		}
 		h.runs = &sync.Pool{New: func() any { return newHandlingRun(b, chain) }}
+		h.layers = len(chain.funcs)
 	}
 	return nil
 }

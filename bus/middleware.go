@@ -43,13 +43,15 @@ func (s Stage) String() string {
 // runs nothing. A next is not safe for concurrent use, and is valid only
 // while the middleware that received it runs: a middleware that hands it
 // to another goroutine (a timeout) waits for it to return, or returns an
-// error. Once an invocation ended otherwise than cleanly (the chain
-// failed, or returned nil without reaching the terminal step), a next
-// still on its way — on a timed-out goroutine, or kept — runs no handler
-// and sends nothing: it returns a [*NextMisuseError] with AfterReturn. A
-// next kept after a successful call reports a second call until the bus
-// reuses the invocation's pooled state for another message, whose chain
-// it may then run: do not keep it.
+// error (which a middleware around it may catch). Once an invocation
+// ended otherwise than cleanly (the chain failed or panicked, a next in it
+// returned an error that a middleware caught, or the chain returned nil
+// without reaching the terminal step), a next still on its way — on a
+// timed-out goroutine, or kept — that reaches the terminal step runs no
+// handler and sends nothing: it returns a [*NextMisuseError] with
+// AfterReturn. A next kept after a successful call reports a second call
+// until the bus reuses the invocation's pooled state for another message,
+// whose chain it may then run: do not keep it.
 //
 // A next is a pointer whose Call the compiler inlines into the middleware,
 // so that a layer costs one call, as a function wrapping a handler does.
@@ -59,11 +61,11 @@ type IncomingNext hop[Incoming, IncomingNext]
 
 // Call runs the rest of the incoming chain with ctx.
 func (n *IncomingNext) Call(ctx context.Context) error {
-	if n.entered {
+	if n.ret != error(errFresh) { // see hop
 		return n.twice
 	}
-	n.entered = true
-	return n.fn(ctx, n.c, n.next)
+	n.ret = n.fn(ctx, n.c, n.next)
+	return n.ret
 }
 
 // HandlingNext continues the handler stage's chain; see [IncomingNext].
@@ -71,11 +73,11 @@ type HandlingNext hop[Handling, HandlingNext]
 
 // Call runs the rest of the handler chain with ctx.
 func (n *HandlingNext) Call(ctx context.Context) error {
-	if n.entered {
+	if n.ret != error(errFresh) { // see hop
 		return n.twice
 	}
-	n.entered = true
-	return n.fn(ctx, n.c, n.next)
+	n.ret = n.fn(ctx, n.c, n.next)
+	return n.ret
 }
 
 // OutgoingNext continues the outgoing stage's chain; see [IncomingNext].
@@ -83,11 +85,11 @@ type OutgoingNext hop[Outgoing, OutgoingNext]
 
 // Call runs the rest of the outgoing chain with ctx.
 func (n *OutgoingNext) Call(ctx context.Context) error {
-	if n.entered {
+	if n.ret != error(errFresh) { // see hop
 		return n.twice
 	}
-	n.entered = true
-	return n.fn(ctx, n.c, n.next)
+	n.ret = n.fn(ctx, n.c, n.next)
+	return n.ret
 }
 
 // Next is what the three stages' nexts have in common, for code that
@@ -98,22 +100,52 @@ type Next interface {
 	Call(ctx context.Context) error
 }
 
-// NewIncomingNext returns a next whose Call calls fn, every time it is
-// called (fn decides what a second call does), to call an [IncomingFunc]
-// outside a bus: in a test (package bustest records calls with it) or in
-// a process serving a plugin, where fn crosses back to the host.
+// Reset re-arms a next made by [NewIncomingNext] for another invocation
+// (a benchmark's loop, the next message of a process serving a plugin).
+// It does nothing to a bus's next.
+func (n *IncomingNext) Reset() {
+	if n.f != nil {
+		n.ret = errFresh
+	}
+}
+
+// NewIncomingNext returns a next whose Call calls fn, to call an
+// [IncomingFunc] outside a bus: in a test (package bustest records calls
+// with it) or in a process serving a plugin, where fn crosses back to the
+// host. Like a bus's, it runs once: a second Call returns a
+// [*NextMisuseError] without calling fn, until [IncomingNext.Reset]. The
+// error names the middleware "middleware"; [StageMaker.IncomingNext]
+// makes one that names the StageMaker's.
 func NewIncomingNext(fn func(ctx context.Context) error) *IncomingNext {
-	return (*IncomingNext)(standaloneHop[Incoming, IncomingNext](StageIncoming, fn))
+	return (*IncomingNext)(standaloneHop[Incoming, IncomingNext](fn, &NextMisuseError{Stage: StageIncoming, Middleware: "middleware"}))
+}
+
+// Reset re-arms a next made by [NewHandlingNext] for another invocation
+// (a benchmark's loop, the next message of a process serving a plugin).
+// It does nothing to a bus's next.
+func (n *HandlingNext) Reset() {
+	if n.f != nil {
+		n.ret = errFresh
+	}
 }
 
 // NewHandlingNext is [NewIncomingNext] for a [HandlingFunc].
 func NewHandlingNext(fn func(ctx context.Context) error) *HandlingNext {
-	return (*HandlingNext)(standaloneHop[Handling, HandlingNext](StageHandler, fn))
+	return (*HandlingNext)(standaloneHop[Handling, HandlingNext](fn, &NextMisuseError{Stage: StageHandler, Middleware: "middleware"}))
+}
+
+// Reset re-arms a next made by [NewOutgoingNext] for another invocation
+// (a benchmark's loop, the next message of a process serving a plugin).
+// It does nothing to a bus's next.
+func (n *OutgoingNext) Reset() {
+	if n.f != nil {
+		n.ret = errFresh
+	}
 }
 
 // NewOutgoingNext is [NewIncomingNext] for an [OutgoingFunc].
 func NewOutgoingNext(fn func(ctx context.Context) error) *OutgoingNext {
-	return (*OutgoingNext)(standaloneHop[Outgoing, OutgoingNext](StageOutgoing, fn))
+	return (*OutgoingNext)(standaloneHop[Outgoing, OutgoingNext](fn, &NextMisuseError{Stage: StageOutgoing, Middleware: "middleware"}))
 }
 
 // IncomingFunc is the incoming stage of a middleware. It runs once per

@@ -28,15 +28,33 @@ func (p *pipe[C, N]) add(name string, fn func(context.Context, *C, *N) error, lo
 // hop is what a next points to: the following layer's middleware, stage
 // context and next, so that a next's Call, inlined into the middleware
 // that calls it, calls the following middleware directly. A layer then
-// costs the middleware's own call, and a plain flag tells a second call.
+// costs the middleware's own call.
+//
+// ret is errFresh until Call is called in the invocation; Call then runs
+// fn and records what it returned in ret. A Call that finds ret other
+// than errFresh is a second call. What ret holds at the end tells the
+// pipeline, once the chain returned nil, a clean invocation from one in
+// which a middleware caught the error of a next that may still run
+// elsewhere (a timeout that returned while its next runs on another
+// goroutine). A flag and the record would not fit the compiler's inlining
+// budget together; the record alone does.
 type hop[C, N any] struct {
-	fn      func(context.Context, *C, *N) error // the following layer's middleware, or the terminal step
-	c       *C                                  // the following layer's stage context
-	next    *N                                  // the following layer's next
-	entered bool                                // Call ran in this invocation
-	twice   error                               // what a second Call returns
-	f       func(context.Context) error         // a standalone next's function
+	fn    func(context.Context, *C, *N) error // the following layer's middleware, or the terminal step
+	c     *C                                  // the following layer's stage context
+	next  *N                                  // the following layer's next
+	ret   error                               // errFresh, then what fn returned in this invocation
+	twice error                               // what a second Call returns
+	f     func(context.Context) error         // a standalone next's function
 }
+
+// freshError is the type of errFresh, a pointer so that Call compares ret
+// with it without a call.
+type freshError struct{}
+
+func (*freshError) Error() string { return "bus: next not called yet" }
+
+// errFresh is a hop's ret until its Call is called in the invocation.
+var errFresh = &freshError{}
 
 // hopper is a next type: *IncomingNext, *HandlingNext or *OutgoingNext.
 type hopper[C, N any] interface {
@@ -48,21 +66,18 @@ func (n *IncomingNext) hop() *hop[Incoming, IncomingNext] { return (*hop[Incomin
 func (n *HandlingNext) hop() *hop[Handling, HandlingNext] { return (*hop[Handling, HandlingNext])(n) }
 func (n *OutgoingNext) hop() *hop[Outgoing, OutgoingNext] { return (*hop[Outgoing, OutgoingNext])(n) }
 
-// standaloneHop returns a next's state that calls fn on every Call.
-func standaloneHop[C, N any, P hopper[C, N]](stage Stage, fn func(context.Context) error) *hop[C, N] {
+// standaloneHop returns a next's state that calls fn on the first Call;
+// a second returns twice.
+func standaloneHop[C, N any, P hopper[C, N]](fn func(context.Context) error, twice error) *hop[C, N] {
 	n := new(N)
 	h := P(n).hop()
-	h.fn, h.next, h.f = callStandalone[C, N, P], n, fn
-	h.twice = &NextMisuseError{Stage: stage} // never returned: callStandalone re-arms the next
+	h.fn, h.next, h.f, h.ret, h.twice = callStandalone[C, N, P], n, fn, errFresh, twice
 	return h
 }
 
-// callStandalone is a standalone next's step: it re-arms the next, then
-// calls its function.
+// callStandalone is a standalone next's step: it calls its function.
 func callStandalone[C, N any, P hopper[C, N]](ctx context.Context, _ *C, n *N) error {
-	h := P(n).hop()
-	h.entered = false
-	return h.f(ctx)
+	return P(n).hop().f(ctx)
 }
 
 // run is the reusable state of one invocation of a stage. It is pooled:
@@ -70,10 +85,11 @@ func callStandalone[C, N any, P hopper[C, N]](ctx context.Context, _ *C, n *N) e
 // allocates nothing per layer. Nothing runs between two layers (a next
 // calls the following middleware itself), so the run knows only how the
 // invocation ended: it goes back to its pool only when the chain returned
-// nil and the terminal step returned nil in this invocation — every layer
-// called its next then. Otherwise a next may still run on another
-// goroutine, or be kept for later: the run is retired, never reused, and
-// its terminal step refuses to run again.
+// nil, and every next and the terminal step returned nil in this
+// invocation — every layer called its next and returned after it then.
+// Otherwise a next may still run on another goroutine, or be kept for
+// later: the run is retired, never reused, and its terminal step refuses
+// to run again.
 type run[C, N any, P hopper[C, N]] struct {
 	chain            *pipe[C, N]
 	contexts         []C            // the stage context given to each layer
@@ -117,7 +133,7 @@ func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, termi
 	r.terminal = terminal
 	r.messageFields = messageFields
 	r.shortCircuitLog = shortCircuitLog
-	for i := range n {
+	for i := range r.contexts {
 		r.contexts[i] = stageContext(i)
 	}
 	funcs := chain.funcs
@@ -125,35 +141,59 @@ func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, termi
 		r.nexts, r.hops = nil, nil // a standalone context: its middleware is given a next made by NewIncomingNext or a sibling
 		return
 	}
-	// The innermost next's step: the terminal step, unless the invocation
-	// already ended (a next kept, or left running on another goroutine,
-	// by a middleware that returned). Written out here rather than in a
-	// method: a frame less under every chain.
+	// The innermost next's step, unless the stage sets its own (setLast).
 	last := func(ctx context.Context, _ *C, _ *N) error {
-		e := r.epoch.Load()
-		if r.ended.Load() == e {
-			return r.chain.after[len(r.chain.after)-1]
-		}
-		err := r.terminal(ctx)
+		e, err := r.enterTerminal()
 		if err != nil {
-			// A next that failed is what a middleware retrying in the
-			// background keeps: its run is not reused, so that the kept
-			// next never runs a later message's chain.
-			r.retired.Store(true)
+			return err
 		}
-		r.terminalReturned.Store(e)
+		err = r.terminal(ctx)
+		r.leaveTerminal(e, err)
 		return err
 	}
 	for i := range n {
 		h := P(&r.nexts[i]).hop()
 		r.hops[i] = h
-		h.twice = chain.twice[i]
+		h.twice, h.ret = chain.twice[i], errFresh
 		if i+1 < n {
 			h.fn, h.c, h.next = funcs[i+1], &r.contexts[i+1], &r.nexts[i+1]
 		} else {
 			h.fn = last
 		}
 	}
+}
+
+// setLast makes last the innermost next's step: the stage's terminal
+// step called directly, between enterTerminal and leaveTerminal, a frame
+// less under every chain than the terminal function.
+func (r *run[C, N, P]) setLast(last func(context.Context, *C, *N) error) {
+	if n := len(r.hops); n > 0 {
+		r.hops[n-1].fn = last
+	}
+}
+
+// enterTerminal begins the terminal step of the current invocation e,
+// unless the invocation already ended (a next kept, or left running on
+// another goroutine, by a middleware that returned): then it returns the
+// innermost middleware's NextMisuseError.
+func (r *run[C, N, P]) enterTerminal() (e uint64, err error) {
+	e = r.epoch.Load()
+	if r.ended.Load() == e {
+		return e, r.chain.after[len(r.chain.after)-1]
+	}
+	return e, nil
+}
+
+// leaveTerminal records that the terminal step of invocation e returned
+// err.
+func (r *run[C, N, P]) leaveTerminal(e uint64, err error) {
+	if err != nil {
+		// A next that failed is what a middleware retrying in the
+		// background keeps: its run is not reused, so that the kept
+		// next never runs a later message's chain.
+		r.retired.Store(true)
+	}
+	r.terminalReturned.Store(e)
 }
 
 // start runs the chain as a new epoch.
@@ -167,39 +207,69 @@ func (r *run[C, N, P]) start(ctx context.Context) error {
 		r.loggersMade = false
 	}
 	for _, h := range r.hops {
-		h.entered = false
+		h.ret = errFresh
 	}
 	e := r.epoch.Load() + 1
 	r.epoch.Store(e)
 	err := funcs[0](ctx, &r.contexts[0], &r.nexts[0])
-	if err != nil || r.terminalReturned.Load() != e {
+	if err != nil || r.terminalReturned.Load() != e || !r.nextsReturnedNil() {
 		r.endUnclean(ctx, e, err)
 	}
 	return err
 }
 
+// nextsReturnedNil reports whether every next of an invocation whose
+// terminal step returned in it returned nil: every layer was on the way
+// to the terminal step, so every next was called in the invocation, and
+// its ret is this invocation's once its call returned. It reads them
+// outermost first and stops at the first that did not return nil: its
+// middleware caught the error, and a next inside may still run on
+// another goroutine (a timeout that returned an error), whose state is not
+// read. (A next still running inside one that returned nil is a
+// middleware that returned nil before the next it called: a misuse.)
+func (r *run[C, N, P]) nextsReturnedNil() bool {
+	for _, h := range r.hops {
+		if h.ret != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // endUnclean retires the run of invocation e, which returned err without
-// its terminal step having returned in it, or failed.
+// its terminal step having returned nil in it, or in which a next
+// returned an error that a middleware caught.
 func (r *run[C, N, P]) endUnclean(ctx context.Context, e uint64, err error) {
 	r.retired.Store(true)
 	r.ended.Store(e)
-	if err != nil {
+	if err != nil || r.terminalReturned.Load() == e {
 		return
 	}
-	// A layer returned nil without calling next: the first whose next was
-	// not called. (If every next was called, the terminal step has not
-	// returned: a middleware returned while its next runs elsewhere.)
+	// A layer returned nil without calling next: the first whose next
+	// was not called (or, a misuse, still runs elsewhere while the layer
+	// returned nil). The search stops at a next that returned an error
+	// its middleware caught: what is inside may still run elsewhere.
 	for i, h := range r.hops {
-		if !h.entered {
+		switch h.ret {
+		case nil:
+			continue
+		case error(errFresh):
 			r.shortCircuited(ctx, i)
-			return
 		}
+		return
 	}
 }
 
+// abandon ends the current invocation, which panicked, as endUnclean
+// does: a next of it may still run on another goroutine, or be kept.
+func (r *run[C, N, P]) abandon() {
+	r.retired.Store(true)
+	r.ended.Store(r.epoch.Load())
+}
+
 // reusable reports whether the run may go back to its pool: the chain
-// returned nil, the terminal step returned nil in this invocation, and
-// no layer panicked.
+// returned nil, every next and the terminal step returned nil in this
+// invocation, and no layer panicked (abandon).
 func (r *run[C, N, P]) reusable() bool {
 	if r.retired.Load() {
 		return false

@@ -433,3 +433,164 @@ func passThrough(name string) bus.Middleware {
 		Handling: func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error { return next.Call(ctx) },
 	}
 }
+
+// swallowTimeoutProbe is three layers of one stage for message "slow":
+// "besteffort" catches what its next returns and returns nil (handled, as
+// the docs allow), "timeout" runs its next on another goroutine and
+// returns an error once the terminal step returned there, and "probe",
+// on that goroutine, reads its stage context after its next returned,
+// once told to proceed, and sends what it read to saw.
+func swallowTimeoutProbe(stage bus.Stage, proceed <-chan struct{}, saw chan<- string) []bus.Plugin {
+	terminalDone := make(chan struct{})
+	besteffort := func(ctx context.Context, next bus.Next) error {
+		_ = next.Call(ctx)
+		return nil
+	}
+	timeout := func(ctx context.Context, id string, next bus.Next) error {
+		if id != "slow" {
+			return next.Call(ctx)
+		}
+		go func() { _ = next.Call(ctx) }()
+		<-terminalDone // then it times out, while probe still runs
+		return errors.New("timed out")
+	}
+	probed := func(id string, read func() string) {
+		if id == "slow" {
+			close(terminalDone)
+			<-proceed
+			saw <- read()
+		}
+	}
+	switch stage {
+	case bus.StageHandler:
+		return []bus.Plugin{
+			bus.Middleware{Name: "besteffort", Handling: func(ctx context.Context, _ *bus.Handling, next *bus.HandlingNext) error { return besteffort(ctx, next) }},
+			bus.Middleware{Name: "timeout", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+				return timeout(ctx, h.Attributes().MessageID, next)
+			}},
+			bus.Middleware{Name: "probe", Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+				id := h.Attributes().MessageID
+				err := next.Call(ctx)
+				probed(id, func() string { return h.Attributes().MessageID })
+				return err
+			}},
+		}
+	case bus.StageOutgoing:
+		return []bus.Plugin{
+			bus.Middleware{Name: "besteffort", Outgoing: func(ctx context.Context, _ *bus.Outgoing, next *bus.OutgoingNext) error { return besteffort(ctx, next) }},
+			bus.Middleware{Name: "timeout", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
+				return timeout(ctx, out.MessageID(), next)
+			}},
+			bus.Middleware{Name: "probe", Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
+				id := out.MessageID()
+				err := next.Call(ctx)
+				probed(id, out.MessageID)
+				return err
+			}},
+		}
+	}
+	return []bus.Plugin{
+		bus.Middleware{Name: "besteffort", Incoming: func(ctx context.Context, _ *bus.Incoming, next *bus.IncomingNext) error { return besteffort(ctx, next) }},
+		bus.Middleware{Name: "timeout", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+			return timeout(ctx, in.Attributes().MessageID, next)
+		}},
+		bus.Middleware{Name: "probe", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+			id := in.Attributes().MessageID
+			err := next.Call(ctx)
+			probed(id, func() string { return in.Attributes().MessageID })
+			return err
+		}},
+	}
+}
+
+// A timeout middleware may return an error while its next still runs
+// elsewhere, and an outer middleware may catch that error and return nil:
+// the terminal step returned nil, the chain too, but a layer still runs
+// on another goroutine. The delivery must not be released, nor the run
+// reused, while it may still read them.
+func TestInnerLayerStillRunningAfterACaughtTimeout(t *testing.T) {
+	for _, stage := range []bus.Stage{bus.StageIncoming, bus.StageHandler} {
+		t.Run(stage.String(), func(t *testing.T) {
+			proceed, saw := make(chan struct{}), make(chan string, 1)
+			e, r := newReleasingEnv(t, bus.WithMiddleware(swallowTimeoutProbe(stage, proceed, saw)...),
+				bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
+			e.sendID("slow")
+			// With one worker, a release of "slow" would come right after
+			// its deletion, before anything of the next message.
+			r.expectSeq(t, "delete", "slow")
+			e.sendID("fast")
+			if ev := await(t, r.events); ev.op != "delete" || ev.id != "fast" {
+				// probe would read a released delivery: leave it waiting
+				t.Fatalf("%s of %s while probe may still read the delivery of slow; want delete of fast", ev.op, ev.id)
+			}
+			r.expectSeq(t, "release", "fast")
+			close(proceed)
+			if got := await(t, saw); got != "slow" {
+				t.Fatalf("probe of slow read message %q", got)
+			}
+		})
+	}
+	t.Run("outgoing", func(t *testing.T) {
+		proceed, saw := make(chan struct{}), make(chan string, 1)
+		b, err := bus.New(bus.WithTransport(memory.New()), bus.WithRoute("elsewhere", orderPlaced{}), bus.WithLogger(discard()),
+			bus.WithMiddleware(swallowTimeoutProbe(bus.StageOutgoing, proceed, saw)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Send(t.Context(), orderPlaced{}, bus.WithMessageID("slow")); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 { // would take the pooled run of slow, were it back in the pool
+			if err := b.Send(t.Context(), orderPlaced{}, bus.WithMessageID("fast")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		close(proceed)
+		if got := await(t, saw); got != "slow" {
+			t.Fatalf("probe of slow read message %q", got)
+		}
+	})
+}
+
+// A middleware that panics while its next runs on another goroutine ends
+// the invocation (the bus recovers the panic and retries the message):
+// the delivery is not released and the run not reused while a layer
+// still runs there, even once the terminal step returned.
+func TestPanicWhileANextRunsElsewhere(t *testing.T) {
+	terminalDone, proceed, saw := make(chan struct{}), make(chan struct{}), make(chan string, 1)
+	panics := bus.Middleware{Name: "panics", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+		if in.Attributes().MessageID != "slow" || in.Attempt() != 1 {
+			return next.Call(ctx)
+		}
+		go func() { _ = next.Call(ctx) }()
+		<-terminalDone
+		panic("boom")
+	}}
+	probe := bus.Middleware{Name: "probe", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+		id, attempt := in.Attributes().MessageID, in.Attempt()
+		err := next.Call(ctx)
+		if id == "slow" && attempt == 1 {
+			close(terminalDone)
+			<-proceed
+			saw <- in.Attributes().MessageID
+		}
+		return err
+	}}
+	e, r := newReleasingEnv(t, bus.WithMiddleware(panics, probe),
+		bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
+	e.sendID("slow")
+	// With one worker, a release of "slow" would come right after its
+	// return, before anything of the next message.
+	r.expectSeq(t, "return", "slow")
+	e.sendID("fast")
+	for range 4 { // fast, and the retry of slow, in either order
+		if ev := await(t, r.events); ev.op == "release" && ev.id == "slow" && ev.attempt == 1 {
+			// probe would read a released delivery: leave it waiting
+			t.Fatal("the first delivery of slow was released while probe may still read it")
+		}
+	}
+	close(proceed)
+	if got := await(t, saw); got != "slow" {
+		t.Fatalf("probe of slow read message %q", got)
+	}
+}

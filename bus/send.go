@@ -84,6 +84,7 @@ func (b *Bus) emitInto(ctx context.Context, kind Kind, msg Message, opts []SendO
 	defer func() {
 		if p := recover(); p != nil {
 			err = &PanicError{Value: p, Stack: debug.Stack()}
+			r.abandon()
 		}
 		if r.reusable() {
 			r.reset()

@@ -31,6 +31,15 @@ func newIncomingRun(b *Bus, p *pipe[Incoming, IncomingNext], endpoint string) *i
 		func(ctx context.Context) error { return r.b.dispatch(ctx, r) },
 		func() []any { return describeEnvelope(&r.d.Envelope) },
 		"message handled by incoming middleware; handlers skipped, message deleted")
+	r.setLast(func(ctx context.Context, _ *Incoming, _ *IncomingNext) error {
+		e, err := r.enterTerminal()
+		if err != nil {
+			return err
+		}
+		err = r.b.dispatch(ctx, r)
+		r.leaveTerminal(e, err)
+		return err
+	})
 	return r
 }
 
@@ -105,6 +114,15 @@ func newHandlingRun(b *Bus, p *pipe[Handling, HandlingNext]) *handlingRun {
 		func(ctx context.Context) error { return r.h.invoke(ctx, r.msg, r.d.Attributes) },
 		func() []any { return append(describeEnvelope(&r.d.Envelope), slog.String("handler", r.h.name)) },
 		"handler skipped by handler middleware")
+	r.setLast(func(ctx context.Context, _ *Handling, _ *HandlingNext) error {
+		e, err := r.enterTerminal()
+		if err != nil {
+			return err
+		}
+		err = r.h.invoke(ctx, r.msg, r.d.Attributes)
+		r.leaveTerminal(e, err)
+		return err
+	})
 	return r
 }
 
@@ -226,6 +244,15 @@ func newOutgoingRun(b *Bus, p *pipe[Outgoing, OutgoingNext]) *outgoingRun {
 				slog.String("correlation_id", r.attrs.CorrelationID), slog.String("kind", r.kind.String())}
 		},
 		"outgoing message dropped by middleware")
+	r.setLast(func(ctx context.Context, _ *Outgoing, _ *OutgoingNext) error {
+		e, err := r.enterTerminal()
+		if err != nil {
+			return err
+		}
+		err = r.b.finishOutgoing(ctx, r)
+		r.leaveTerminal(e, err)
+		return err
+	})
 	return r
 }
 

@@ -30,6 +30,7 @@ func standalonePipe[C, N any](stage Stage, info StageInfo) *pipe[C, N] {
 	}
 	p := &pipe[C, N]{stage: stage}
 	p.names = []string{info.Middleware}
+	p.twice = []error{&NextMisuseError{Stage: stage, Middleware: info.Middleware}}
 	// Scoped when a record is handled: scoping eagerly would cost every
 	// standalone context (a plugin process makes one per message).
 	scoped := lazylog.New(info.Logger.Handler(), slog.String("stage", stage.String()), slog.String("middleware", info.Middleware))
@@ -123,6 +124,23 @@ func (s *StageMaker) ReleaseHandling(h *Handling) {
 	r.h.name, r.msg, r.d = "", nil, nil
 	clear(r.messageLoggers)
 	s.handlingRuns.Put(r)
+}
+
+// IncomingNext returns a next for an incoming stage context made by s,
+// as [NewIncomingNext] does, whose error for a second call names the
+// StageMaker's middleware.
+func (s *StageMaker) IncomingNext(fn func(ctx context.Context) error) *IncomingNext {
+	return (*IncomingNext)(standaloneHop[Incoming, IncomingNext](fn, s.incoming.twice[0]))
+}
+
+// HandlingNext is [StageMaker.IncomingNext] for a handler stage.
+func (s *StageMaker) HandlingNext(fn func(ctx context.Context) error) *HandlingNext {
+	return (*HandlingNext)(standaloneHop[Handling, HandlingNext](fn, s.handling.twice[0]))
+}
+
+// OutgoingNext is [StageMaker.IncomingNext] for an outgoing stage.
+func (s *StageMaker) OutgoingNext(fn func(ctx context.Context) error) *OutgoingNext {
+	return (*OutgoingNext)(standaloneHop[Outgoing, OutgoingNext](fn, s.outgoing.twice[0]))
 }
 
 // OutgoingMessage describes a message being sent, for [NewOutgoing].

@@ -348,6 +348,7 @@ type stageCall struct {
 	nextIncoming *bus.IncomingNext
 	nextHandling *bus.HandlingNext
 	nextOutgoing *bus.OutgoingNext
+	nextsOf      *instance // the instance the nexts name in their errors
 	beforeOnly   bool
 	continued    bool
 	nextCtx      context.Context // what the middleware gave next
@@ -512,7 +513,7 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.Name, ContentType: m.ContentType, Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
 		c.inst, c.incoming = inst, inst.stages.Incoming(d, m.Endpoint)
-		return inst.mw.Incoming(c.ctx, c.incoming, c.incomingNext())
+		return inst.mw.Incoming(c.ctx, c.incoming, c.incomingNext(inst))
 	case *pluginproto.Invoke_Handling:
 		m := s.Handling
 		if inst.mw.Handling == nil {
@@ -522,7 +523,7 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		*d = bus.Delivery{Envelope: bus.Envelope{Name: m.MessageName, ContentType: "application/json", Body: m.Body,
 			Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers}, Attempt: int(m.Attempt)}
 		c.inst, c.handling = inst, inst.stages.Handling(m.Handler, RawMessage{Name: m.MessageName, Body: m.Body}, d)
-		return inst.mw.Handling(c.ctx, c.handling, c.handlingNext())
+		return inst.mw.Handling(c.ctx, c.handling, c.handlingNext(inst))
 	case *pluginproto.Invoke_Outgoing:
 		m := s.Outgoing
 		if inst.mw.Outgoing == nil {
@@ -532,7 +533,7 @@ func (c *stageCall) invoke(inv *pluginproto.Invoke) (err error) {
 		c.out = inst.stages.Outgoing(bus.OutgoingMessage{Kind: bus.Kind(m.Kind), Name: m.Name, Message: RawMessage{Name: m.Name, Body: m.Body},
 			Destination: m.Destination, Attributes: pluginproto.ToAttributes(m.Attributes), Headers: m.Headers, InHandler: m.InHandler,
 			Due: pluginproto.ToDue(m.DueUnixNano)})
-		return inst.mw.Outgoing(c.ctx, c.out, c.outgoingNext())
+		return inst.mw.Outgoing(c.ctx, c.out, c.outgoingNext(inst))
 	}
 	return fmt.Errorf("sdk: invocation without a subject (host speaks a newer protocol?)")
 }
@@ -545,25 +546,38 @@ func (c *stageCall) skip() error {
 }
 
 // incomingNext, handlingNext and outgoingNext are c.next as the
-// middleware's next, made once per stageCall. c.next tells a second call.
-func (c *stageCall) incomingNext() *bus.IncomingNext {
-	if c.nextIncoming == nil {
-		c.nextIncoming = bus.NewIncomingNext(c.next)
+// middleware's next, made once per stageCall and instance and re-armed
+// for each invocation; a second call's error names inst's middleware.
+func (c *stageCall) incomingNext(inst *instance) *bus.IncomingNext {
+	if c.nextsOf != inst {
+		c.nextIncoming, c.nextHandling, c.nextOutgoing, c.nextsOf = nil, nil, nil, inst
 	}
+	if c.nextIncoming == nil {
+		c.nextIncoming = inst.stages.IncomingNext(c.next)
+	}
+	c.nextIncoming.Reset()
 	return c.nextIncoming
 }
 
-func (c *stageCall) handlingNext() *bus.HandlingNext {
-	if c.nextHandling == nil {
-		c.nextHandling = bus.NewHandlingNext(c.next)
+func (c *stageCall) handlingNext(inst *instance) *bus.HandlingNext {
+	if c.nextsOf != inst {
+		c.nextIncoming, c.nextHandling, c.nextOutgoing, c.nextsOf = nil, nil, nil, inst
 	}
+	if c.nextHandling == nil {
+		c.nextHandling = inst.stages.HandlingNext(c.next)
+	}
+	c.nextHandling.Reset()
 	return c.nextHandling
 }
 
-func (c *stageCall) outgoingNext() *bus.OutgoingNext {
-	if c.nextOutgoing == nil {
-		c.nextOutgoing = bus.NewOutgoingNext(c.next)
+func (c *stageCall) outgoingNext(inst *instance) *bus.OutgoingNext {
+	if c.nextsOf != inst {
+		c.nextIncoming, c.nextHandling, c.nextOutgoing, c.nextsOf = nil, nil, nil, inst
 	}
+	if c.nextOutgoing == nil {
+		c.nextOutgoing = inst.stages.OutgoingNext(c.next)
+	}
+	c.nextOutgoing.Reset()
 	return c.nextOutgoing
 }
 

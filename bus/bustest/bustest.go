@@ -37,61 +37,37 @@ import (
 	"github.com/plugbus/plugbus/bus"
 )
 
-// NextRecorder is a next that records its calls. Pass what its
+// NextRecorder records the calls of the nexts it makes. Pass what its
 // IncomingNext, HandlingNext or OutgoingNext method returns as the next of
-// a stage function. Unlike a bus's, it runs on every call: a test sees how
-// many times the middleware called it.
+// a stage function, a new one for each invocation: like a bus's, each
+// runs once, and a second call returns a [*bus.NextMisuseError] that the
+// recorder does not count.
 type NextRecorder struct {
 	mu    sync.Mutex
 	err   error
 	calls int
 	ctx   context.Context
 	fn    func(ctx context.Context) error
-
-	incoming *bus.IncomingNext
-	handling *bus.HandlingNext
-	outgoing *bus.OutgoingNext
 }
 
-// RecordNext returns a recorder whose Next returns err, as the rest of the
-// chain would.
+// RecordNext returns a recorder whose nexts return err, as the rest of
+// the chain would.
 func RecordNext(err error) *NextRecorder { return &NextRecorder{err: err} }
 
-// RecordNextFunc returns a recorder whose Next calls fn, to play the rest
+// RecordNextFunc returns a recorder whose nexts call fn, to play the rest
 // of the chain (for example to check what the middleware put in ctx).
 func RecordNextFunc(fn func(ctx context.Context) error) *NextRecorder {
 	return &NextRecorder{fn: fn}
 }
 
-// IncomingNext returns the recorder as an incoming stage's next.
-func (r *NextRecorder) IncomingNext() *bus.IncomingNext {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.incoming == nil {
-		r.incoming = bus.NewIncomingNext(r.record)
-	}
-	return r.incoming
-}
+// IncomingNext returns a new next for an incoming stage, recorded by r.
+func (r *NextRecorder) IncomingNext() *bus.IncomingNext { return bus.NewIncomingNext(r.record) }
 
-// HandlingNext returns the recorder as a handler stage's next.
-func (r *NextRecorder) HandlingNext() *bus.HandlingNext {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.handling == nil {
-		r.handling = bus.NewHandlingNext(r.record)
-	}
-	return r.handling
-}
+// HandlingNext returns a new next for a handler stage, recorded by r.
+func (r *NextRecorder) HandlingNext() *bus.HandlingNext { return bus.NewHandlingNext(r.record) }
 
-// OutgoingNext returns the recorder as an outgoing stage's next.
-func (r *NextRecorder) OutgoingNext() *bus.OutgoingNext {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.outgoing == nil {
-		r.outgoing = bus.NewOutgoingNext(r.record)
-	}
-	return r.outgoing
-}
+// OutgoingNext returns a new next for an outgoing stage, recorded by r.
+func (r *NextRecorder) OutgoingNext() *bus.OutgoingNext { return bus.NewOutgoingNext(r.record) }
 
 // record records the call and returns the recorder's error, or what its
 // function returns.

@@ -20,6 +20,7 @@ func BenchmarkIncoming(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
+		next.Reset()
 		if err := mw.Incoming(ctx, in, next); err != nil {
 			b.Fatal(err)
 		}

@@ -22,6 +22,7 @@ func BenchmarkHandling(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
+		next.Reset()
 		if err := mw.Handling(ctx, h, next); err != nil {
 			b.Fatal(err)
 		}

@@ -49,6 +49,7 @@ func BenchmarkIncoming(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
+				next.Reset()
 				if err := m.Incoming(ctx, in, next); err != nil {
 					b.Fatal(err)
 				}
@@ -68,6 +69,7 @@ func BenchmarkOutgoing(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				out := bus.NewOutgoing(bus.OutgoingMessage{Kind: bus.KindSend, Name: "PlaceOrder", Destination: "orders", Attributes: attrs}, bus.StageInfo{})
+				next.Reset()
 				if err := m.Outgoing(ctx, out, next); err != nil {
 					b.Fatal(err)
 				}
