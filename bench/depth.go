@@ -54,11 +54,12 @@ type Chain struct {
 //     any pipeline whose middleware is handed next as a function: a layer
 //     is two calls (the middleware, and the next that runs the following
 //     one) where a Watermill layer is one;
-//   - one-call (ctx, next) and one-call, plain check: plugbus's shape
+//   - one-call (ctx, next) and one-call, plugbus's check: plugbus's shape
 //     with nothing of a bus around it: next is a pointer whose method the
 //     compiler inlines into the middleware, so that a layer is one call,
-//     as Watermill's; the second adds the next-twice check plugbus makes,
-//     a plain flag per layer.
+//     as Watermill's; the second adds what plugbus's next does besides:
+//     the next-twice check and the record of what the call returned, in
+//     a plain field per layer reset by each operation.
 func DepthChains() []Chain {
 	return []Chain{
 		{"plugbus incoming", func(n int) (func() error, error) { return plugbusDeliver(n, bus.StageIncoming) }},
@@ -75,7 +76,7 @@ func DepthChains() []Chain {
 const (
 	BareChain           = "bare (ctx, next)"
 	OneCallChain        = "one-call (ctx, next)"
-	OneCallCheckedChain = "one-call, plain check"
+	OneCallCheckedChain = "one-call, plugbus's check"
 	WatermillChain      = "watermill handler"
 )
 
@@ -117,10 +118,10 @@ func bareNextChain(layers int) (func() error, error) {
 // the middleware that calls them, so that a layer costs the middleware's
 // own call and nothing else.
 type oneCallHop struct {
-	fn      func(context.Context, *bareStage, *oneCallHop) error // the following layer's middleware
-	next    *oneCallHop                                          // the following layer's next
-	stage   *bareStage
-	entered bool // next was called in this operation
+	fn    func(context.Context, *bareStage, *oneCallHop) error // the following layer's middleware
+	next  *oneCallHop                                          // the following layer's next
+	stage *bareStage
+	ret   error // hopFresh until NextOnce is called in this operation, then what it returned
 }
 
 // Next runs the following layer.
@@ -128,13 +129,23 @@ func (h *oneCallHop) Next(ctx context.Context) error { return h.fn(ctx, h.stage,
 
 var errNextTwice = errors.New("next called twice")
 
-// NextOnce runs the following layer unless it ran in this operation.
+// hopFreshError is the type of hopFresh, a pointer so that comparing an
+// error with it costs no call.
+type hopFreshError struct{}
+
+func (*hopFreshError) Error() string { return "not called yet" }
+
+var hopFresh = &hopFreshError{}
+
+// NextOnce runs the following layer unless it ran in this operation, and
+// records what it returned: plugbus's check and record, written the same
+// way (bus.IncomingNext.Call).
 func (h *oneCallHop) NextOnce(ctx context.Context) error {
-	if h.entered {
+	if h.ret != error(hopFresh) {
 		return errNextTwice
 	}
-	h.entered = true
-	return h.fn(ctx, h.stage, h.next)
+	h.ret = h.fn(ctx, h.stage, h.next)
+	return h.ret
 }
 
 // oneCallMiddleware are the no-op layers of the one-call chains, read
@@ -174,9 +185,12 @@ func oneCallChain(layers int, checked bool) (func() error, error) {
 	if !checked {
 		return func() error { return hops[0].Next(ctx) }, nil
 	}
+	for i := range hops {
+		hops[i].ret = hopFresh
+	}
 	return func() error {
 		for i := range hops {
-			hops[i].entered = false
+			hops[i].ret = hopFresh
 		}
 		return hops[0].NextOnce(ctx)
 	}, nil

@@ -14,7 +14,7 @@ func TestOneCallChains(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for range 3 { // the flags are reset by each operation
+		for range 3 { // the records are reset by each operation
 			if err := op(); err != nil {
 				t.Fatalf("checked=%v: %v", checked, err)
 			}
@@ -22,7 +22,7 @@ func TestOneCallChains(t *testing.T) {
 	}
 
 	runs := 0
-	inner := &oneCallHop{fn: func(context.Context, *bareStage, *oneCallHop) error { runs++; return nil }}
+	inner := &oneCallHop{fn: func(context.Context, *bareStage, *oneCallHop) error { runs++; return nil }, ret: hopFresh}
 	twice := func(ctx context.Context, next *oneCallHop) error {
 		if err := next.NextOnce(ctx); err != nil {
 			return err

@@ -268,11 +268,11 @@ func depthSuite(w io.Writer, c config) ([]check, error) {
 		if wm > 0 {
 			c := check{
 				target:   r.Chain + ": per layer <= 2x a Watermill handler middleware's, 0 allocs",
-				measured: fmt.Sprintf("%.2fx (%.1f vs %.1f ns; the same shape outside a bus, one-call with the plain check: %.2fx; a function-typed next, bare: %.2fx)", r.NsPerLayer/wm, r.NsPerLayer, wm, checked/wm, bare/wm),
+				measured: fmt.Sprintf("%.2fx (%.1f vs %.1f ns; the same shape outside a bus, one-call with its check: %.2fx; a function-typed next, bare: %.2fx)", r.NsPerLayer/wm, r.NsPerLayer, wm, checked/wm, bare/wm),
 				met:      r.NsPerLayer <= 2*wm && noAllocs,
 			}
 			if checked > 2*wm {
-				c.why = fmt.Sprintf("below the floor: plugbus's shape outside a bus (one-call, plain next-twice check) is itself %.2fx (with no check %.2fx)", checked/wm, oneCall/wm)
+				c.why = fmt.Sprintf("below the floor: plugbus's shape outside a bus (one-call, with its check and record) is itself %.2fx (with no check %.2fx)", checked/wm, oneCall/wm)
 			}
 			checks = append(checks, c)
 		}
