@@ -196,12 +196,14 @@ func (r *run[C, N, P]) leaveTerminal(e uint64, err error) {
 	r.terminalReturned.Store(e)
 }
 
-// start runs the chain as a new epoch.
-func (r *run[C, N, P]) start(ctx context.Context) error {
-	funcs := r.chain.funcs
-	if len(funcs) == 0 {
-		return r.terminal(ctx) // on this goroutine: reusable needs no record
-	}
+// begin starts a new invocation of a chain with layers and returns its
+// epoch. A stage's caller runs the invocation itself, with no frame of
+// the pipeline's above the outermost layer:
+//
+//	e := r.begin()
+//	err := r.chain.funcs[0](ctx, &r.contexts[0], &r.nexts[0])
+//	r.finish(ctx, e, err)
+func (r *run[C, N, P]) begin() uint64 {
 	if r.loggersMade {
 		clear(r.messageLoggers)
 		r.loggersMade = false
@@ -211,11 +213,14 @@ func (r *run[C, N, P]) start(ctx context.Context) error {
 	}
 	e := r.epoch.Load() + 1
 	r.epoch.Store(e)
-	err := funcs[0](ctx, &r.contexts[0], &r.nexts[0])
+	return e
+}
+
+// finish ends invocation e, whose outermost layer returned err.
+func (r *run[C, N, P]) finish(ctx context.Context, e uint64, err error) {
 	if err != nil || r.terminalReturned.Load() != e || !r.nextsReturnedNil() {
 		r.endUnclean(ctx, e, err)
 	}
-	return err
 }
 
 // nextsReturnedNil reports whether every next of an invocation whose

@@ -129,7 +129,14 @@ func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
 			b.incomingRuns.Put(r)
 		}
 	}()
-	return false, r.start(ctx)
+	// r.start written out: a frame less above every layer.
+	if len(r.chain.funcs) == 0 {
+		return false, b.dispatch(ctx, r)
+	}
+	e := r.begin()
+	err = r.chain.funcs[0](ctx, &r.contexts[0], &r.nexts[0])
+	r.finish(ctx, e, err)
+	return false, err
 }
 
 // dispatch is the incoming stage's terminal step: decode, then run every
@@ -185,15 +192,7 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, 
 	runs := b.handlingRunsOf(h)
 	r := runs.Get().(*handlingRun)
 	r.h, r.msg, r.d, r.scope = h, msg, d, scope
-	err := func() (err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				err = &PanicError{Value: p, Stack: debug.Stack()}
-				r.abandon()
-			}
-		}()
-		return r.start(scope)
-	}()
+	err := r.runChain(scope)
 	if r.reusable() {
 		r.h, r.msg, r.d, r.scope = nil, nil, nil, nil
 		runs.Put(r)
@@ -201,6 +200,21 @@ func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, 
 		parent.deliveryInUse = true // its middleware may still read d on another goroutine
 	}
 	return b.finishHandler(ctx, h, scope, err)
+}
+
+// runChain runs the handler stage's chain (r.start written out: a frame less
+// above every layer), a panic turned into a *PanicError.
+func (r *handlingRun) runChain(scope *handlerScope) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{Value: p, Stack: debug.Stack()}
+			r.abandon()
+		}
+	}()
+	e := r.begin()
+	err = r.chain.funcs[0](scope, &r.contexts[0], &r.nexts[0])
+	r.finish(scope, e, err)
+	return err
 }
 
 // invokeRecovered calls h's function for msg, a panic turned into a

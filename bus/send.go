@@ -91,7 +91,15 @@ func (b *Bus) emitInto(ctx context.Context, kind Kind, msg Message, opts []SendO
 			b.outgoingRuns.Put(r)
 		}
 	}()
-	if err = r.start(ctx); err != nil {
+	// r.start written out: a frame less above every layer.
+	if len(r.chain.funcs) == 0 {
+		err = b.finishOutgoing(ctx, r)
+	} else {
+		e := r.begin()
+		err = r.chain.funcs[0](ctx, &r.contexts[0], &r.nexts[0])
+		r.finish(ctx, e, err)
+	}
+	if err != nil {
 		return err
 	}
 	return r.store(ctx)
