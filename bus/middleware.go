@@ -40,7 +40,10 @@ func (s Stage) String() string {
 //	}
 //
 // Call it at most once: a second call returns a [*NextMisuseError] and
-// runs nothing. A next is not safe for concurrent use, and is valid only
+// runs nothing. A next is not safe for concurrent use (two calls at once
+// are a data race; the handlers, or the send, still run once: the
+// terminal step refuses the second with a NextMisuseError naming the
+// innermost middleware), and is valid only
 // while the middleware that received it runs: a middleware that hands it
 // to another goroutine (a timeout) waits for it to return, or returns an
 // error (which a middleware around it may catch). Once an invocation

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/plugbus/plugbus/bus"
 	"github.com/plugbus/plugbus/bus/bustest"
+	"github.com/plugbus/plugbus/internal/testenv"
 )
 
 // A next called a second time fails with a NextMisuseError naming the
@@ -221,5 +223,53 @@ func TestNextKeptAfterAFailureDoesNotRunALaterMessage(t *testing.T) {
 	}
 	if sent := tr.Sent(); len(sent) != 1 || sent[0].Envelope.Attributes.MessageID != "second" {
 		t.Fatalf("sent %+v; want second, once", sent)
+	}
+}
+
+// A next called twice at once, from two goroutines (a retrying timeout
+// that retries while its first attempt still runs), runs the handler
+// once: the terminal step refuses the second. The next's own check sees
+// a first call only once it returned, and the two calls write it at the
+// same time, which the race detector reports: the test runs without it
+// (NORACE_TESTS in the Makefile).
+func TestNextCalledTwiceAtOnceRunsTheHandlerOnce(t *testing.T) {
+	if testenv.RaceEnabled {
+		t.Skip("two calls of one next at once race by design; run without -race (NORACE_TESTS)")
+	}
+	var handled atomic.Int32
+	entered, release := make(chan struct{}), make(chan struct{})
+	results := make(chan error, 2)
+	e := newEnv(t, nil,
+		bus.WithMiddleware(bus.Middleware{Name: "both", Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+			if in.Attempt() > 1 {
+				return nil // the retry is deleted without running the handler
+			}
+			for range 2 {
+				go func() { results <- next.Call(ctx) }()
+			}
+			first, second := <-results, error(nil)
+			close(release)
+			second = <-results
+			return errors.Join(first, second)
+		}}),
+		bus.WithHandler(func(ctx context.Context, m orderPlaced, a bus.Attributes) error {
+			if handled.Add(1) == 1 {
+				close(entered)
+				<-release // the other call arrives meanwhile
+			}
+			return nil
+		}))
+	if err := e.bus.Send(t.Context(), orderPlaced{ID: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	s := e.expect(bustest.Returned) // the middleware returned the refusal
+	var nm *bus.NextMisuseError
+	if !errors.As(s.Cause, &nm) || nm.AfterReturn {
+		t.Fatalf("returned with %v, want a NextMisuseError for a second call", s.Cause)
+	}
+	e.expect(bustest.Deleted)
+	<-entered
+	if n := handled.Load(); n != 1 {
+		t.Fatalf("handler ran %d times in one invocation, want 1", n)
 	}
 }

@@ -96,11 +96,12 @@ type run[C, N any, P hopper[C, N]] struct {
 	nexts            []N            // the next given to each layer
 	hops             []*hop[C, N]   // each next's state (P(&nexts[i]).hop(), which generic code cannot inline)
 	terminalReturned atomic.Uint64  // the last epoch whose terminal step returned
+	terminalEntered  atomic.Uint64  // the last epoch whose terminal step began
 	epoch            atomic.Uint64  // the current invocation
 	ended            atomic.Uint64  // the epoch that ended without the run going back to its pool
 	retired          atomic.Bool    // never back to the pool
 	messageLoggers   []*slog.Logger // each layer's logger scoped with the message, made on first use
-	loggersMade      bool           // some messageLoggers are set
+	loggersMade      atomic.Bool    // some messageLoggers are set (atomic: layers on two goroutines may make theirs at once, a timed-out next's and the layer around it)
 	terminal         func(context.Context) error
 	messageFields    func() []any // what scopes a logger to the message
 	shortCircuitLog  string       // the debug message when a layer does not call next
@@ -175,11 +176,18 @@ func (r *run[C, N, P]) setLast(last func(context.Context, *C, *N) error) {
 // enterTerminal begins the terminal step of the current invocation e,
 // unless the invocation already ended (a next kept, or left running on
 // another goroutine, by a middleware that returned): then it returns the
-// innermost middleware's NextMisuseError.
+// innermost middleware's NextMisuseError (AfterReturn). The terminal step
+// runs once per invocation: a next called again while its first call
+// runs, from another goroutine (a next's own check sees the first call
+// only once it returned), gets the innermost middleware's error for a
+// second call instead of running the handlers, or the send, again.
 func (r *run[C, N, P]) enterTerminal() (e uint64, err error) {
 	e = r.epoch.Load()
 	if r.ended.Load() == e {
 		return e, r.chain.after[len(r.chain.after)-1]
+	}
+	if r.terminalEntered.Swap(e) == e {
+		return e, r.chain.twice[len(r.chain.twice)-1]
 	}
 	return e, nil
 }
@@ -204,9 +212,9 @@ func (r *run[C, N, P]) leaveTerminal(e uint64, err error) {
 //	err := r.chain.funcs[0](ctx, &r.contexts[0], &r.nexts[0])
 //	r.finish(ctx, e, err)
 func (r *run[C, N, P]) begin() uint64 {
-	if r.loggersMade {
+	if r.loggersMade.Load() {
 		clear(r.messageLoggers)
-		r.loggersMade = false
+		r.loggersMade.Store(false)
 	}
 	for _, h := range r.hops {
 		h.ret = errFresh
@@ -297,7 +305,9 @@ func (r *run[C, N, P]) logger(i int) *slog.Logger {
 	}
 	l := r.chain.base[i].With(r.messageFields()...)
 	r.messageLoggers[i] = l
-	r.loggersMade = true
+	if !r.loggersMade.Load() {
+		r.loggersMade.Store(true)
+	}
 	return l
 }
 

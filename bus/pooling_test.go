@@ -594,3 +594,93 @@ func TestPanicWhileANextRunsElsewhere(t *testing.T) {
 		t.Fatalf("probe of slow read message %q", got)
 	}
 }
+
+// A timeout middleware returns an error while its next still runs on
+// another goroutine, and the middleware around it logs the error it
+// caught with its stage context's Logger, while the layer inside logs on
+// that goroutine: both are legitimate (each layer's stage context is
+// valid while its middleware runs), so the two loggers must be made
+// without a data race (go test -race).
+func TestLayersLogWhileATimedOutNextRuns(t *testing.T) {
+	type layer struct {
+		logger func() // the layer's Logger(), called for its effect
+		next   func(context.Context) error
+	}
+	// chain returns the three layers' bodies, outermost first; done is
+	// closed once the innermost returned on the timed-out goroutine.
+	chain := func(done chan<- struct{}) [3]func(context.Context, layer) error {
+		terminalDone := make(chan struct{})
+		return [3]func(context.Context, layer) error{
+			func(ctx context.Context, l layer) error { // logs what it caught
+				if err := l.next(ctx); err != nil {
+					l.logger()
+				}
+				return nil
+			},
+			func(ctx context.Context, l layer) error { // times out
+				go func() { _ = l.next(ctx) }()
+				<-terminalDone
+				return errors.New("timed out")
+			},
+			func(ctx context.Context, l layer) error { // logs on the timed-out goroutine
+				err := l.next(ctx)
+				close(terminalDone)
+				l.logger()
+				close(done)
+				return err
+			},
+		}
+	}
+	handler := bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil })
+	t.Run("incoming", func(t *testing.T) {
+		done := make(chan struct{})
+		var mws []bus.Plugin
+		for i, body := range chain(done) {
+			mws = append(mws, bus.Middleware{Name: "l" + strconv.Itoa(i), Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+				return body(ctx, layer{func() { _ = in.Logger() }, next.Call})
+			}})
+		}
+		b, err := bus.New(bus.WithEndpoint("ep"), bus.WithTransport(memory.New()), bus.WithLogger(discard()), handler, bus.WithMiddleware(mws...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{}, bus.Attributes{})); err != nil {
+			t.Fatal(err)
+		}
+		await(t, done)
+	})
+	t.Run("handler", func(t *testing.T) {
+		done := make(chan struct{})
+		var mws []bus.Plugin
+		for i, body := range chain(done) {
+			mws = append(mws, bus.Middleware{Name: "l" + strconv.Itoa(i), Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+				return body(ctx, layer{func() { _ = h.Logger() }, next.Call})
+			}})
+		}
+		b, err := bus.New(bus.WithEndpoint("ep"), bus.WithTransport(memory.New()), bus.WithLogger(discard()), handler, bus.WithMiddleware(mws...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{}, bus.Attributes{})); err != nil {
+			t.Fatal(err)
+		}
+		await(t, done)
+	})
+	t.Run("outgoing", func(t *testing.T) {
+		done := make(chan struct{})
+		var mws []bus.Plugin
+		for i, body := range chain(done) {
+			mws = append(mws, bus.Middleware{Name: "l" + strconv.Itoa(i), Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
+				return body(ctx, layer{func() { _ = out.Logger() }, next.Call})
+			}})
+		}
+		b, err := bus.New(bus.WithTransport(memory.New()), bus.WithRoute("elsewhere", orderPlaced{}), bus.WithLogger(discard()), bus.WithMiddleware(mws...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Send(t.Context(), orderPlaced{}); err != nil {
+			t.Fatal(err)
+		}
+		await(t, done)
+	})
+}
