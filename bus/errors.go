@@ -51,10 +51,9 @@ var (
 // without the bus reusing its pooled state (it never does after a chain
 // that failed, panicked or did not reach its terminal step, nor after one
 // in which a next returned an error that a middleware caught). A next
-// kept after a
-// successful call reports a second call until the bus reuses the state
-// for a later message, whose chain it may then run: next is valid only
-// during the middleware's call.
+// kept after a successful call reports a second call until the bus reuses
+// the state for a later message, whose chain it may then run: next is
+// valid only during the middleware's call.
 type NextMisuseError struct {
 	Stage      Stage
 	Middleware string

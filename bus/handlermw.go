@@ -53,8 +53,7 @@ func (b *Bus) instantiateHandlerMiddleware(handlers []*handler) error {
 			names: slices.Clone(b.handling.names),
 			funcs: slices.Clone(b.handling.funcs),
 			base:  slices.Clone(b.handling.base),
-			twice: slices.Clone(b.handling.twice),
-			after: slices.Clone(b.handling.after)}
+			twice: slices.Clone(b.handling.twice)}
 		info := PluginInfo{Bus: b, Name: b.name, Endpoint: b.endpoint, Logger: b.logger, Transport: b.t, Handles: []string{h.msgName}, Handler: h.name}
 		around := slices.Clone(b.middleware[:b.wholeBus]) // the middleware around h
 		for i, p := range h.plugins {

@@ -43,18 +43,18 @@ func (s Stage) String() string {
 // runs nothing. A next is not safe for concurrent use (two calls at once
 // are a data race; the handlers, or the send, still run once: the
 // terminal step refuses the second with a NextMisuseError naming the
-// innermost middleware), and is valid only
-// while the middleware that received it runs: a middleware that hands it
-// to another goroutine (a timeout) waits for it to return, or returns an
-// error (which a middleware around it may catch). Once an invocation
-// ended otherwise than cleanly (the chain failed or panicked, a next in it
-// returned an error that a middleware caught, or the chain returned nil
-// without reaching the terminal step), a next still on its way — on a
-// timed-out goroutine, or kept — that reaches the terminal step runs no
-// handler and sends nothing: it returns a [*NextMisuseError] with
-// AfterReturn. A next kept after a successful call reports a second call
-// until the bus reuses the invocation's pooled state for another message,
-// whose chain it may then run: do not keep it.
+// innermost middleware), and is valid only while the middleware that
+// received it runs: a middleware that hands it to another goroutine (a
+// timeout) waits for it to return, or returns an error (which a
+// middleware around it may catch). Once an invocation ended otherwise
+// than cleanly (the chain failed or panicked, a next in it returned an
+// error that a middleware caught, or the chain returned nil without
+// reaching the terminal step), a next still on its way — on a timed-out
+// goroutine, or kept — that reaches the terminal step runs no handler and
+// sends nothing: it returns a [*NextMisuseError] with AfterReturn. A next
+// kept after a successful call reports a second call until the bus
+// reuses the invocation's pooled state for another message, whose chain
+// it may then run: do not keep it.
 //
 // A next is a pointer whose Call the compiler inlines into the middleware,
 // so that a layer costs one call, as a function wrapping a handler does.

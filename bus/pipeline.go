@@ -14,7 +14,6 @@ type pipe[C, N any] struct {
 	funcs []func(context.Context, *C, *N) error
 	base  []*slog.Logger // the bus logger scoped with the stage and the middleware
 	twice []error        // what layer i's next returns when called a second time
-	after []error        // what a next returns that reaches the terminal step after the invocation ended (the innermost layer's)
 }
 
 func (p *pipe[C, N]) add(name string, fn func(context.Context, *C, *N) error, logger *slog.Logger) {
@@ -22,7 +21,6 @@ func (p *pipe[C, N]) add(name string, fn func(context.Context, *C, *N) error, lo
 	p.funcs = append(p.funcs, fn)
 	p.base = append(p.base, logger.With(slog.String("stage", p.stage.String()), slog.String("middleware", name)))
 	p.twice = append(p.twice, &NextMisuseError{Stage: p.stage, Middleware: name})
-	p.after = append(p.after, &NextMisuseError{Stage: p.stage, Middleware: name, AfterReturn: true})
 }
 
 // hop is what a next points to: the following layer's middleware, stage
@@ -183,8 +181,8 @@ func (r *run[C, N, P]) setLast(last func(context.Context, *C, *N) error) {
 // second call instead of running the handlers, or the send, again.
 func (r *run[C, N, P]) enterTerminal() (e uint64, err error) {
 	e = r.epoch.Load()
-	if r.ended.Load() == e {
-		return e, r.chain.after[len(r.chain.after)-1]
+	if r.ended.Load() == e { // a misuse: the error is made when it happens
+		return e, &NextMisuseError{Stage: r.chain.stage, Middleware: r.chain.names[len(r.chain.names)-1], AfterReturn: true}
 	}
 	if r.terminalEntered.Swap(e) == e {
 		return e, r.chain.twice[len(r.chain.twice)-1]
@@ -280,15 +278,9 @@ func (r *run[C, N, P]) abandon() {
 	r.ended.Store(r.epoch.Load())
 }
 
-// reusable reports whether the run may go back to its pool: the chain
-// returned nil, every next and the terminal step returned nil in this
-// invocation, and no layer panicked (abandon).
-func (r *run[C, N, P]) reusable() bool {
-	if r.retired.Load() {
-		return false
-	}
-	return len(r.chain.funcs) == 0 || r.terminalReturned.Load() == r.epoch.Load()
-}
+// reusable reports whether the run may go back to its pool: nothing
+// retired it (finish, abandon and a failed terminal step do).
+func (r *run[C, N, P]) reusable() bool { return !r.retired.Load() }
 
 // shortCircuited logs that layer i returned without calling next.
 func (r *run[C, N, P]) shortCircuited(ctx context.Context, i int) {

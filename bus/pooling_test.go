@@ -631,56 +631,50 @@ func TestLayersLogWhileATimedOutNextRuns(t *testing.T) {
 			},
 		}
 	}
-	handler := bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil })
-	t.Run("incoming", func(t *testing.T) {
-		done := make(chan struct{})
-		var mws []bus.Plugin
-		for i, body := range chain(done) {
-			mws = append(mws, bus.Middleware{Name: "l" + strconv.Itoa(i), Incoming: func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
+	// stageLayer is body as a middleware of stage.
+	stageLayer := func(stage bus.Stage, name string, body func(context.Context, layer) error) bus.Middleware {
+		m := bus.Middleware{Name: name}
+		switch stage {
+		case bus.StageIncoming:
+			m.Incoming = func(ctx context.Context, in *bus.Incoming, next *bus.IncomingNext) error {
 				return body(ctx, layer{func() { _ = in.Logger() }, next.Call})
-			}})
-		}
-		b, err := bus.New(bus.WithEndpoint("ep"), bus.WithTransport(memory.New()), bus.WithLogger(discard()), handler, bus.WithMiddleware(mws...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{}, bus.Attributes{})); err != nil {
-			t.Fatal(err)
-		}
-		await(t, done)
-	})
-	t.Run("handler", func(t *testing.T) {
-		done := make(chan struct{})
-		var mws []bus.Plugin
-		for i, body := range chain(done) {
-			mws = append(mws, bus.Middleware{Name: "l" + strconv.Itoa(i), Handling: func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
+			}
+		case bus.StageHandler:
+			m.Handling = func(ctx context.Context, h *bus.Handling, next *bus.HandlingNext) error {
 				return body(ctx, layer{func() { _ = h.Logger() }, next.Call})
-			}})
-		}
-		b, err := bus.New(bus.WithEndpoint("ep"), bus.WithTransport(memory.New()), bus.WithLogger(discard()), handler, bus.WithMiddleware(mws...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Deliver(t.Context(), bustest.Delivery(orderPlaced{}, bus.Attributes{})); err != nil {
-			t.Fatal(err)
-		}
-		await(t, done)
-	})
-	t.Run("outgoing", func(t *testing.T) {
-		done := make(chan struct{})
-		var mws []bus.Plugin
-		for i, body := range chain(done) {
-			mws = append(mws, bus.Middleware{Name: "l" + strconv.Itoa(i), Outgoing: func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
+			}
+		case bus.StageOutgoing:
+			m.Outgoing = func(ctx context.Context, out *bus.Outgoing, next *bus.OutgoingNext) error {
 				return body(ctx, layer{func() { _ = out.Logger() }, next.Call})
-			}})
+			}
 		}
-		b, err := bus.New(bus.WithTransport(memory.New()), bus.WithRoute("elsewhere", orderPlaced{}), bus.WithLogger(discard()), bus.WithMiddleware(mws...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Send(t.Context(), orderPlaced{}); err != nil {
-			t.Fatal(err)
-		}
-		await(t, done)
-	})
+		return m
+	}
+	for _, stage := range []bus.Stage{bus.StageIncoming, bus.StageHandler, bus.StageOutgoing} {
+		t.Run(stage.String(), func(t *testing.T) {
+			done := make(chan struct{})
+			opts := []bus.Option{bus.WithTransport(memory.New()), bus.WithLogger(discard())}
+			for i, body := range chain(done) {
+				opts = append(opts, bus.WithMiddleware(stageLayer(stage, "l"+strconv.Itoa(i), body)))
+			}
+			if stage == bus.StageOutgoing {
+				opts = append(opts, bus.WithRoute("elsewhere", orderPlaced{}))
+			} else {
+				opts = append(opts, bus.WithEndpoint("ep"), bus.WithHandler(func(context.Context, orderPlaced, bus.Attributes) error { return nil }))
+			}
+			b, err := bus.New(opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stage == bus.StageOutgoing {
+				err = b.Send(t.Context(), orderPlaced{})
+			} else {
+				err = b.Deliver(t.Context(), bustest.Delivery(orderPlaced{}, bus.Attributes{}))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			await(t, done)
+		})
+	}
 }
