@@ -100,9 +100,8 @@ type run[C, N any, P hopper[C, N]] struct {
 	retired          atomic.Bool    // never back to the pool
 	messageLoggers   []*slog.Logger // each layer's logger scoped with the message, made on first use
 	loggersMade      atomic.Bool    // some messageLoggers are set (atomic: layers on two goroutines may make theirs at once, a timed-out next's and the layer around it)
-	terminal         func(context.Context) error
-	messageFields    func() []any // what scopes a logger to the message
-	shortCircuitLog  string       // the debug message when a layer does not call next
+	messageFields    func() []any   // what scopes a logger to the message
+	shortCircuitLog  string         // the debug message when a layer does not call next
 
 	// single holds the per-layer slices of a one-layer chain (a stage
 	// context made by a StageMaker, for one), which then cost no
@@ -115,7 +114,13 @@ type run[C, N any, P hopper[C, N]] struct {
 	}
 }
 
-func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, terminal func(context.Context) error, messageFields func() []any, shortCircuitLog string) {
+// init builds the run of chain. last is the stage's terminal step, the
+// innermost next's step itself (no frame of the pipeline's between the
+// innermost layer and the handlers, or the transport): it is given the
+// innermost layer's stage context, which leads to the run, and brackets
+// its work with enterTerminal and leaveTerminal. A standalone stage
+// context (no chain) has none.
+func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, last func(context.Context, *C, *N) error, messageFields func() []any, shortCircuitLog string) {
 	n := len(chain.funcs)
 	if n == 0 && len(chain.names) > 0 { // standalone stage context for tests
 		n = len(chain.names)
@@ -129,7 +134,6 @@ func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, termi
 		r.hops = make([]*hop[C, N], n)
 		r.messageLoggers = make([]*slog.Logger, n)
 	}
-	r.terminal = terminal
 	r.messageFields = messageFields
 	r.shortCircuitLog = shortCircuitLog
 	for i := range r.contexts {
@@ -140,16 +144,6 @@ func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, termi
 		r.nexts, r.hops = nil, nil // a standalone context: its middleware is given a next made by NewIncomingNext or a sibling
 		return
 	}
-	// The innermost next's step, unless the stage sets its own (setLast).
-	last := func(ctx context.Context, _ *C, _ *N) error {
-		e, err := r.enterTerminal()
-		if err != nil {
-			return err
-		}
-		err = r.terminal(ctx)
-		r.leaveTerminal(e, err)
-		return err
-	}
 	for i := range n {
 		h := P(&r.nexts[i]).hop()
 		r.hops[i] = h
@@ -157,17 +151,8 @@ func (r *run[C, N, P]) init(chain *pipe[C, N], stageContext func(i int) C, termi
 		if i+1 < n {
 			h.fn, h.c, h.next = funcs[i+1], &r.contexts[i+1], &r.nexts[i+1]
 		} else {
-			h.fn = last
+			h.fn, h.c = last, &r.contexts[i]
 		}
-	}
-}
-
-// setLast makes last the innermost next's step: the stage's terminal
-// step called directly, between enterTerminal and leaveTerminal, a frame
-// less under every chain than the terminal function.
-func (r *run[C, N, P]) setLast(last func(context.Context, *C, *N) error) {
-	if n := len(r.hops); n > 0 {
-		r.hops[n-1].fn = last
 	}
 }
 
@@ -200,6 +185,15 @@ func (r *run[C, N, P]) leaveTerminal(e uint64, err error) {
 		r.retired.Store(true)
 	}
 	r.terminalReturned.Store(e)
+}
+
+// left ends the terminal step of invocation e with err, and returns err;
+// e is 0 when the step ran with no chain (nothing entered it).
+func (r *run[C, N, P]) left(e uint64, err error) error {
+	if e != 0 {
+		r.leaveTerminal(e, err)
+	}
+	return err
 }
 
 // begin starts a new invocation of a chain with layers and returns its

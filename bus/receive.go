@@ -131,7 +131,7 @@ func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
 	}()
 	// r.start written out: a frame less above every layer.
 	if len(r.chain.funcs) == 0 {
-		return false, b.dispatch(ctx, r)
+		return false, dispatch(ctx, &r.self, nil)
 	}
 	e := r.begin()
 	err = r.chain.funcs[0](ctx, &r.contexts[0], &r.nexts[0])
@@ -140,9 +140,21 @@ func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
 }
 
 // dispatch is the incoming stage's terminal step: decode, then run every
-// handler of the message in its own scope.
-func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
-	d := r.d
+// handler of the message in its own scope. It is the innermost next's step
+// itself, a frame less under every handler than a step calling it (which
+// matters: past the CPU's return-stack buffer every return of a layer is
+// mispredicted); with no incoming chain, handle calls it with the run's own
+// stage context.
+func dispatch(ctx context.Context, in *Incoming, _ *IncomingNext) error {
+	r := in.r
+	var e uint64 // the invocation, when a chain runs: its terminal step is entered once
+	if len(r.hops) > 0 {
+		var err error
+		if e, err = r.enterTerminal(); err != nil {
+			return err
+		}
+	}
+	b, d := r.b, r.d
 	handlers := b.handlers[d.Name]
 	if len(handlers) == 0 {
 		r.unhandled = true
@@ -150,45 +162,54 @@ func (b *Bus) dispatch(ctx context.Context, r *incomingRun) error {
 			if b.logger.Enabled(ctx, slog.LevelInfo) {
 				b.logger.InfoContext(ctx, "no handler for message; discarding it (bus.UnhandledDiscard)", append(describeEnvelope(&d.Envelope), slog.String("endpoint", b.endpoint))...)
 			}
-			return nil
+			return r.left(e, nil)
 		}
-		return &NoHandlerError{Message: d.Name, Endpoint: b.endpoint}
+		return r.left(e, &NoHandlerError{Message: d.Name, Endpoint: b.endpoint})
 	}
 	if !ContentTypeMatches(d.ContentType, b.contentType) {
-		return &DecodeError{Message: d.Name, Type: handlers[0].typeName, Err: fmt.Errorf("content type %q, the bus's serializer reads %q", d.ContentType, b.contentType)}
+		return r.left(e, &DecodeError{Message: d.Name, Type: handlers[0].typeName, Err: fmt.Errorf("content type %q, the bus's serializer reads %q", d.ContentType, b.contentType)})
 	}
 	var small [4]any
 	msgs := small[:0]
 	for _, h := range handlers {
 		m, err := h.decode(b.serializer, d.Body)
 		if err != nil {
-			return &DecodeError{Message: d.Name, Type: h.typeName, Err: err}
+			return r.left(e, &DecodeError{Message: d.Name, Type: h.typeName, Err: err})
 		}
 		msgs = append(msgs, m)
 	}
 	var failures []HandlerFailure
 	for i, h := range handlers {
-		if err := b.runHandler(ctx, h, msgs[i], d, r); err != nil {
+		var err error
+		if h.layers == 0 {
+			// No handler stage: the handler is called from here, two
+			// frames less under it than through runHandler's chain.
+			scope := newHandlerScope(ctx, b, h, d)
+			err = b.finishHandler(ctx, h, scope, invokeRecovered(scope, h, msgs[i], d))
+		} else {
+			err = b.runHandler(ctx, h, msgs[i], d, r)
+		}
+		if err != nil {
 			failures = append(failures, HandlerFailure{Handler: h.name, Err: err})
 		}
 	}
 	if failures != nil {
-		return &HandlerDispatchRejectedError{Message: d.Name, Failures: failures}
+		return r.left(e, &HandlerDispatchRejectedError{Message: d.Name, Failures: failures})
 	}
-	return nil
+	return r.left(e, nil)
+}
+
+// newHandlerScope is the scope of h handling d; it is the handler's
+// context too: one allocation for both.
+func newHandlerScope(ctx context.Context, b *Bus, h *handler, d *Delivery) *handlerScope {
+	return &handlerScope{Context: ctx, bus: b, attrs: d.Attributes, headers: d.Headers, handler: h.name}
 }
 
 // runHandler runs one handler inside its handler chain and scope, then
 // flushes what it sent when it succeeded. parent is the incoming run
 // that dispatched d.
 func (b *Bus) runHandler(ctx context.Context, h *handler, msg any, d *Delivery, parent *incomingRun) error {
-	// The scope is the handler's context too: one allocation for both.
-	scope := &handlerScope{Context: ctx, bus: b, attrs: d.Attributes, headers: d.Headers, handler: h.name}
-	if h.layers == 0 {
-		// No handler stage: no run to take from the pool, two frames less
-		// under the handler.
-		return b.finishHandler(ctx, h, scope, invokeRecovered(scope, h, msg, d))
-	}
+	scope := newHandlerScope(ctx, b, h, d)
 	runs := b.handlingRunsOf(h)
 	r := runs.Get().(*handlingRun)
 	r.h, r.msg, r.d, r.scope = h, msg, d, scope

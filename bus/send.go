@@ -93,7 +93,7 @@ func (b *Bus) emitInto(ctx context.Context, kind Kind, msg Message, opts []SendO
 	}()
 	// r.start written out: a frame less above every layer.
 	if len(r.chain.funcs) == 0 {
-		err = b.finishOutgoing(ctx, r)
+		err = finishOutgoing(ctx, &r.self, nil)
 	} else {
 		e := r.begin()
 		err = r.chain.funcs[0](ctx, &r.contexts[0], &r.nexts[0])
@@ -172,23 +172,35 @@ func (r *outgoingRun) store(ctx context.Context) error {
 }
 
 // finishOutgoing is the outgoing stage's terminal step: encode, then buffer
-// in the handler's outbox or hand to the transport.
-func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
+// or hand the message to the transport. It is the innermost next's step
+// itself, a frame less under every layer than a step calling it; with no
+// outgoing chain, the stage's caller calls it with the run's own stage
+// context.
+func finishOutgoing(ctx context.Context, out *Outgoing, _ *OutgoingNext) error {
+	r := out.r
+	var e uint64 // the invocation, when a chain runs: its terminal step is entered once
+	if len(r.hops) > 0 {
+		var err error
+		if e, err = r.enterTerminal(); err != nil {
+			return err
+		}
+	}
+	b := r.b
 	if r.holds() {
 		r.holdStarted.Store(r.epoch.Load()) // store tells a next still running from a drop
 	}
 	if b.headerValidator != nil && len(r.headers) > 0 {
 		if err := b.headerValidator.ValidateHeaders(r.headers); err != nil {
-			return err
+			return r.left(e, err)
 		}
 	}
 	due, err := b.checkDue(r.msgName, r.due)
 	if err != nil {
-		return err
+		return r.left(e, err)
 	}
 	body, err := b.serializer.Marshal(r.msg)
 	if err != nil {
-		return fmt.Errorf("bus: encoding %s: %w", r.msgName, err)
+		return r.left(e, fmt.Errorf("bus: encoding %s: %w", r.msgName, err))
 	}
 	m := Outbound{Kind: r.kind, Destination: r.dest}
 	env := Envelope{Name: r.msgName, ContentType: b.contentType, Body: body, Attributes: r.attrs, Headers: r.headers, Due: due}
@@ -205,12 +217,12 @@ func (b *Bus) finishOutgoing(ctx context.Context, r *outgoingRun) error {
 			m.Envelope = new(Envelope)
 			*m.Envelope = env
 		}
-		return b.transmit(ctx, m)
+		return r.left(e, b.transmit(ctx, m))
 	}
 	m.Envelope = new(Envelope) // kept after the run ends
 	*m.Envelope = env
 	r.held = m
-	return nil
+	return r.left(e, nil)
 }
 
 // checkDue returns the due time a message named name is sent with: zero

@@ -21,25 +21,17 @@ type incomingRun struct {
 	b             *Bus
 	d             *Delivery
 	endpoint      string
-	deliveryInUse bool // a handler run of d did not end clean: its middleware may still read d
-	unhandled     bool // the terminal step found no handler for d's name
+	deliveryInUse bool     // a handler run of d did not end clean: its middleware may still read d
+	unhandled     bool     // the terminal step found no handler for d's name
+	self          Incoming // the run as dispatch's stage context
 }
 
 func newIncomingRun(b *Bus, p *pipe[Incoming, IncomingNext], endpoint string) *incomingRun {
 	r := &incomingRun{b: b, endpoint: endpoint}
-	r.init(p, func(i int) Incoming { return Incoming{r: r, i: i} },
-		func(ctx context.Context) error { return r.b.dispatch(ctx, r) },
+	r.self = Incoming{r: r}
+	r.init(p, func(i int) Incoming { return Incoming{r: r, i: i} }, dispatch,
 		func() []any { return describeEnvelope(&r.d.Envelope) },
 		"message handled by incoming middleware; handlers skipped, message deleted")
-	r.setLast(func(ctx context.Context, _ *Incoming, _ *IncomingNext) error {
-		e, err := r.enterTerminal()
-		if err != nil {
-			return err
-		}
-		err = r.b.dispatch(ctx, r)
-		r.leaveTerminal(e, err)
-		return err
-	})
 	return r
 }
 
@@ -110,20 +102,22 @@ type handlingRun struct {
 
 func newHandlingRun(b *Bus, p *pipe[Handling, HandlingNext]) *handlingRun {
 	r := &handlingRun{b: b}
-	r.init(p, func(i int) Handling { return Handling{r: r, i: i} },
-		func(ctx context.Context) error { return r.h.invoke(ctx, r.msg, r.d.Attributes) },
+	r.init(p, func(i int) Handling { return Handling{r: r, i: i} }, invokeHandler,
 		func() []any { return append(describeEnvelope(&r.d.Envelope), slog.String("handler", r.h.name)) },
 		"handler skipped by handler middleware")
-	r.setLast(func(ctx context.Context, _ *Handling, _ *HandlingNext) error {
-		e, err := r.enterTerminal()
-		if err != nil {
-			return err
-		}
-		err = r.h.invoke(ctx, r.msg, r.d.Attributes)
-		r.leaveTerminal(e, err)
-		return err
-	})
 	return r
+}
+
+// invokeHandler is the handler stage's terminal step: it calls the handler.
+func invokeHandler(ctx context.Context, hd *Handling, _ *HandlingNext) error {
+	r := hd.r
+	e, err := r.enterTerminal()
+	if err != nil {
+		return err
+	}
+	err = r.h.invoke(ctx, r.msg, r.d.Attributes)
+	r.leaveTerminal(e, err)
+	return err
 }
 
 // HandlerName returns the name of the handler.
@@ -222,6 +216,7 @@ type outgoingRun struct {
 	holdStarted   atomic.Uint64 // the last epoch whose terminal step started holding
 	held          Outbound      // the held message; Envelope nil when none
 	batch         *[]Outbound   // where a batch outside a handler collects held messages; nil: none
+	self          Outgoing      // the run as finishOutgoing's stage context
 }
 
 // holds reports whether the terminal step holds the message for emit to
@@ -237,22 +232,13 @@ const (
 
 func newOutgoingRun(b *Bus, p *pipe[Outgoing, OutgoingNext]) *outgoingRun {
 	r := &outgoingRun{b: b}
-	r.init(p, func(i int) Outgoing { return Outgoing{r: r, i: i} },
-		func(ctx context.Context) error { return r.b.finishOutgoing(ctx, r) },
+	r.self = Outgoing{r: r}
+	r.init(p, func(i int) Outgoing { return Outgoing{r: r, i: i} }, finishOutgoing,
 		func() []any {
 			return []any{slog.String("message_name", r.msgName), slog.String("message_id", r.attrs.MessageID),
 				slog.String("correlation_id", r.attrs.CorrelationID), slog.String("kind", r.kind.String())}
 		},
 		"outgoing message dropped by middleware")
-	r.setLast(func(ctx context.Context, _ *Outgoing, _ *OutgoingNext) error {
-		e, err := r.enterTerminal()
-		if err != nil {
-			return err
-		}
-		err = r.b.finishOutgoing(ctx, r)
-		r.leaveTerminal(e, err)
-		return err
-	})
 	return r
 }
 

@@ -38,8 +38,6 @@ func standalonePipe[C, N any](stage Stage, info StageInfo) *pipe[C, N] {
 	return p
 }
 
-func noTerminal(context.Context) error { return nil }
-
 // NewIncoming returns an incoming stage context for d outside any bus, to
 // call an [IncomingFunc] directly: in unit tests (see package bustest) or
 // in a process that serves a plugin.
@@ -87,7 +85,7 @@ func (s *StageMaker) Incoming(d *Delivery, endpoint string) *Incoming {
 	if r == nil {
 		r = &incomingRun{}
 		r.init(s.incoming, func(i int) Incoming { return Incoming{r: r, i: i} },
-			noTerminal, func() []any { return describeEnvelope(&r.d.Envelope) }, "")
+			nil, func() []any { return describeEnvelope(&r.d.Envelope) }, "")
 	}
 	r.d, r.endpoint = d, endpoint
 	return &r.contexts[0]
@@ -111,7 +109,7 @@ func (s *StageMaker) Handling(handlerName string, msg Message, d *Delivery) *Han
 	if r == nil {
 		r = &handlingRun{h: &handler{}}
 		r.init(s.handling, func(i int) Handling { return Handling{r: r, i: i} },
-			noTerminal, func() []any { return append(describeEnvelope(&r.d.Envelope), slog.String("handler", r.h.name)) }, "")
+			nil, func() []any { return append(describeEnvelope(&r.d.Envelope), slog.String("handler", r.h.name)) }, "")
 	}
 	r.h.name, r.msg, r.d = handlerName, msg, d
 	return &r.contexts[0]
@@ -172,7 +170,7 @@ func (s *StageMaker) Outgoing(m OutgoingMessage) *Outgoing {
 		r.scope, r.bufferInHandler = &handlerScope{Context: context.Background()}, true
 	}
 	r.init(s.outgoing, func(i int) Outgoing { return Outgoing{r: r, i: i} },
-		noTerminal, func() []any {
+		nil, func() []any {
 			return []any{slog.String("message_name", r.msgName), slog.String("message_id", r.attrs.MessageID)}
 		}, "")
 	return &r.contexts[0]
