@@ -182,8 +182,9 @@ func dispatch(ctx context.Context, in *Incoming, _ *IncomingNext) error {
 	for i, h := range handlers {
 		var err error
 		if h.layers == 0 {
-			// No handler stage: the handler is called from here, two
-			// frames less under it than through runHandler's chain.
+			// No handler stage: no stage run to take from the pool, and
+			// the handler is called from here, a frame less under it
+			// (and under every incoming layer) than through runHandler.
 			scope := newHandlerScope(ctx, b, h, d)
 			err = b.finishHandler(ctx, h, scope, invokeRecovered(scope, h, msgs[i], d))
 		} else {
