@@ -187,6 +187,15 @@ func (r *run[C, N, P]) leaveTerminal(e uint64, err error) {
 	r.terminalReturned.Store(e)
 }
 
+// enterStep is enterTerminal for a step that also runs with no chain
+// (then e is 0: nothing is entered).
+func (r *run[C, N, P]) enterStep() (e uint64, err error) {
+	if len(r.hops) == 0 {
+		return 0, nil
+	}
+	return r.enterTerminal()
+}
+
 // left ends the terminal step of invocation e with err, and returns err;
 // e is 0 when the step ran with no chain (nothing entered it).
 func (r *run[C, N, P]) left(e uint64, err error) error {

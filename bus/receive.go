@@ -147,12 +147,9 @@ func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
 // stage context.
 func dispatch(ctx context.Context, in *Incoming, _ *IncomingNext) error {
 	r := in.r
-	var e uint64 // the invocation, when a chain runs: its terminal step is entered once
-	if len(r.hops) > 0 {
-		var err error
-		if e, err = r.enterTerminal(); err != nil {
-			return err
-		}
+	e, err := r.enterStep()
+	if err != nil {
+		return err
 	}
 	b, d := r.b, r.d
 	handlers := b.handlers[d.Name]

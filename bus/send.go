@@ -178,12 +178,9 @@ func (r *outgoingRun) store(ctx context.Context) error {
 // context.
 func finishOutgoing(ctx context.Context, out *Outgoing, _ *OutgoingNext) error {
 	r := out.r
-	var e uint64 // the invocation, when a chain runs: its terminal step is entered once
-	if len(r.hops) > 0 {
-		var err error
-		if e, err = r.enterTerminal(); err != nil {
-			return err
-		}
+	e, err := r.enterStep()
+	if err != nil {
+		return err
 	}
 	b := r.b
 	if r.holds() {
