@@ -282,6 +282,14 @@ func (inst *instance) invoke(ctx context.Context, stage bus.Stage, in *bus.Incom
 		if err = cs.rpc.RecvMsg(&cs.in); err != nil {
 			break
 		}
+		if cs.in.Call != id {
+			// A frame of an earlier invocation on this stream, sent after
+			// its Done: taken for this one's, a Next would run this
+			// invocation's rest of the chain without its middleware
+			// calling next.
+			err = fmt.Errorf("plugin protocol violation: a frame for call %d on the stream of call %d", cs.in.Call, id)
+			break
+		}
 		switch k := cs.in.Kind.(type) {
 		case *pluginproto.PluginFrame_Next:
 			if nextCalled { // the protocol allows one Next per call

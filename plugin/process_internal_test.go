@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -173,5 +174,44 @@ func TestAbandonedCallIsReleased(t *testing.T) {
 		}
 	default:
 		t.Fatal("no Release for the abandoned call")
+	}
+}
+
+// TestFrameOfAnotherCallFailsProcess: a Next frame that comes on a stream
+// after its call's Done (a plugin whose middleware returned while its
+// next ran elsewhere, with an SDK that sent them in that order) is not
+// taken by the stream's next invocation for its own: that invocation's
+// rest of the chain does not run without its middleware calling next,
+// and the process, which broke the protocol, is failed.
+func TestFrameOfAnotherCallFailsProcess(t *testing.T) {
+	p, proc := fakeProcess(t, func(call uint64) []*pluginproto.PluginFrame {
+		done := &pluginproto.PluginFrame{Call: call, Kind: &pluginproto.PluginFrame_Done{Done: &pluginproto.Done{Error: &pluginproto.Error{Message: "refused"}}}}
+		if call == 1 { // the first call's Next comes after its Done
+			return []*pluginproto.PluginFrame{done, {Call: call, Kind: &pluginproto.PluginFrame_Next{Next: &pluginproto.NextCall{}}}}
+		}
+		return []*pluginproto.PluginFrame{done}
+	})
+	inst := &instance{p: p, id: 1}
+	for i := range 2 {
+		nexts := 0
+		err := inst.invoke(context.Background(), bus.StageIncoming, nil, incomingInvoke(), nil, bus.NewIncomingNext(func(context.Context) error { nexts++; return nil }))
+		if nexts != 0 {
+			t.Fatalf("invocation %d: the rest of the chain ran, though its middleware refused the message", i+1)
+		}
+		if i == 0 {
+			var pe *Error
+			if !errors.As(err, &pe) || pe.Message != "refused" {
+				t.Fatalf("invocation 1: got %v, want the plugin's refusal", err)
+			}
+			continue
+		}
+		if !errorsIsUnavailable(err) {
+			t.Fatalf("invocation 2: got %v, want an *UnavailableError", err)
+		}
+	}
+	select {
+	case <-proc.dead:
+	default:
+		t.Fatal("process not failed")
 	}
 }

@@ -281,7 +281,7 @@ func (ss *session) call(id uint64) *stageCall {
 func (ss *session) newCall(f *pluginproto.HostFrame, inv *pluginproto.Invoke) *stageCall {
 	c := ss.freeCalls.Pop()
 	if c == nil {
-		c = &stageCall{server: ss.server, session: ss, results: make(chan *pluginproto.Error, 1)}
+		c = &stageCall{server: ss.server, session: ss, results: make(chan *pluginproto.Error, 1), nextReturned: make(chan struct{}, 1)}
 	}
 	select { // a result sent as the call's last invocation ended (only this goroutine sends)
 	case <-c.results:
@@ -318,7 +318,7 @@ const (
 	callRunning  int32 = iota
 	callNext           // in next
 	callNextDone       // next returned
-	callReturned       // the middleware returned
+	callReturned       // the middleware returned (next may still run: see run)
 )
 
 // stageCall is one stage invocation inside the plugin, of an Invoke
@@ -344,6 +344,9 @@ type stageCall struct {
 	mw             string
 
 	state atomic.Int32
+	// nextReturned gets a token when a next returns after the middleware
+	// did (its state was callReturned then), for run, which waits for it.
+	nextReturned chan struct{}
 	// c.next as each stage's next, made once per stageCall.
 	nextIncoming *bus.IncomingNext
 	nextHandling *bus.HandlingNext
@@ -410,11 +413,24 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 		done = &pluginproto.Done{}
 	}
 	err := c.invoke(inv)
+	state := c.state.Swap(callReturned)
+	if state == callNext {
+		// The middleware returned while its next ran on another goroutine
+		// (a timeout that stopped waiting). That next finishes first, as
+		// it would in process: its Next frame goes before the Done, and
+		// it gets the host's answer, which comes before the host reads
+		// the Done anyway. Else the two frames could reach the host in
+		// either order (a Next after the Done would be taken by the
+		// stream's next invocation), and on a Call stream the next's read
+		// of the answer would run alongside the stream's own reads. Its
+		// outcome (continued, nextCtx, nextErr) is read below.
+		<-c.nextReturned
+	}
 	// A before-only call whose middleware gave next a context of its own
 	// is not clean: the plugin keeps that context, which may hold the
 	// stage context, until the host's next returned (Release).
 	holds := c.continued && err == nil && c.nextCtx != c.ctx
-	clean = c.state.Swap(callReturned) == callNextDone && err == nil && c.nextErr == nil && !holds
+	clean = state == callNextDone && err == nil && c.nextErr == nil && !holds
 	if clean && c.inst != nil {
 		if c.incoming != nil {
 			c.inst.stages.ReleaseIncoming(c.incoming)
@@ -586,7 +602,7 @@ func (c *stageCall) next(ctx context.Context) error {
 	if !c.state.CompareAndSwap(callRunning, callNext) {
 		return &bus.NextMisuseError{Stage: c.stage, Middleware: c.mw, AfterReturn: c.state.Load() == callReturned}
 	}
-	defer c.state.CompareAndSwap(callNext, callNextDone)
+	defer c.nextEnded()
 	c.nextCtx = ctx
 	if c.beforeOnly {
 		c.continued = true
@@ -631,6 +647,14 @@ func (c *stageCall) next(ctx context.Context) error {
 		return c.nextErr
 	case <-c.stop.Done():
 		return c.stop.Err()
+	}
+}
+
+// nextEnded ends a next: it tells run, when the middleware returned
+// meanwhile, that run can go on.
+func (c *stageCall) nextEnded() {
+	if !c.state.CompareAndSwap(callNext, callNextDone) { // run swapped in callReturned
+		c.nextReturned <- struct{}{}
 	}
 }
 
@@ -681,7 +705,7 @@ func (s *server) Call(stream pluginproto.Plugin_CallServer) error {
 			// the stream's context is the call's.
 			c := idle
 			if c == nil {
-				c = &stageCall{server: s, stream: stream, frames: frames, stop: ctx, cancel: func() {}}
+				c = &stageCall{server: s, stream: stream, frames: frames, stop: ctx, cancel: func() {}, nextReturned: make(chan struct{}, 1)}
 			}
 			c.reset(f.Call, k.Invoke)
 			c.setContext(k.Invoke)
