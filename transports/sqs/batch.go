@@ -28,9 +28,13 @@ const (
 // [bus.MessageTooLargeError] counts them) a call, several calls at once.
 // Each message is encoded, delayed (DelaySeconds, hops) and refused as
 // Send and Publish would; an entry SQS or SNS fails, and every entry of a
-// call that fails, is named by its index in the *bus.BatchError. A
-// message to an instance queue that no longer exists is dropped with a
-// warning, as by Send.
+// call that fails, is named by its index in the *bus.BatchError. A call
+// is tried again by the SDK's retryer as a Send is (a throttle, a server
+// or connection error); an entry its answer names as failed is not tried
+// again, even one that failed on the service's side ([EntryError]
+// SenderFault false): the caller sends it again. A message to an
+// instance queue that no longer exists is dropped with a warning, as by
+// Send.
 func (t *Transport) SendBatch(ctx context.Context, batch []bus.Outbound) error {
 	if err := t.checkOpen(ctx); err != nil {
 		return err
