@@ -141,10 +141,10 @@ func (b *Bus) handle(ctx context.Context, d *Delivery) (clean bool, err error) {
 
 // dispatch is the incoming stage's terminal step: decode, then run every
 // handler of the message in its own scope. It is the innermost next's step
-// itself, a frame less under every handler than a step calling it (which
-// matters: past the CPU's return-stack buffer every return of a layer is
-// mispredicted); with no incoming chain, handle calls it with the run's own
-// stage context.
+// itself, a frame less under every layer than a step calling it (a layer
+// costs more the deeper the stack it runs on: returns past the CPU's
+// return-stack buffer are mispredicted); with no incoming chain, handle
+// calls it with the run's own stage context.
 func dispatch(ctx context.Context, in *Incoming, _ *IncomingNext) error {
 	r := in.r
 	e, err := r.enterStep()
