@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -191,4 +192,123 @@ func writesDuring(ctx context.Context, t *testing.T, tr *rabbitmq.Transport, f f
 		t.Fatal(err)
 	}
 	return after - before
+}
+
+// A message whose id, correlation id or content type is longer than an
+// AMQP short string (255 bytes) fails alone, before it is sent: amqp091
+// would write its publish method, fail on its content header and close
+// the connection, and every message in flight on it would be published
+// again.
+func TestBatchWithAnOverlongPropertyKeepsConnection(t *testing.T) {
+	url := testenv.RabbitMQ(t)
+	adm := newAdmin(t, url)
+	queue := transporttest.Name("batch-overlong")
+	adm.declareQueue(t, queue)
+	var logs testenv.LogBuffer
+	tr := open(t, url, adm, rabbitmq.WithLogger(textLogger(&logs)))
+	ctx := testContext(t, 30*time.Second)
+	long := strings.Repeat("x", 256)
+	var batch []bus.Outbound
+	for i := range 7 {
+		id, corr := transporttest.Name("id"), "c"
+		env := &bus.Envelope{Name: "batch.msg", ContentType: "application/json", Body: []byte(strconv.Itoa(i))}
+		switch i {
+		case 1:
+			id = long
+		case 3:
+			corr = long
+		case 5:
+			env.ContentType = long
+		}
+		env.Attributes = bus.NewAttributes(id, corr, time.Now().UTC().Truncate(time.Millisecond), nil, nil)
+		batch = append(batch, bus.Outbound{Kind: bus.KindSend, Envelope: env, Destination: queue})
+	}
+	err := tr.SendBatch(ctx, batch)
+	var be *bus.BatchError
+	if !errors.As(err, &be) || len(be.Failures) != 3 {
+		t.Fatalf("SendBatch = %v, want a *bus.BatchError with 3 failures", err)
+	}
+	for i, want := range []int{1, 3, 5} {
+		if f := be.Failures[i]; f.Index != want || !strings.Contains(f.Err.Error(), "255") {
+			t.Errorf("failure %d: index %d %v, want index %d, naming the 255-byte limit", i, f.Index, f.Err, want)
+		}
+	}
+	if err := tr.Send(ctx, batch[1].Envelope, queue); err == nil || !strings.Contains(err.Error(), "255") {
+		t.Errorf("Send of an overlong message id = %v, want an error naming the 255-byte limit", err)
+	}
+	if err := tr.Send(ctx, batch[0].Envelope, queue); err != nil { // its frames follow the refused one's
+		t.Fatalf("Send after the refused one: %v", err)
+	}
+	if n := reconnections(&logs); n != 0 {
+		t.Errorf("the connection was lost %d times; logs:\n%s", n, logs.String())
+	}
+	var bodies string
+	for _, m := range adm.get(t, queue, 10) {
+		bodies += string(m.Body)
+	}
+	if bodies != "02460" {
+		t.Errorf("queue holds %q, want 02460 (each message once, the refused ones never)", bodies)
+	}
+}
+
+// Returns of a batch's unroutable messages reach their messages, and
+// nothing stalls, when the broker confirms the batch's first message after
+// over a thousand returns of the messages behind it (here, a large
+// persistent message the queue writes to disk first): amqp091 hands each
+// return over on a channel of 1,024 and, after waiting 5 s for room,
+// drops it, while the batch awaited its first confirmation before it read
+// any return. Each dropped return was a message reported confirmed, and
+// the connection read nothing else meanwhile.
+func TestBatchReturnsBehindASlowConfirmation(t *testing.T) {
+	url := testenv.RabbitMQ(t)
+	adm := newAdmin(t, url)
+	queue := transporttest.Name("batch-slow-first")
+	adm.declareQueue(t, queue)
+	tr := open(t, url, adm, rabbitmq.WithPublisherChannels(1))
+	ctx := testContext(t, 20*time.Second)
+	if err := tr.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const unroutable = 1100
+	nowhere := transporttest.Name("nowhere")
+	var batch []bus.Outbound
+	for i := range 1 + unroutable {
+		env := &bus.Envelope{Name: "batch.msg", ContentType: "application/json", Body: []byte(strconv.Itoa(i)),
+			Attributes: bus.NewAttributes(transporttest.Name("id"), "c", time.Now().UTC().Truncate(time.Millisecond), nil, nil)}
+		dest := nowhere
+		if i == 0 {
+			env.Body, dest = make([]byte, 8<<20), queue
+		}
+		batch = append(batch, bus.Outbound{Kind: bus.KindSend, Envelope: env, Destination: dest})
+	}
+	err := tr.SendBatch(ctx, batch)
+	var be *bus.BatchError
+	if !errors.As(err, &be) {
+		t.Fatalf("SendBatch = %v, want a *bus.BatchError", err)
+	}
+	failed := map[int]error{}
+	for _, f := range be.Failures {
+		failed[f.Index] = f.Err
+	}
+	if err := failed[0]; err != nil {
+		t.Errorf("the routed message failed: %v", err)
+	}
+	var missed, other int
+	for i := 1; i <= unroutable; i++ {
+		var ue *rabbitmq.UnroutableError
+		switch err := failed[i]; {
+		case err == nil:
+			missed++
+		case !errors.As(err, &ue):
+			if other++; other == 1 {
+				t.Errorf("message %d: %v, want an *rabbitmq.UnroutableError", i, err)
+			}
+		}
+	}
+	if missed > 0 || other > 0 {
+		t.Errorf("of %d unroutable messages, %d reported confirmed and %d failed otherwise", unroutable, missed, other)
+	}
+	if n := adm.depth(t, queue); n != 1 {
+		t.Errorf("queue holds %d messages, want 1", n)
+	}
 }

@@ -43,7 +43,7 @@ type session struct {
 // are matched to their publish by message id, exchange and routing key:
 // RabbitMQ sends basic.return before the basic.ack of the same message,
 // and amqp091 hands the return to the returns channel before it completes
-// the deferred confirmation.
+// the deferred confirmation (see [pubChannel.pump]).
 //
 // A channel the broker closes with a channel-level (soft) error, for a
 // message it refuses, is replaced by a new one: only the publishes in
@@ -55,15 +55,22 @@ type publisher struct {
 	ch *pubChannel
 }
 
-// pubChannel is one channel of a publisher and how it closed.
+// pubChannel is one channel of a publisher, its returned messages and how
+// it closed.
 type pubChannel struct {
-	ch      *amqp.Channel
-	returns chan amqp.Return
-	closes  chan *amqp.Error
+	ch     *amqp.Channel
+	closes chan *amqp.Error
 
-	mu       sync.Mutex
-	err      *amqp.Error
-	returned map[returnKey]int // returns read from returns, not yet matched
+	mu  sync.Mutex
+	err *amqp.Error
+
+	rmu      sync.Mutex
+	returned map[returnKey]int // returns the pump read, not yet matched
+	asked    uint64            // syncs asked of the pump
+	synced   uint64            // the last ask the pump answered
+	pumped   bool              // the pump ended: every return is in returned
+	answered sync.Cond         // on rmu: synced or pumped changed
+	kick     chan struct{}     // an ask waits for the pump
 }
 
 // causeWait bounds how long cause waits for the error of a channel that
@@ -127,12 +134,15 @@ func openPubChannel(conn *amqp.Connection) (*pubChannel, error) {
 	if err := ch.Confirm(false); err != nil {
 		return nil, fmt.Errorf("rabbitmq: putting a channel in confirm mode: %w", err)
 	}
-	return &pubChannel{
+	c := &pubChannel{
 		ch:       ch,
-		returns:  ch.NotifyReturn(make(chan amqp.Return, 1024)),
 		closes:   ch.NotifyClose(make(chan *amqp.Error, 1)),
 		returned: map[returnKey]int{},
-	}, nil
+		kick:     make(chan struct{}, 1),
+	}
+	c.answered.L = &c.rmu
+	go c.pump(ch.NotifyReturn(make(chan amqp.Return, 1024)))
+	return c, nil
 }
 
 // channel returns the publisher's open channel, replacing one the broker
@@ -452,9 +462,15 @@ func (p *publisher) await(ctx context.Context, c *pubChannel, dc *amqp.DeferredC
 	select {
 	case <-dc.Done():
 	case <-ctx.Done():
-		c.abandon(dc, mandatory, k)
-		return fmt.Errorf("waiting for the broker's confirmation: %w (the message may have been stored)", ctx.Err())
 	case <-p.s.t.done:
+	}
+	select {
+	case <-dc.Done(): // its outcome is known, whatever else ended meanwhile
+	default:
+		if ctx.Err() != nil {
+			c.abandon(dc, mandatory, k)
+			return fmt.Errorf("waiting for the broker's confirmation: %w (the message may have been stored)", ctx.Err())
+		}
 		return fmt.Errorf("waiting for the broker's confirmation: %w (the message may have been stored)", bus.ErrClosed)
 	}
 	if !dc.Acked() {
@@ -491,23 +507,69 @@ func (c *pubChannel) abandon(dc *amqp.DeferredConfirmation, mandatory bool, k re
 	}()
 }
 
-// wasReturned moves pending returns of c into its returned set and takes
-// k out of it. Every return of a message is in c.returns before its
-// confirmation completes.
-func (c *pubChannel) wasReturned(k returnKey) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for drained := false; !drained; {
+// pump moves the returns amqp091 hands over into c's returned set as they
+// come, until amqp091 closes returns with the channel, and answers each
+// ask of [pubChannel.wasReturned] once it moved every return handed over
+// before the ask. amqp091 reads nothing more from the connection while
+// returns is full, and drops the return after 5 s: read only by publishes
+// whose confirmation completed, returns filled up behind a batch awaiting
+// a slow first confirmation.
+func (c *pubChannel) pump(returns <-chan amqp.Return) {
+	defer func() {
+		c.rmu.Lock()
+		c.pumped = true
+		c.answered.Broadcast()
+		c.rmu.Unlock()
+	}()
+	record := func(r amqp.Return) {
+		c.rmu.Lock()
+		c.returned[returnKey{r.MessageId, r.Exchange, r.RoutingKey}]++
+		c.rmu.Unlock()
+	}
+	for {
 		select {
-		case r, ok := <-c.returns:
+		case r, ok := <-returns:
 			if !ok {
-				drained = true
-				break
+				return
 			}
-			c.returned[returnKey{r.MessageId, r.Exchange, r.RoutingKey}]++
-		default:
-			drained = true
+			record(r)
+		case <-c.kick:
+			c.rmu.Lock()
+			asked := c.asked
+			c.rmu.Unlock()
+			for drained := false; !drained; {
+				select {
+				case r, ok := <-returns:
+					if !ok {
+						return
+					}
+					record(r)
+				default:
+					drained = true
+				}
+			}
+			c.rmu.Lock()
+			c.synced = asked
+			c.answered.Broadcast()
+			c.rmu.Unlock()
 		}
+	}
+}
+
+// wasReturned takes k out of c's returned set, once the pump moved into it
+// every return amqp091 handed over so far. Every return of a message is
+// handed over before its confirmation completes.
+func (c *pubChannel) wasReturned(k returnKey) bool {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.asked++
+	ask := c.asked
+	select {
+	case c.kick <- struct{}{}:
+	default: // a kick is pending: the pump reads asked after taking it
+	}
+	for !c.pumped && c.synced < ask {
+		c.answered.Wait()
 	}
 	n := c.returned[k]
 	switch {

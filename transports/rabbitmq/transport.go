@@ -129,10 +129,22 @@ func (t *Transport) emit(ctx context.Context, env *bus.Envelope, exchange, key s
 	}
 }
 
-// publishing checks env's headers and size and returns the message to publish.
+// publishing checks env's headers, properties and size and returns the
+// message to publish.
 func (t *Transport) publishing(env *bus.Envelope) (amqp.Publishing, error) {
 	if err := validateHeaders(env.Headers); err != nil {
 		return amqp.Publishing{}, err
+	}
+	// AMQP carries these in short strings. amqp091 refuses a longer one
+	// only once it wrote the publish's method frame, and then closes the
+	// connection: every publish in flight on it would be published again.
+	for _, p := range [...]struct{ name, value string }{
+		{"message name", env.Name}, {"message id", env.Attributes.MessageID},
+		{"correlation id", env.Attributes.CorrelationID}, {"content type", env.ContentType},
+	} {
+		if len(p.value) > maxShortString {
+			return amqp.Publishing{}, fmt.Errorf("rabbitmq: the %s %.40q of %.40s is %d bytes; AMQP carries it in at most %d", p.name, p.value, env.Name, len(p.value), maxShortString)
+		}
 	}
 	if len(env.Body) > t.o.maxMessageSize {
 		return amqp.Publishing{}, &bus.MessageTooLargeError{Transport: "rabbitmq", Message: env.Name, Size: len(env.Body), Limit: t.o.maxMessageSize}
