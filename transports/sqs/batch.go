@@ -3,9 +3,13 @@ package sqs
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"sync"
+	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awssns "github.com/aws/aws-sdk-go-v2/service/sns"
 	snstypes "github.com/aws/aws-sdk-go-v2/service/sns/types"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -30,11 +34,17 @@ const (
 // Send and Publish would; an entry SQS or SNS fails, and every entry of a
 // call that fails, is named by its index in the *bus.BatchError. A call
 // is tried again by the SDK's retryer as a Send is (a throttle, a server
-// or connection error); an entry its answer names as failed is not tried
-// again, even one that failed on the service's side ([EntryError]
-// SenderFault false): the caller sends it again. A message to an
-// instance queue that no longer exists is dropped with a warning, as by
-// Send.
+// or connection error). The entries a call's answer names as failed on
+// the service's side ([EntryError] SenderFault false: an internal error,
+// a throttle) are sent again, without the others, in another call after
+// the back-off of the client's retryer (its RetryDelay), up to its
+// MaxAttempts calls in all (3 by default); an entry the answer names as
+// sent, or does not name, is never sent again. A retried entry is the
+// same message, with the same message id. An entry still failing then
+// fails with its last [*EntryError]; one refused (SenderFault true) fails
+// at once; when ctx ends during a back-off, the entries waiting fail with
+// ctx's error, not sent. A message to an instance queue that no longer
+// exists is dropped with a warning, as by Send.
 func (t *Transport) SendBatch(ctx context.Context, batch []bus.Outbound) error {
 	if err := t.checkOpen(ctx); err != nil {
 		return err
@@ -105,22 +115,27 @@ func (t *Transport) sendBatch(ctx context.Context, batch []bus.Outbound, c *batc
 		entries[j] = sqstypes.SendMessageBatchRequestEntry{Id: strPtr(strconv.Itoa(j)), MessageBody: &q.e.body,
 			MessageAttributes: q.e.sqsAttributes(), DelaySeconds: q.delaySeconds}
 	}
-	out, err := t.sqs.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: &c.queued[0].url, Entries: entries})
-	if err != nil {
-		for j, i := range c.index {
-			errs[i] = t.sendError(ctx, batch[i].Envelope, batch[i].Destination, c.queued[j], err)
+	in := &awssqs.SendMessageBatchInput{QueueUrl: &c.queued[0].url, Entries: entries}
+	c.run(ctx, t.sqsRetryer, errs, func(pending uint16) (uint16, []entryFailure, error) {
+		in.Entries = keepPending(in.Entries, pending, c, func(e *sqstypes.SendMessageBatchRequestEntry) *string { return e.Id })
+		out, err := t.sqs.SendMessageBatch(ctx, in)
+		if err != nil {
+			return 0, nil, err
 		}
-		return
-	}
-	ok := make([]*string, len(out.Successful))
-	for k, e := range out.Successful {
-		ok[k] = e.Id
-	}
-	failed := make([]entryFailure, len(out.Failed))
-	for k, f := range out.Failed {
-		failed[k] = entryFailure{f.Id, &EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault}}
-	}
-	c.answer(ok, failed, errs, func(i int, err error) error {
+		var sent uint16
+		for _, e := range out.Successful {
+			if j, in := entryIndex(e.Id, len(c.index)); in {
+				sent |= 1 << j
+			}
+		}
+		failed := make([]entryFailure, len(out.Failed))
+		for k, f := range out.Failed {
+			failed[k] = entryFailure{f.Id, &EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault}}
+		}
+		return sent, failed, nil
+	}, func(i, j int, err error) error {
+		return t.sendError(ctx, batch[i].Envelope, batch[i].Destination, c.queued[j], err)
+	}, func(i int, err error) error {
 		return fmt.Errorf("sqs: send %s to endpoint %s: %w", batch[i].Envelope.Name, batch[i].Destination, err)
 	})
 }
@@ -132,24 +147,40 @@ func (t *Transport) publishBatch(ctx context.Context, batch []bus.Outbound, c *b
 		entries[j] = snstypes.PublishBatchRequestEntry{Id: strPtr(strconv.Itoa(j)), Message: &q.e.body, MessageAttributes: q.e.snsAttributes()}
 	}
 	arn := c.queued[0].url
-	out, err := t.sns.PublishBatch(ctx, &awssns.PublishBatchInput{TopicArn: &arn, PublishBatchRequestEntries: entries})
-	if err != nil {
-		for _, i := range c.index {
-			errs[i] = fmt.Errorf("sqs: publish %s to topic %s: %w", batch[i].Envelope.Name, arn, err)
-		}
-		return
-	}
-	ok := make([]*string, len(out.Successful))
-	for k, e := range out.Successful {
-		ok[k] = e.Id
-	}
-	failed := make([]entryFailure, len(out.Failed))
-	for k, f := range out.Failed {
-		failed[k] = entryFailure{f.Id, &EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault}}
-	}
-	c.answer(ok, failed, errs, func(i int, err error) error {
+	in := &awssns.PublishBatchInput{TopicArn: &arn, PublishBatchRequestEntries: entries}
+	wrap := func(i int, err error) error {
 		return fmt.Errorf("sqs: publish %s to topic %s: %w", batch[i].Envelope.Name, arn, err)
-	})
+	}
+	c.run(ctx, t.snsRetryer, errs, func(pending uint16) (uint16, []entryFailure, error) {
+		in.PublishBatchRequestEntries = keepPending(in.PublishBatchRequestEntries, pending, c, func(e *snstypes.PublishBatchRequestEntry) *string { return e.Id })
+		out, err := t.sns.PublishBatch(ctx, in)
+		if err != nil {
+			return 0, nil, err
+		}
+		var sent uint16
+		for _, e := range out.Successful {
+			if j, in := entryIndex(e.Id, len(c.index)); in {
+				sent |= 1 << j
+			}
+		}
+		failed := make([]entryFailure, len(out.Failed))
+		for k, f := range out.Failed {
+			failed[k] = entryFailure{f.Id, &EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault}}
+		}
+		return sent, failed, nil
+	}, func(i, _ int, err error) error { return wrap(i, err) }, wrap)
+}
+
+// keepPending returns entries without those not in pending (a bit per
+// entry of c, by the index its id holds), in their order and in place.
+func keepPending[E any](entries []E, pending uint16, c *batchCall, id func(*E) *string) []E {
+	kept := entries[:0]
+	for k := range entries {
+		if j, in := entryIndex(id(&entries[k]), len(c.index)); in && pending&(1<<j) != 0 {
+			kept = append(kept, entries[k])
+		}
+	}
+	return kept
 }
 
 // entryFailure is an entry a batch call's answer names as failed.
@@ -158,29 +189,145 @@ type entryFailure struct {
 	err *EntryError
 }
 
-// answer sets errs of the entries of c from the call's answer: ok names
-// the entries sent, failed those refused (wrapped by wrap with their
-// index in the batch), and an entry the answer does not name fails too:
-// nothing is reported as sent that was not confirmed.
-func (c *batchCall) answer(ok []*string, failed []entryFailure, errs []error, wrap func(i int, err error) error) {
-	answered := make([]bool, len(c.index))
-	for _, id := range ok {
-		if j, in := entryIndex(id, len(c.index)); in {
-			answered[j] = true
+// The entries of a call are the bits of a uint16 (bit j for entry j).
+const _ = uint16(1<<batchEntries - 1)
+
+// run makes call c, trying again the entries that failed on the service's
+// side, and sets errs of the entries that failed in the end. call makes
+// one call with the entries of pending, keeping their ids, and returns
+// those its answer names as sent and as failed, or the call's error.
+// callErr gives the error of entry j of c (index i in the batch) in a
+// call that failed, wrap that of an entry that failed alone.
+//
+// An entry the answer names as failed with SenderFault false is sent
+// again, with the others that did and no other, after the back-off of r
+// (RetryDelay, given the number of calls made and the entry's code), in
+// up to r's MaxAttempts calls in all; one with SenderFault true would be
+// refused again and fails at once. An entry the answer names as sent is
+// never sent again, nor one it does not name (it may have been sent).
+// When ctx ends during a back-off, the entries waiting fail with its
+// error.
+func (c *batchCall) run(ctx context.Context, r aws.Retryer, errs []error,
+	call func(pending uint16) (sent uint16, failed []entryFailure, err error),
+	callErr func(i, j int, err error) error, wrap func(i int, err error) error) {
+	pending := uint16(1)<<len(c.index) - 1
+	for attempt := 1; ; attempt++ {
+		sent, failed, err := call(pending)
+		if err != nil {
+			c.fail(pending, errs, func(i, j int) error { return callErr(i, j, err) })
+			return
 		}
-	}
-	for _, f := range failed {
-		if j, in := entryIndex(f.id, len(c.index)); in {
-			answered[j] = true
-			errs[c.index[j]] = wrap(c.index[j], f.err)
+		var last [batchEntries]*EntryError // the failures of the entries to send again
+		resend := c.answer(pending, sent, failed, &last, errs, wrap)
+		if resend == 0 {
+			return
 		}
+		delay, again := retryDelay(r, attempt, last[bits.TrailingZeros16(resend)])
+		if !again {
+			c.fail(resend, errs, func(i, j int) error { return wrap(i, tried(attempt, last[j])) })
+			return
+		}
+		if err := wait(ctx, delay); err != nil {
+			c.fail(resend, errs, func(i, j int) error {
+				return wrap(i, fmt.Errorf("the message was not accepted (%w), and the wait before sending it again ended: %w", last[j], err))
+			})
+			return
+		}
+		pending = resend
 	}
-	for j, done := range answered {
-		if !done {
-			errs[c.index[j]] = fmt.Errorf("sqs: the batch call to %s did not answer for entry %d: it may or may not have been sent", c.target, j)
+}
+
+// fail sets errs of the entries of c in set to failure(i, j), for entry j
+// of c and index i in the batch.
+func (c *batchCall) fail(set uint16, errs []error, failure func(i, j int) error) {
+	for j, i := range c.index {
+		if set&(1<<j) != 0 {
+			errs[i] = failure(i, j)
 		}
 	}
 }
+
+// answer sets errs of the entries of c in pending from the answer of a
+// call: sent has the entries sent, failed those refused (wrapped by wrap
+// with their index in the batch), and an entry the answer does not name
+// fails too: nothing is reported as sent that was not confirmed. It
+// returns the entries that failed on the service's side, whose errs it
+// leaves to the caller, with their failures in last.
+func (c *batchCall) answer(pending, sent uint16, failed []entryFailure, last *[batchEntries]*EntryError, errs []error, wrap func(i int, err error) error) (resend uint16) {
+	answered := ^pending | sent // an entry not in this call needs no answer
+	for _, f := range failed {
+		j, in := entryIndex(f.id, len(c.index))
+		if !in || answered&(1<<j) != 0 {
+			continue
+		}
+		answered |= 1 << j
+		if !f.err.SenderFault {
+			resend |= 1 << j
+			last[j] = f.err
+			continue
+		}
+		errs[c.index[j]] = wrap(c.index[j], f.err)
+	}
+	for j, i := range c.index {
+		if answered&(1<<j) == 0 {
+			errs[i] = fmt.Errorf("sqs: the batch call to %s did not answer for entry %d: it may or may not have been sent", c.target, j)
+		}
+	}
+	return resend
+}
+
+// entryAttempts returns the number of calls in which an entry that fails
+// on the service's side is sent at most: r's MaxAttempts, the SDK's
+// default (3) for a retryer without a bound, 1 without a retryer.
+func entryAttempts(r aws.Retryer) int {
+	switch {
+	case r == nil:
+		return 1
+	case r.MaxAttempts() <= 0:
+		return retry.DefaultMaxAttempts
+	}
+	return r.MaxAttempts()
+}
+
+// retryDelay returns the back-off of r before sending again an entry
+// that failed with err in the call numbered attempt, or false when r
+// gives it no more calls.
+func retryDelay(r aws.Retryer, attempt int, err *EntryError) (time.Duration, bool) {
+	if attempt >= entryAttempts(r) {
+		return 0, false
+	}
+	d, derr := r.RetryDelay(attempt, entryCode{err})
+	return d, derr == nil
+}
+
+// tried returns the failure err of an entry sent in n calls.
+func tried(n int, err *EntryError) error {
+	if n == 1 {
+		return err
+	}
+	return fmt.Errorf("tried %d times: %w", n, err)
+}
+
+// wait waits for d, or returns ctx's error when ctx ends first.
+func wait(ctx context.Context, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}
+
+// entryCode gives a retryer the code of an entry's failure as an AWS
+// error carries it, so that the SDK's retryer waits longer after a
+// throttle code it knows.
+type entryCode struct{ err *EntryError }
+
+func (e entryCode) Error() string     { return e.err.Error() }
+func (e entryCode) ErrorCode() string { return e.err.Code }
+func (e entryCode) Unwrap() error     { return e.err }
 
 // entryIndex reads an entry id of a call of n entries.
 func entryIndex(id *string, n int) (int, bool) {

@@ -68,6 +68,10 @@ type Transport struct {
 	log *slog.Logger
 	sqs *awssqs.Client
 	sns *awssns.Client
+	// sqsRetryer and snsRetryer are the clients' retryers, which also
+	// bound and space the tries of a batch entry (batch.go).
+	sqsRetryer aws.Retryer
+	snsRetryer aws.Retryer
 
 	cacheMu sync.Mutex
 	urls    map[string]string // queue name → URL
@@ -142,6 +146,7 @@ func New(cfg aws.Config, opts ...Option) (*Transport, error) {
 		closedCh: make(chan struct{}),
 		tracked:  map[*entry]struct{}{},
 	}
+	t.sqsRetryer, t.snsRetryer = t.sqs.Options().Retryer, t.sns.Options().Retryer
 	t.cond = sync.NewCond(&t.mu)
 	return t, nil
 }
