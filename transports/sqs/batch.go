@@ -43,8 +43,11 @@ const (
 // same message, with the same message id. An entry still failing then
 // fails with its last [*EntryError]; one refused (SenderFault true) fails
 // at once; when ctx ends during a back-off, the entries waiting fail with
-// ctx's error, not sent. A message to an instance queue that no longer
-// exists is dropped with a warning, as by Send.
+// ctx's error, not sent. The entries of a call that may have reached the
+// service before it failed (ctx ended while it was in flight, the
+// connection was lost) fail with an error saying that the message may
+// have been sent, as Send's does. A message to an instance queue that no
+// longer exists is dropped with a warning, as by Send.
 func (t *Transport) SendBatch(ctx context.Context, batch []bus.Outbound) error {
 	if err := t.checkOpen(ctx); err != nil {
 		return err
@@ -118,9 +121,10 @@ func (t *Transport) sendBatch(ctx context.Context, batch []bus.Outbound, c *batc
 	in := &awssqs.SendMessageBatchInput{QueueUrl: &c.queued[0].url, Entries: entries}
 	c.run(ctx, t.sqsRetryer, errs, func(pending uint16) (uint16, []entryFailure, error) {
 		in.Entries = keepPending(in.Entries, pending, c, func(e *sqstypes.SendMessageBatchRequestEntry) *string { return e.Id })
-		out, err := t.sqs.SendMessageBatch(ctx, in)
+		callCtx, o := trackSend(ctx)
+		out, err := t.sqs.SendMessageBatch(callCtx, in)
 		if err != nil {
-			return 0, nil, err
+			return 0, nil, o.err(err)
 		}
 		var sent uint16
 		for _, e := range out.Successful {
@@ -153,9 +157,10 @@ func (t *Transport) publishBatch(ctx context.Context, batch []bus.Outbound, c *b
 	}
 	c.run(ctx, t.snsRetryer, errs, func(pending uint16) (uint16, []entryFailure, error) {
 		in.PublishBatchRequestEntries = keepPending(in.PublishBatchRequestEntries, pending, c, func(e *snstypes.PublishBatchRequestEntry) *string { return e.Id })
-		out, err := t.sns.PublishBatch(ctx, in)
+		callCtx, o := trackSend(ctx)
+		out, err := t.sns.PublishBatch(callCtx, in)
 		if err != nil {
-			return 0, nil, err
+			return 0, nil, o.err(err)
 		}
 		var sent uint16
 		for _, e := range out.Successful {

@@ -130,11 +130,11 @@ func New(cfg aws.Config, opts ...Option) (*Transport, error) {
 	timeout := attemptTimeout{timeout: o.requestTimeout, wait: o.wait}
 	sqsOpts := append(slices.Clip(o.sqsOpts), func(so *awssqs.Options) {
 		so.Retryer = logRetries(so.Retryer, log, "sqs")
-		so.APIOptions = append(so.APIOptions, timeout.add)
+		so.APIOptions = append(so.APIOptions, sendOutcome{}.add, timeout.add)
 	})
 	snsOpts := append(slices.Clip(o.snsOpts), func(so *awssns.Options) {
 		so.Retryer = logRetries(so.Retryer, log, "sns")
-		so.APIOptions = append(so.APIOptions, timeout.add)
+		so.APIOptions = append(so.APIOptions, sendOutcome{}.add, timeout.add)
 	})
 	t := &Transport{
 		o:        o,
@@ -535,7 +535,10 @@ func (t *Transport) CountsReceives() bool { return true }
 // "instance-"): a message to an instance queue that no longer exists is
 // dropped with a warning, since no one could ever receive it. An env.Due
 // ahead (bus.Delay, bus.At) is carried with DelaySeconds, and beyond 15
-// minutes in hops, as the delayed retries are (delay.go).
+// minutes in hops, as the delayed retries are (delay.go). An error after
+// the request may have reached SQS (ctx ended while it was in flight, the
+// connection was lost before the answer) says that the message may have
+// been sent, and still matches ctx's error.
 func (t *Transport) Send(ctx context.Context, env *bus.Envelope, to string) error {
 	return t.send(ctx, env, to, env.Due)
 }
@@ -552,8 +555,9 @@ func (t *Transport) send(ctx context.Context, env *bus.Envelope, to string, due 
 	if err != nil {
 		return err
 	}
-	_, err = t.sqs.SendMessage(ctx, &awssqs.SendMessageInput{QueueUrl: &q.url, MessageBody: &q.e.body, MessageAttributes: q.e.sqsAttributes(), DelaySeconds: q.delaySeconds})
-	return t.sendError(ctx, env, to, q, err)
+	sendCtx, o := trackSend(ctx)
+	_, err = t.sqs.SendMessage(sendCtx, &awssqs.SendMessageInput{QueueUrl: &q.url, MessageBody: &q.e.body, MessageAttributes: q.e.sqsAttributes(), DelaySeconds: q.delaySeconds})
+	return t.sendError(ctx, env, to, q, o.err(err))
 }
 
 // queued is a message encoded for the queue it is sent to.
@@ -597,7 +601,8 @@ func (t *Transport) prepareSend(ctx context.Context, env *bus.Envelope, to strin
 // sendError is the error of a send of env to to (queued as q) that SQS
 // answered with err: nil for nil and for a missing instance queue (the
 // message is dropped with a warning), a [*NoQueueError] for another
-// missing queue.
+// missing queue. An err whose message may have been sent (marked by
+// [outcome.err]) keeps saying so.
 func (t *Transport) sendError(ctx context.Context, env *bus.Envelope, to string, q queued, err error) error {
 	if err == nil {
 		return nil
@@ -623,7 +628,8 @@ func (t *Transport) sendError(ctx context.Context, env *bus.Envelope, to string,
 // subscribed to it. A message published before any endpoint subscribed
 // reaches no one. An env.Due ahead travels in the "plugbus" attribute: each
 // receiving transport holds its copy in its queue (DelaySeconds, hops)
-// until it is due.
+// until it is due. An error after the request may have reached SNS says
+// that the message may have been sent, as Send's does.
 func (t *Transport) Publish(ctx context.Context, env *bus.Envelope) error {
 	return t.publish(ctx, env, env.Due)
 }
@@ -640,8 +646,9 @@ func (t *Transport) publish(ctx context.Context, env *bus.Envelope, due time.Tim
 	if err != nil {
 		return err
 	}
-	if _, err := t.sns.Publish(ctx, &awssns.PublishInput{TopicArn: &arn, Message: &e.body, MessageAttributes: e.snsAttributes()}); err != nil {
-		return fmt.Errorf("sqs: publish %s to topic %s: %w", env.Name, arn, err)
+	pubCtx, o := trackSend(ctx)
+	if _, err := t.sns.Publish(pubCtx, &awssns.PublishInput{TopicArn: &arn, Message: &e.body, MessageAttributes: e.snsAttributes()}); err != nil {
+		return fmt.Errorf("sqs: publish %s to topic %s: %w", env.Name, arn, o.err(err))
 	}
 	return nil
 }
