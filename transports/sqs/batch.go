@@ -126,16 +126,10 @@ func (t *Transport) sendBatch(ctx context.Context, batch []bus.Outbound, c *batc
 		if err != nil {
 			return 0, nil, o.err(err)
 		}
-		var sent uint16
-		for _, e := range out.Successful {
-			if j, in := entryIndex(e.Id, len(c.index)); in {
-				sent |= 1 << j
-			}
-		}
-		failed := make([]entryFailure, len(out.Failed))
-		for k, f := range out.Failed {
-			failed[k] = entryFailure{f.Id, &EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault}}
-		}
+		sent, failed := batchAnswer(c, out.Successful, out.Failed, func(e *sqstypes.SendMessageBatchResultEntry) *string { return e.Id },
+			func(f *sqstypes.BatchResultErrorEntry) entryFailure {
+				return entryFailure{f.Id, &EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault}}
+			})
 		return sent, failed, nil
 	}, func(i, j int, err error) error {
 		return t.sendError(ctx, batch[i].Envelope, batch[i].Destination, c.queued[j], err)
@@ -162,18 +156,28 @@ func (t *Transport) publishBatch(ctx context.Context, batch []bus.Outbound, c *b
 		if err != nil {
 			return 0, nil, o.err(err)
 		}
-		var sent uint16
-		for _, e := range out.Successful {
-			if j, in := entryIndex(e.Id, len(c.index)); in {
-				sent |= 1 << j
-			}
-		}
-		failed := make([]entryFailure, len(out.Failed))
-		for k, f := range out.Failed {
-			failed[k] = entryFailure{f.Id, &EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault}}
-		}
+		sent, failed := batchAnswer(c, out.Successful, out.Failed, func(e *snstypes.PublishBatchResultEntry) *string { return e.Id },
+			func(f *snstypes.BatchResultErrorEntry) entryFailure {
+				return entryFailure{f.Id, &EntryError{Code: deref(f.Code), Message: deref(f.Message), SenderFault: f.SenderFault}}
+			})
 		return sent, failed, nil
 	}, func(i, _ int, err error) error { return wrap(i, err) }, wrap)
+}
+
+// batchAnswer reads the answer of a call of c (SQS's or SNS's types): the
+// entries it names as sent, as bits, and those it names as failed.
+func batchAnswer[S, F any](c *batchCall, successful []S, failed []F, id func(*S) *string, failure func(*F) entryFailure) (uint16, []entryFailure) {
+	var sent uint16
+	for k := range successful {
+		if j, in := entryIndex(id(&successful[k]), len(c.index)); in {
+			sent |= 1 << j
+		}
+	}
+	fs := make([]entryFailure, len(failed))
+	for k := range failed {
+		fs[k] = failure(&failed[k])
+	}
+	return sent, fs
 }
 
 // keepPending returns entries without those not in pending (a bit per

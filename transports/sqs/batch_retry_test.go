@@ -214,10 +214,22 @@ func (b *backOffs) recorded() ([]int, []string) {
 // and the URL of the endpoint's queue.
 func batchRetryTransport(t *testing.T, ctx context.Context, b *backOffs, maxAttempts int, senderFault bool, fail map[string]int) (*sqs.Transport, *entryFaults, *string) {
 	t.Helper()
+	var p *entryFaults
+	tr, url := proxiedEndpoint(t, ctx, func(cfg aws.Config) aws.Config {
+		p, cfg = newEntryFaults(t, cfg, senderFault, fail)
+		return cfg
+	}, sqs.WithSQSOptions(b.option(maxAttempts)))
+	return tr, p, url
+}
+
+// proxiedEndpoint sets up endpoint "ep", handling "evt", on a transport
+// with extra options whose configuration proxy returns (a proxy before
+// the emulator), and returns it with the URL of the endpoint's queue.
+func proxiedEndpoint(t *testing.T, ctx context.Context, proxy func(aws.Config) aws.Config, extra ...sqs.Option) (*sqs.Transport, *string) {
+	t.Helper()
 	cfg := awsConfig(t)
 	prefix := sqstest.UniquePrefix(t, cfg)
-	p, cfg := newEntryFaults(t, cfg, senderFault, fail)
-	tr := sqstest.New(t, cfg, append(sqstest.FastOptions(prefix), sqs.WithSQSOptions(b.option(maxAttempts)))...)
+	tr := sqstest.New(t, proxy(cfg), sqstest.FastOptions(prefix, extra...)...)
 	t.Cleanup(func() { _ = tr.Close(context.Background()) })
 	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Handles: []string{"evt"}, Concurrency: 1, MaxAttempts: 3}); err != nil {
 		t.Fatal(err)
@@ -226,7 +238,7 @@ func batchRetryTransport(t *testing.T, ctx context.Context, b *backOffs, maxAtte
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tr, p, url.QueueUrl
+	return tr, url.QueueUrl
 }
 
 // sends returns n sends to "ep", message i with id and body "m-i".

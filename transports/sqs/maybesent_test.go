@@ -118,19 +118,12 @@ func (p *holdingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // returns it with the proxy and the URL of the endpoint's queue.
 func holdingTransport(t *testing.T, ctx context.Context, op string, abort bool, extra ...sqs.Option) (*sqs.Transport, *holdingProxy, *string) {
 	t.Helper()
-	cfg := awsConfig(t)
-	prefix := sqstest.UniquePrefix(t, cfg)
-	p, cfg := newHoldingProxy(t, cfg, op, abort)
-	tr := sqstest.New(t, cfg, sqstest.FastOptions(prefix, extra...)...)
-	t.Cleanup(func() { _ = tr.Close(context.Background()) })
-	if err := tr.Setup(ctx, bus.Topology{Endpoint: "ep", Handles: []string{"evt"}, Concurrency: 1, MaxAttempts: 3}); err != nil {
-		t.Fatal(err)
-	}
-	url, err := tr.SQS().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(tr.QueueName("ep"))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr, p, url.QueueUrl
+	var p *holdingProxy
+	tr, url := proxiedEndpoint(t, ctx, func(cfg aws.Config) aws.Config {
+		p, cfg = newHoldingProxy(t, cfg, op, abort)
+		return cfg
+	}, extra...)
+	return tr, p, url
 }
 
 // cancelWhenForwarded returns a context of ctx that is cancelled once p
