@@ -94,14 +94,7 @@ func (p *entryFaults) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			p.t.Errorf("proxy: %v", err)
 		}
 	}
-	req, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	req.Header = r.Header.Clone()
-	req.Header.Del("Accept-Encoding") // let the client decompress
-	res, err := (&http.Client{Transport: httpTransport}).Do(req)
+	res, err := forward(r.Context(), r, p.target, body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
@@ -220,6 +213,18 @@ func batchRetryTransport(t *testing.T, ctx context.Context, b *backOffs, maxAtte
 		return cfg
 	}, sqs.WithSQSOptions(b.option(maxAttempts)))
 	return tr, p, url
+}
+
+// forward sends r, with body, to target (the emulator), as the proxies
+// before it do.
+func forward(ctx context.Context, r *http.Request, target string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, r.Method, target+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header = r.Header.Clone()
+	req.Header.Del("Accept-Encoding") // let the client decompress
+	return (&http.Client{Transport: httpTransport}).Do(req)
 }
 
 // proxiedEndpoint sets up endpoint "ep", handling "evt", on a transport

@@ -73,14 +73,7 @@ func (p *holdingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if hold {
 		fwdCtx = context.WithoutCancel(fwdCtx)
 	}
-	req, err := http.NewRequestWithContext(fwdCtx, r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	req.Header = r.Header.Clone()
-	req.Header.Del("Accept-Encoding") // let the client decompress
-	res, err := (&http.Client{Transport: httpTransport}).Do(req)
+	res, err := forward(fwdCtx, r, p.target, body)
 	if err != nil {
 		if hold {
 			p.t.Errorf("proxy: forwarding the held %s: %v", p.op, err)
