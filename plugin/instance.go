@@ -529,17 +529,30 @@ func callNext(ctx context.Context, cs *callStream, deadline int64, next bus.Next
 	return err
 }
 
-// nextWithin runs the rest of the chain with the deadline the plugin's ctx
-// had when it called next, when that is earlier.
+// nextWithin runs the rest of the chain under the deadline of the context
+// the plugin's middleware gave next (0: ctx's own), as in process: an
+// earlier one shortens ctx's; a later one, or none
+// (pluginproto.NoDeadline) where ctx has one, means that the middleware
+// detached the rest from its context (context.WithoutCancel, the only way
+// to lengthen or drop a deadline), and the rest runs detached from ctx's
+// deadline and cancellation too, with ctx's values.
 func nextWithin(ctx context.Context, deadline int64, next bus.Next) error {
-	if deadline != 0 {
-		if cur, ok := ctx.Deadline(); !ok || deadline < cur.UnixNano() {
-			nctx, cancel := context.WithDeadline(ctx, time.Unix(0, deadline))
-			defer cancel()
-			return next.Call(nctx)
+	if deadline == 0 {
+		return next.Call(ctx)
+	}
+	cur, ok := ctx.Deadline()
+	switch {
+	case !ok && deadline == pluginproto.NoDeadline, ok && deadline == cur.UnixNano():
+		return next.Call(ctx)
+	case ok && deadline > cur.UnixNano():
+		ctx = context.WithoutCancel(ctx)
+		if deadline == pluginproto.NoDeadline {
+			return next.Call(ctx)
 		}
 	}
-	return next.Call(ctx)
+	nctx, cancel := context.WithDeadline(ctx, time.Unix(0, deadline))
+	defer cancel()
+	return next.Call(nctx)
 }
 
 // down applies the failure policy to an invocation the plugin could not

@@ -356,6 +356,10 @@ type stageCall struct {
 	continued    bool
 	nextCtx      context.Context // what the middleware gave next
 	nextErr      error
+	// changes are an outgoing before-only middleware's changes when it
+	// called next: what the host applies before it runs the rest. Those
+	// it makes after next are not sent, as in process.
+	changes *pluginproto.Mutation
 
 	out     *bus.Outgoing
 	outBase *pluginproto.OutgoingMessage
@@ -374,7 +378,7 @@ func (c *stageCall) reset(id uint64, inv *pluginproto.Invoke) {
 	c.id, c.inv, c.stage = id, inv, pluginproto.BusStage(inv.Stage)
 	c.ctx, c.cancelDeadline, c.mw = nil, nil, ""
 	c.state.Store(callRunning)
-	c.beforeOnly, c.continued, c.nextCtx, c.nextErr = false, false, nil, nil
+	c.beforeOnly, c.continued, c.nextCtx, c.nextErr, c.changes = false, false, nil, nil, nil
 	c.out, c.outBase, c.inst, c.incoming, c.handling = nil, nil, nil, nil, nil
 }
 
@@ -441,11 +445,9 @@ func (c *stageCall) run(inv *pluginproto.Invoke) (clean bool) {
 	if c.continued && err == nil {
 		done.Continue = true
 		if c.nextCtx != c.ctx { // else the host's own deadline
-			done.DeadlineUnixNano = pluginproto.Deadline(c.nextCtx)
+			done.DeadlineUnixNano = c.nextDeadline(c.nextCtx)
 		}
-		if c.out != nil {
-			done.Mutation = mutation(c.out, c.outBase)
-		}
+		done.Mutation = c.changes
 		done.HoldsContext = holds
 	} else if err != nil {
 		done.Error = c.encodeError(err)
@@ -606,6 +608,9 @@ func (c *stageCall) next(ctx context.Context) error {
 	c.nextCtx = ctx
 	if c.beforeOnly {
 		c.continued = true
+		if c.out != nil {
+			c.changes = mutation(c.out, c.outBase)
+		}
 		return nil
 	}
 	var nc *pluginproto.NextCall
@@ -615,7 +620,7 @@ func (c *stageCall) next(ctx context.Context) error {
 	} else {
 		nc = new(pluginproto.NextCall)
 	}
-	nc.DeadlineUnixNano = pluginproto.Deadline(ctx)
+	nc.DeadlineUnixNano = c.nextDeadline(ctx)
 	if c.out != nil {
 		nc.Mutation = mutation(c.out, c.outBase)
 	}
@@ -648,6 +653,19 @@ func (c *stageCall) next(ctx context.Context) error {
 	case <-c.stop.Done():
 		return c.stop.Err()
 	}
+}
+
+// nextDeadline encodes the deadline of ctx, which the middleware gave
+// next, for the host: pluginproto.NoDeadline when ctx has none but the
+// invocation's context has one (the middleware detached the rest of the
+// chain from it, with context.WithoutCancel), so that the host runs the
+// rest without one too.
+func (c *stageCall) nextDeadline(ctx context.Context) int64 {
+	d := pluginproto.Deadline(ctx)
+	if d == 0 && pluginproto.Deadline(c.ctx) != 0 {
+		return pluginproto.NoDeadline
+	}
+	return d
 }
 
 // nextEnded ends a next: it tells run, when the middleware returned

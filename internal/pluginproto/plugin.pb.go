@@ -1591,9 +1591,15 @@ func (*HostFrame_Cancel) isHostFrame_Kind() {}
 func (*HostFrame_Release) isHostFrame_Kind() {}
 
 type NextCall struct {
-	state            protoimpl.MessageState `protogen:"open.v1"`
-	DeadlineUnixNano int64                  `protobuf:"varint,1,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
-	Mutation         *Mutation              `protobuf:"bytes,2,opt,name=mutation,proto3" json:"mutation,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// deadline_unix_nano: the deadline of the context the middleware gave
+	// next (0: none, and none on the invocation either; NoDeadline, the
+	// largest int64: none, while the invocation had one). The host runs the
+	// rest of the chain under it: earlier than its own, it shortens it;
+	// later, or NoDeadline, the middleware detached the rest from the
+	// host's context (context.WithoutCancel), and so does the host.
+	DeadlineUnixNano int64     `protobuf:"varint,1,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
+	Mutation         *Mutation `protobuf:"bytes,2,opt,name=mutation,proto3" json:"mutation,omitempty"`
 	// holds_context: the middleware gave next a context of its own, which
 	// the plugin keeps while next runs: invocations the host makes meanwhile
 	// name this call as their parent.
@@ -1664,8 +1670,8 @@ type Done struct {
 	// the host makes while its next runs name this call as their parent.
 	HoldsContext bool `protobuf:"varint,4,opt,name=holds_context,json=holdsContext,proto3" json:"holds_context,omitempty"`
 	// deadline_unix_nano: with continue, the deadline of the context the
-	// middleware gave next (0: none); the host runs the rest of the chain
-	// under it when it is earlier than its own, as with a NextCall.
+	// middleware gave next (0: the invocation's own); the host runs the
+	// rest of the chain under it as with a NextCall.
 	DeadlineUnixNano int64 `protobuf:"varint,5,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache

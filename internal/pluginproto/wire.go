@@ -172,6 +172,14 @@ func ToAttributes(p *Attributes) bus.Attributes {
 	return bus.NewAttributes(p.MessageId, p.CorrelationId, sent, p.Values, p.Sticky)
 }
 
+// NoDeadline is the deadline a plugin reports for the context its
+// middleware gave next when that context has none but the invocation's
+// had one: the middleware detached the rest of the chain from the host's
+// deadline (context.WithoutCancel), and the host runs the rest without
+// one. A host that only shortens deadlines takes it for a deadline later
+// than its own, and keeps its own.
+const NoDeadline int64 = math.MaxInt64
+
 // Deadline encodes ctx's deadline, 0 when it has none.
 func Deadline(ctx context.Context) int64 {
 	if d, ok := ctx.Deadline(); ok {
