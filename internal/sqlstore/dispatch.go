@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/plugbus/plugbus/bus"
 )
@@ -17,6 +18,31 @@ import (
 type storedAttrs struct {
 	Values map[string]string `json:"v,omitempty"`
 	Sticky map[string]string `json:"s,omitempty"`
+	// Binary holds the attributes and headers whose name or value is not
+	// valid UTF-8: JSON would replace each invalid byte with U+FFFD, and a
+	// transport carries them byte for byte.
+	Binary []binaryEntry `json:"b,omitempty"`
+}
+
+// binaryEntry is an attribute or header of [storedAttrs.Binary], its
+// name and value in base64.
+type binaryEntry struct {
+	In    byte   `json:"i"` // 'v' one-hop, 's' sticky, 'h' header
+	Name  []byte `json:"k"`
+	Value []byte `json:"v"`
+}
+
+// put adds name and value to m, or to sa.Binary (as in) when either is
+// not valid UTF-8.
+func (sa *storedAttrs) put(m *map[string]string, in byte, name, value string) {
+	if !utf8.ValidString(name) || !utf8.ValidString(value) {
+		sa.Binary = append(sa.Binary, binaryEntry{In: in, Name: []byte(name), Value: []byte(value)})
+		return
+	}
+	if *m == nil {
+		*m = map[string]string{}
+	}
+	(*m)[name] = value
 }
 
 func encodeOutbound(m bus.Outbound) ([]any, error) {
@@ -26,24 +52,28 @@ func encodeOutbound(m bus.Outbound) ([]any, error) {
 	}
 	var sa storedAttrs
 	for k, v := range e.Attributes.Values() {
-		if sa.Values == nil {
-			sa.Values = map[string]string{}
-		}
-		sa.Values[k] = v
+		sa.put(&sa.Values, 'v', k, v)
 	}
 	for k, v := range e.Attributes.StickyValues() {
-		if sa.Sticky == nil {
-			sa.Sticky = map[string]string{}
+		sa.put(&sa.Sticky, 's', k, v)
+	}
+	h := map[string]string(e.Headers)
+	for k, v := range e.Headers {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) { // copied without the binary ones
+			h = nil
+			for k, v := range e.Headers {
+				sa.put(&h, 'h', k, v)
+			}
+			break
 		}
-		sa.Sticky[k] = v
 	}
 	attrs, err := json.Marshal(sa)
 	if err != nil {
 		return nil, fmt.Errorf("store: outbox: encoding attributes of %s: %w", e.Name, err)
 	}
 	headers := []byte("{}")
-	if len(e.Headers) > 0 {
-		if headers, err = json.Marshal(e.Headers); err != nil {
+	if len(h) > 0 {
+		if headers, err = json.Marshal(h); err != nil {
 			return nil, fmt.Errorf("store: outbox: encoding headers of %s: %w", e.Name, err)
 		}
 	}
@@ -78,7 +108,7 @@ func scanOutbound(rows *sql.Rows) (batchRow, error) {
 		attrs, headers              string
 	)
 	if err := rows.Scan(&r.id, &r.attempts, &msgID, &kind, &dest, &name, &ct, &body, &corr, &sentAt, &attrs, &headers, &dueAt); err != nil {
-		return r, fmt.Errorf("store: reading the outbox: %w", err)
+		return unreadable(rows, err)
 	}
 	var sa storedAttrs
 	if err := json.Unmarshal([]byte(attrs), &sa); err != nil {
@@ -90,6 +120,26 @@ func scanOutbound(rows *sql.Rows) (batchRow, error) {
 			r.undecodable = fmt.Errorf("store: outbox row %d: undecodable headers: %w", r.id, err)
 		}
 	}
+	for _, b := range sa.Binary {
+		var m *map[string]string
+		switch b.In {
+		case 'v':
+			m = &sa.Values
+		case 's':
+			m = &sa.Sticky
+		case 'h':
+			m = (*map[string]string)(&h)
+		default:
+			if r.undecodable == nil {
+				r.undecodable = fmt.Errorf("store: outbox row %d: undecodable attributes: binary entry of unknown kind %d", r.id, b.In)
+			}
+			continue
+		}
+		if *m == nil {
+			*m = map[string]string{}
+		}
+		(*m)[string(b.Name)] = string(b.Value)
+	}
 	env := &bus.Envelope{Name: name, ContentType: ct, Body: body, Headers: h,
 		Attributes: bus.NewAttributes(msgID, corr, time.Unix(0, sentAt).UTC(), sa.Values, sa.Sticky)}
 	if dueAt != 0 {
@@ -99,6 +149,44 @@ func scanOutbound(rows *sql.Rows) (batchRow, error) {
 		env.Due = time.Unix(0, dueAt)
 	}
 	r.msg = bus.Outbound{Kind: bus.Kind(kind), Envelope: env, Destination: dest}
+	return r, nil
+}
+
+// unreadable returns the row rows is on, which scanErr says cannot be read
+// as the store writes it (a value of another type, a NULL: a hand-written
+// UPDATE, a hand-made schema), as an undecodable row, parked with what
+// identifies it. Failing the read would fail every round on this row and
+// hold up every message behind it for good. Without a readable id there
+// is nothing to park: it returns scanErr.
+func unreadable(rows *sql.Rows, scanErr error) (batchRow, error) {
+	vals := make([]any, strings.Count(outboxColumns, ",")+1)
+	dest := make([]any, len(vals))
+	for i := range vals {
+		dest[i] = &vals[i]
+	}
+	id, ok := int64(0), false
+	if rows.Scan(dest...) == nil {
+		id, ok = vals[0].(int64)
+	}
+	if !ok {
+		return batchRow{}, fmt.Errorf("store: reading the outbox: %w", scanErr)
+	}
+	text := func(v any) string {
+		switch v := v.(type) {
+		case string:
+			return v
+		case []byte:
+			return string(v)
+		}
+		return ""
+	}
+	r := batchRow{id: id, undecodable: fmt.Errorf("store: outbox row %d: unreadable: %w", id, scanErr)}
+	if n, ok := vals[1].(int64); ok {
+		r.attempts = int(n)
+	}
+	// id, attempts, message_id, kind, destination, name: outboxColumns
+	r.msg = bus.Outbound{Destination: text(vals[4]), Envelope: &bus.Envelope{Name: text(vals[5]),
+		Attributes: bus.NewAttributes(text(vals[2]), "", time.Time{}, nil, nil)}}
 	return r, nil
 }
 
@@ -138,7 +226,8 @@ func (e *DispatchError) Is(target error) bool { return target == ErrParked && e.
 // accepted as dispatched. A message dispatch refuses does not stop the
 // others: its row records the error and is tried again after a back-off
 // (store.WithBackoff); after store.WithDispatchAttempts failures, or at
-// once when the row cannot be decoded, it is parked (see [Store.Parked]).
+// once when the row cannot be read or decoded, it is parked (see
+// [Store.Parked]).
 // The error returned then joins a [*DispatchError] per refused row.
 //
 // When ctx is cancelled, DispatchPending stops before the next message,
