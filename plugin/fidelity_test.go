@@ -133,18 +133,27 @@ func TestNextRunsUnderTheDeadlineOfItsContext(t *testing.T) {
 					if beforeOnly {
 						p = sdk.BeforeOnly(mw)
 					}
-					if got := restDeadline(t, sdktest.Load(t, p, sdktest.InProcess), stage); got != want {
-						t.Fatalf("in process: the rest of the chain ran under %s deadline; want %s (as the context given to next)", got, want)
-					}
-					eachPath(t, func(t *testing.T, path plugin.Option) {
-						if got := restDeadline(t, sdktest.Load(t, p, sdktest.Wire, sdktest.WithHostOptions(path)), stage); got != want {
-							t.Errorf("over the wire: the rest of the chain ran under %s deadline; want %s (as the context given to next)", got, want)
-						}
-					})
+					sameOverTheWire(t, p, want, "the rest of the chain ran under %s deadline; want %s (as the context given to next)",
+						func(t *testing.T, loaded bus.Plugin) string { return restDeadline(t, loaded, stage) })
 				})
 			}
 		}
 	}
+}
+
+// sameOverTheWire checks that observe, given p loaded in process and then
+// over each path of the wire, sees want each time; format reports what it
+// saw and want.
+func sameOverTheWire(t *testing.T, p bus.Plugin, want, format string, observe func(*testing.T, bus.Plugin) string) {
+	t.Helper()
+	if got := observe(t, sdktest.Load(t, p, sdktest.InProcess)); got != want {
+		t.Fatalf("in process: "+format, got, want)
+	}
+	eachPath(t, func(t *testing.T, path plugin.Option) {
+		if got := observe(t, sdktest.Load(t, p, sdktest.Wire, sdktest.WithHostOptions(path))); got != want {
+			t.Errorf("over the wire: "+format, got, want)
+		}
+	})
 }
 
 // restDeadline runs one message through a bus with p followed by a
@@ -222,14 +231,8 @@ func TestOutgoingChangesAfterNextAreNotSent(t *testing.T) {
 				if beforeOnly {
 					p = sdk.BeforeOnly(mw)
 				}
-				if got := sentWith(t, sdktest.Load(t, p, sdktest.InProcess), inHandler); got != want {
-					t.Fatalf("in process: sent %s; want %s (the changes made before next)", got, want)
-				}
-				eachPath(t, func(t *testing.T, path plugin.Option) {
-					if got := sentWith(t, sdktest.Load(t, p, sdktest.Wire, sdktest.WithHostOptions(path)), inHandler); got != want {
-						t.Errorf("over the wire: sent %s; want %s (the changes made before next)", got, want)
-					}
-				})
+				sameOverTheWire(t, p, want, "sent %s; want %s (the changes made before next)",
+					func(t *testing.T, loaded bus.Plugin) string { return sentWith(t, loaded, inHandler) })
 			})
 		}
 	}
