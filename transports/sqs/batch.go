@@ -16,6 +16,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/plugbus/plugbus/bus"
+	"github.com/plugbus/plugbus/internal/wait"
 )
 
 // The limits of one SendMessageBatch and one PublishBatch call.
@@ -236,9 +237,9 @@ func (c *batchCall) run(ctx context.Context, r aws.Retryer, errs []error,
 			c.fail(resend, errs, func(i, j int) error { return wrap(i, tried(attempt, last[j])) })
 			return
 		}
-		if err := wait(ctx, delay); err != nil {
+		if !wait.Sleep(ctx, delay) {
 			c.fail(resend, errs, func(i, j int) error {
-				return wrap(i, fmt.Errorf("the message was not accepted (%w), and the wait before sending it again ended: %w", last[j], err))
+				return wrap(i, fmt.Errorf("the message was not accepted (%w), and the wait before sending it again ended: %w", last[j], ctx.Err()))
 			})
 			return
 		}
@@ -315,18 +316,6 @@ func tried(n int, err *EntryError) error {
 		return err
 	}
 	return fmt.Errorf("tried %d times: %w", n, err)
-}
-
-// wait waits for d, or returns ctx's error when ctx ends first.
-func wait(ctx context.Context, d time.Duration) error {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
 }
 
 // entryCode gives a retryer the code of an entry's failure as an AWS

@@ -94,23 +94,13 @@ func (p *entryFaults) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			p.t.Errorf("proxy: %v", err)
 		}
 	}
-	res, err := forward(r.Context(), r, p.target, body)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer res.Body.Close()
-	out, err := io.ReadAll(res.Body)
+	res, out, err := forward(r.Context(), r, p.target, body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
 	}
 	if !batch || len(failed) == 0 || res.StatusCode != http.StatusOK {
-		for k, v := range res.Header {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(res.StatusCode)
-		_, _ = w.Write(out)
+		relay(w, res, out)
 		return
 	}
 	var answer map[string]any
@@ -216,15 +206,30 @@ func batchRetryTransport(t *testing.T, ctx context.Context, b *backOffs, maxAtte
 }
 
 // forward sends r, with body, to target (the emulator), as the proxies
-// before it do.
-func forward(ctx context.Context, r *http.Request, target string, body []byte) (*http.Response, error) {
+// before it do, and returns the answer and its body, read.
+func forward(ctx context.Context, r *http.Request, target string, body []byte) (*http.Response, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, r.Method, target+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	req.Header = r.Header.Clone()
 	req.Header.Del("Accept-Encoding") // let the client decompress
-	return (&http.Client{Transport: httpTransport}).Do(req)
+	res, err := (&http.Client{Transport: httpTransport}).Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer res.Body.Close()
+	out, err := io.ReadAll(res.Body)
+	return res, out, err
+}
+
+// relay writes the emulator's answer res, whose body is out, to w.
+func relay(w http.ResponseWriter, res *http.Response, out []byte) {
+	for k, v := range res.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(res.StatusCode)
+	_, _ = w.Write(out)
 }
 
 // proxiedEndpoint sets up endpoint "ep", handling "evt", on a transport

@@ -73,17 +73,11 @@ func (p *holdingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if hold {
 		fwdCtx = context.WithoutCancel(fwdCtx)
 	}
-	res, err := forward(fwdCtx, r, p.target, body)
+	res, out, err := forward(fwdCtx, r, p.target, body)
 	if err != nil {
 		if hold {
 			p.t.Errorf("proxy: forwarding the held %s: %v", p.op, err)
 		}
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer res.Body.Close()
-	out, err := io.ReadAll(res.Body)
-	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
 	}
@@ -98,11 +92,7 @@ func (p *holdingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done() // the client gave up (or the server closes)
 		return
 	}
-	for k, v := range res.Header {
-		w.Header()[k] = v
-	}
-	w.WriteHeader(res.StatusCode)
-	_, _ = w.Write(out)
+	relay(w, res, out)
 }
 
 // holdingTransport sets up endpoint "ep", handling "evt", on a transport
