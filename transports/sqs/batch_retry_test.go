@@ -205,6 +205,24 @@ func batchRetryTransport(t *testing.T, ctx context.Context, b *backOffs, maxAtte
 	return tr, p, url
 }
 
+// failedIndexes returns the indexes the *bus.BatchError err names, each
+// of whose errors must satisfy ok (want says how).
+func failedIndexes(t *testing.T, err error, want string, ok func(error) bool) []int {
+	t.Helper()
+	var be *bus.BatchError
+	if !errors.As(err, &be) {
+		t.Fatalf("SendBatch = %v, want a *bus.BatchError", err)
+	}
+	var got []int
+	for _, f := range be.Failures {
+		got = append(got, f.Index)
+		if !ok(f.Err) {
+			t.Errorf("message %d failed with %v, want %s", f.Index, f.Err, want)
+		}
+	}
+	return got
+}
+
 // forward sends r, with body, to target (the emulator), as the proxies
 // before it do, and returns the answer and its body, read.
 func forward(ctx context.Context, r *http.Request, target string, body []byte) (*http.Response, []byte, error) {
@@ -373,19 +391,10 @@ func TestBatchEntryRetriesEndAtMaxAttempts(t *testing.T) {
 	defer cancel()
 	b := backOffs{delay: time.Millisecond}
 	tr, p, url := batchRetryTransport(t, ctx, &b, 4, false, map[string]int{body(2): 100, body(5): 100, body(13): 100})
-	err := tr.SendBatch(ctx, sends(15))
-	var be *bus.BatchError
-	if !errors.As(err, &be) {
-		t.Fatalf("SendBatch = %v, want a *bus.BatchError", err)
-	}
-	var got []int
-	for _, f := range be.Failures {
-		got = append(got, f.Index)
+	got := failedIndexes(t, tr.SendBatch(ctx, sends(15)), "its *sqs.EntryError InternalError after 4 tries", func(err error) bool {
 		var ee *sqs.EntryError
-		if !errors.As(f.Err, &ee) || ee.SenderFault || ee.Code != "InternalError" || !strings.Contains(f.Err.Error(), "tried 4 times") {
-			t.Errorf("message %d failed with %v, want its *sqs.EntryError InternalError after 4 tries", f.Index, f.Err)
-		}
-	}
+		return errors.As(err, &ee) && !ee.SenderFault && ee.Code == "InternalError" && strings.Contains(err.Error(), "tried 4 times")
+	})
 	if !slices.Equal(got, []int{2, 5, 13}) {
 		t.Errorf("failed indexes %v, want 2, 5, 13", got)
 	}
@@ -421,18 +430,10 @@ func TestBatchEntryRetryStopsWhenContextEnds(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("SendBatch returned after %v, want at once when its context ended", d)
 	}
-	var be *bus.BatchError
-	if !errors.As(err, &be) {
-		t.Fatalf("SendBatch = %v, want a *bus.BatchError", err)
-	}
-	var got []int
-	for _, f := range be.Failures {
-		got = append(got, f.Index)
+	got := failedIndexes(t, err, "context.Canceled with its *sqs.EntryError, not accepted", func(err error) bool {
 		var ee *sqs.EntryError
-		if !errors.Is(f.Err, context.Canceled) || !errors.As(f.Err, &ee) || ee.SenderFault || !strings.Contains(f.Err.Error(), "not accepted") {
-			t.Errorf("message %d failed with %v, want context.Canceled with its *sqs.EntryError, not accepted", f.Index, f.Err)
-		}
-	}
+		return errors.Is(err, context.Canceled) && errors.As(err, &ee) && !ee.SenderFault && strings.Contains(err.Error(), "not accepted")
+	})
 	if !slices.Equal(got, []int{1, 4}) {
 		t.Errorf("failed indexes %v, want 1, 4", got)
 	}
